@@ -1,0 +1,1 @@
+"""Local infrastructure for tests and development: real services on loopback."""

@@ -1,0 +1,193 @@
+"""`tenant-windows`: run the stream, validate tenants, query the output, produce load, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from tenants.models import parse_duration_ms
+from tenants.registry import ConfigError, load_registry
+from tenants.settings import AppSettings, load_settings
+
+log = logging.getLogger("tenant_windows")
+DEFAULT_APP_CONFIG = Path("conf/app.yaml")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    for chatty in ("py4j", "kafka"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
+    try:
+        result: int = args.handler(args)
+        return result
+    except ConfigError as error:
+        print(f"invalid config:\n{error}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tenant-windows", description=__doc__)
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="run the stream (continuously, or --available-now)")
+    _settings_options(run)
+    run.add_argument("--available-now", action="store_true", help="process what is in the topic, then exit")
+    run.add_argument("--master", help="Spark master; default local[2] outside spark-submit")
+    run.set_defaults(handler=_run)
+
+    tenants = commands.add_parser("tenants", help="tenant config")
+    tenant_commands = tenants.add_subparsers(required=True, metavar="ACTION")
+    validate = tenant_commands.add_parser("validate", help="check every file under the conf dir")
+    validate.add_argument("--conf", type=Path, default=Path("conf"), help="config directory")
+    validate.set_defaults(handler=_validate)
+
+    sql = commands.add_parser("sql", help="run Spark SQL over the output tables")
+    sql.add_argument("query", help="e.g. \"SELECT tenant, count(*) FROM events GROUP BY tenant\"")
+    _settings_options(sql)
+    sql.add_argument("--format", choices=["table", "json"], default="table")
+    sql.add_argument("--tenant", help="scope every view to this tenant's rows")
+    sql.add_argument("--limit", type=int, default=1000, help="rows to print at most")
+    sql.add_argument("--delta-spark", action="store_true", help="read with delta-spark (cluster with Delta jars)")
+    sql.set_defaults(handler=_sql)
+
+    produce = commands.add_parser("produce", help="produce sample multi-tenant load")
+    _settings_options(produce)
+    produce.add_argument("--tenants", default="acme,globex,initech")
+    produce.add_argument("--sources", default="web,billing")
+    produce.add_argument("--count", type=int, default=6000)
+    produce.add_argument("--rate", type=float, default=None, help="records per second (default: as fast as possible)")
+    produce.add_argument("--jitter", default="5s", help="out-of-orderness of event times")
+    produce.add_argument("--late-share", type=float, default=0.02)
+    produce.add_argument("--malformed-share", type=float, default=0.01)
+    produce.add_argument("--ahead", action="append", default=[], metavar="TENANT=DURATION")
+    produce.add_argument("--seed", type=int, default=7)
+    produce.set_defaults(handler=_produce)
+
+    demo = commands.add_parser("demo", help="local broker + sample load + stream + summary, then stop")
+    demo.add_argument("--workdir", type=Path, default=Path("data/demo"))
+    demo.add_argument("--count", type=int, default=12_000)
+    demo.set_defaults(handler=_demo)
+    return parser
+
+
+def _settings_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--app-config", type=Path, default=DEFAULT_APP_CONFIG)
+    parser.add_argument("--conf", dest="conf_dir", type=Path, help="tenant config directory")
+    parser.add_argument("--bootstrap-servers")
+    parser.add_argument("--topic")
+    parser.add_argument("--lake-root")
+    parser.add_argument("--checkpoint-dir")
+    parser.add_argument("--trigger-interval", help="e.g. 5s")
+    parser.add_argument("--max-offsets-per-trigger", type=int)
+    parser.add_argument("--starting-offsets", help="earliest, latest or Spark's JSON form")
+    parser.add_argument("--stream-name")
+
+
+def settings_from(args: argparse.Namespace) -> AppSettings:
+    overrides: dict[str, Any] = {
+        "conf_dir": args.conf_dir,
+        "kafka.bootstrap_servers": args.bootstrap_servers,
+        "kafka.topic": args.topic,
+        "kafka.max_offsets_per_trigger": args.max_offsets_per_trigger,
+        "kafka.starting_offsets": args.starting_offsets,
+        "lake.root": args.lake_root,
+        "stream.checkpoint_dir": args.checkpoint_dir,
+        "stream.trigger_interval": args.trigger_interval,
+        "stream.name": args.stream_name,
+    }
+    app_file = args.app_config if args.app_config.exists() else None
+    return load_settings(app_file, overrides=overrides)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    registry = load_registry(args.conf)
+    routes = sum(len(tenant.sources) for tenant in registry.tenants.values())
+    print(f"{args.conf}: {len(registry.tenants)} tenants, {len(registry.sources)} sources, {routes} routes: OK")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from storage.delta_lake import DeltaLake
+    from streaming.query import start_stream
+    from streaming.session import build_spark
+
+    settings = settings_from(args)
+    registry = load_registry(settings.conf_dir)
+    spark = build_spark(settings.stream.name, args.master, settings.stream.shuffle_partitions)
+    query = start_stream(spark, settings, registry, DeltaLake(settings.lake.root), args.available_now)
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: stopping the query after its current batch", signum)
+        query.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    query.awaitTermination()
+    spark.stop()
+    return 0
+
+
+def _sql(args: argparse.Namespace) -> int:
+    from storage.delta_lake import DeltaLake
+    from storage.views import register_views
+    from streaming.session import build_spark
+
+    settings = settings_from(args)
+    spark = build_spark("tenant-windows-sql", shuffle_partitions=settings.stream.shuffle_partitions)
+    register_views(spark, DeltaLake(settings.lake.root), args.tenant, args.delta_spark)
+    print_query(spark.sql(args.query), args.format, args.limit)
+    return 0
+
+
+def print_query(frame: Any, output_format: str, limit: int) -> None:
+    if output_format == "json":
+        for row in frame.limit(limit).toJSON().collect():
+            print(row)
+    else:
+        frame.show(n=limit, truncate=False)
+
+
+def _produce(args: argparse.Namespace) -> int:
+    from infra.load_generator import LoadSpec, generate, send
+
+    settings = settings_from(args)
+    registry = load_registry(settings.conf_dir)
+    ahead = {}
+    for item in args.ahead:
+        tenant, _, duration = item.partition("=")
+        ahead[tenant] = parse_duration_ms(duration)
+    spec = LoadSpec(
+        tenants=tuple(args.tenants.split(",")),
+        sources=tuple(args.sources.split(",")),
+        count=args.count,
+        jitter=args.jitter,
+        late_share=args.late_share,
+        malformed_share=args.malformed_share,
+        ahead=ahead,
+        seed=args.seed,
+    )
+    time_specs = {name: source.event_time for name, source in registry.sources.items()}
+    sent = send(generate(spec, time_specs), settings.kafka.bootstrap_servers, settings.kafka.topic, args.rate)
+    print(json.dumps({"produced": sent, "topic": settings.kafka.topic}))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from infra.demo import run_demo
+
+    return run_demo(args.workdir, args.count)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

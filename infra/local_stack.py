@@ -1,0 +1,194 @@
+"""A real Kafka broker on loopback, backed by the noida-db binary.
+
+The native binary is run directly rather than through the `noida-db` Python wrapper: SIGTERM to
+the wrapper leaves its native child holding the port, so the next start on that port fails.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+import signal
+import socket
+import stat
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+from kafka import KafkaAdminClient
+from kafka.errors import TopicAlreadyExistsError
+
+_READY_DEADLINE_S = 20.0
+_STOP_GRACE_S = 10.0
+_LOG_TAIL_CHARS = 4_000
+_ADMIN_TIMEOUT_MS = 10_000
+
+
+def find_free_loopback_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def noida_binary() -> Path:
+    """Path of the native noida-db executable shipped inside the `noida_db` package."""
+    resource = importlib.resources.files("noida_db").joinpath("noida-db")
+    binary = Path(str(resource))
+    if not binary.is_file():
+        raise RuntimeError(f"noida-db binary not found at {binary}; is noida-db installed?")
+    mode = binary.stat().st_mode
+    if mode & stat.S_IXUSR == 0:
+        # Wheels sometimes lose the executable bit on unpacking.
+        binary.chmod(0o755)
+    return binary
+
+
+def _tail(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")[-_LOG_TAIL_CHARS:]
+    except OSError as error:
+        return f"<log {path} unreadable: {error}>"
+
+
+def _port_accepts_connections(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+class LocalKafka:
+    """A single-node Kafka broker (noida-db) bound to 127.0.0.1, stopped cleanly with SIGTERM.
+
+    Use as a context manager, or call `start()` and `stop()` yourself.
+    """
+
+    def __init__(self, data_dir: Path, port: int | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.port = port if port is not None else find_free_loopback_port()
+        self.log_path = self.data_dir / "noida-db.log"
+        self.pid: int | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log_file: IO[bytes] | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> LocalKafka:
+        """Launch the broker and wait until it answers metadata requests."""
+        if self._process is not None:
+            raise RuntimeError(f"LocalKafka already started (pid {self.pid})")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        command = [
+            str(noida_binary()),
+            "start",
+            "--data-dir",
+            str(self.data_dir),
+            "--host",
+            "127.0.0.1",
+            "--only",
+            "kafka",
+            "--kafka-port",
+            str(self.port),
+        ]
+        self._log_file = self.log_path.open("ab")
+        self._process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            # Its own session, so a Ctrl-C aimed at the test run does not race our SIGTERM.
+            start_new_session=True,
+        )
+        self.pid = self._process.pid
+        try:
+            self._wait_until_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_until_ready(self) -> None:
+        assert self._process is not None
+        deadline = time.monotonic() + _READY_DEADLINE_S
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            exit_code = self._process.poll()
+            if exit_code is not None:
+                raise RuntimeError(
+                    f"noida-db exited with code {exit_code} before it was ready "
+                    f"(port {self.port}); log tail:\n{_tail(self.log_path)}"
+                )
+            # A plain TCP probe first: a client against a closed port spends seconds retrying.
+            if _port_accepts_connections(self.port):
+                try:
+                    self._list_topics()
+                    return
+                except Exception as error:  # any failure means "not ready yet"
+                    last_error = error
+            time.sleep(0.1)
+        raise RuntimeError(
+            f"noida-db did not answer on {self.bootstrap_servers} within {_READY_DEADLINE_S:.0f} s "
+            f"(last error: {last_error!r}); log tail:\n{_tail(self.log_path)}"
+        )
+
+    def _admin(self) -> KafkaAdminClient:
+        return KafkaAdminClient(
+            bootstrap_servers=self.bootstrap_servers,
+            request_timeout_ms=_ADMIN_TIMEOUT_MS,
+            bootstrap_timeout_ms=_ADMIN_TIMEOUT_MS,
+        )
+
+    def _list_topics(self) -> list[str]:
+        admin = self._admin()
+        try:
+            topics: list[str] = admin.list_topics()
+            return topics
+        finally:
+            admin.close()
+
+    def create_topic(self, name: str, partitions: int) -> None:
+        """Create `name` with `partitions` partitions; a topic that already exists is left as is."""
+        admin = self._admin()
+        try:
+            admin.create_topics(
+                {name: {"num_partitions": partitions, "replication_factor": 1}},
+                timeout_ms=_ADMIN_TIMEOUT_MS,
+                wait_for_metadata=True,
+            )
+        except TopicAlreadyExistsError:
+            pass
+        finally:
+            admin.close()
+
+    def stop(self) -> None:
+        """SIGTERM (noida-db persists its data on a clean stop), SIGKILL after 10 s. Idempotent."""
+        process = self._process
+        if process is not None and process.poll() is None:
+            os.kill(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait(timeout=_STOP_GRACE_S)
+        self._process = None
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def __enter__(self) -> LocalKafka:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Create .venv and install the project with its dev tools. Safe to run again: it reinstalls only
+# when pyproject.toml changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3.11}"
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -e ".[dev]"
+  rm -f .venv/.installed-* && touch "$stamp"
+fi
+if ! command -v java >/dev/null; then
+  echo "Spark needs a Java runtime (17): apt-get install -y openjdk-17-jre-headless" >&2
+  exit 1
+fi

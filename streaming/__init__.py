@@ -1,0 +1,1 @@
+"""Streaming building blocks: the Kafka source for Spark Structured Streaming."""

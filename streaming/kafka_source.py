@@ -1,0 +1,627 @@
+"""A Spark Structured Streaming source for one Kafka topic, as a Python Data Source.
+
+No Maven repository is reachable here, so Spark's own Kafka connector jar is unavailable; this
+source reads Kafka through kafka-python instead. It keeps the built-in source's option names and
+output columns (those of `format("kafka")` with `includeHeaders=true`), so a cluster that has
+the connector can switch formats by configuration alone.
+
+Offsets are `{"<partition>": <next offset>}` for the subscribed topic and live only in Spark's
+checkpoint. The offset arithmetic is kept in pure module-level functions so it can be tested
+without a broker or Spark.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+SOURCE_NAME = "tw_kafka"
+
+# Kafka's own markers in `startingOffsets` JSON, as in Spark's Kafka source.
+EARLIEST = -2
+LATEST = -1
+
+DEFAULT_STARTING_OFFSETS = "latest"  # Spark's default for streaming queries
+DEFAULT_POLL_TIMEOUT_MS = 120_000
+ARROW_BATCH_ROWS = 10_000
+
+KAFKA_SCHEMA = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+        StructField(
+            "headers",
+            ArrayType(
+                StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+            ),
+        ),
+    ]
+)
+
+# Derived with Spark's own conversion: Spark rejects a RecordBatch whose schema differs from
+# this one in any detail (timestamp unit, time zone, nullability, list field names).
+ARROW_SCHEMA = to_arrow_schema(KAFKA_SCHEMA, timezone="UTC")
+
+
+# ---------------------------------------------------------------------------------------------
+# Options
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StartingOffsets:
+    """Where a new query starts: one marker for every partition, or a position per partition.
+
+    `every_partition` is EARLIEST or LATEST; it is None when `per_partition` (the JSON form)
+    is given. `per_partition` holds (partition, offset-or-marker) pairs; a tuple keeps the
+    object immutable and picklable.
+    """
+
+    every_partition: int | None
+    per_partition: tuple[tuple[int, int], ...] = ()
+
+
+def parse_starting_offsets(text: str | None, topic: str) -> StartingOffsets:
+    """Parse Spark's `startingOffsets` option: `earliest`, `latest` or JSON for `topic`.
+
+    JSON looks like `{"topic": {"0": 23, "1": -2}}`, with -2 meaning earliest and -1 latest.
+    """
+    if text is None or not text.strip():
+        text = DEFAULT_STARTING_OFFSETS
+    word = text.strip().lower()
+    if word == "earliest":
+        return StartingOffsets(every_partition=EARLIEST)
+    if word == "latest":
+        return StartingOffsets(every_partition=LATEST)
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"startingOffsets must be 'earliest', 'latest' or JSON like "
+            f'{{"{topic}": {{"0": 23, "1": -2}}}}; got {text!r} ({error})'
+        ) from None
+    if not isinstance(parsed, dict) or not all(isinstance(v, dict) for v in parsed.values()):
+        raise ValueError(
+            f'startingOffsets JSON must map a topic to {{"partition": offset}}; got {text!r}'
+        )
+    other_topics = sorted(set(parsed) - {topic})
+    if other_topics:
+        raise ValueError(
+            f"startingOffsets names topics {other_topics} that are not subscribed "
+            f"(subscribe={topic!r})"
+        )
+    if topic not in parsed:
+        raise ValueError(f"startingOffsets JSON has no entry for the subscribed topic {topic!r}")
+    pairs: list[tuple[int, int]] = []
+    for key, offset in parsed[topic].items():
+        partition = _partition_number(key)
+        # bool is an int in Python; `true` as an offset is a typo, not offset 1.
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < EARLIEST:
+            raise ValueError(
+                f"startingOffsets for {topic}/{key} must be an offset >= 0, -2 (earliest) or "
+                f"-1 (latest); got {offset!r}"
+            )
+        pairs.append((partition, offset))
+    return StartingOffsets(every_partition=None, per_partition=tuple(sorted(pairs)))
+
+
+def _optional_positive_int(options: Mapping[str, str], name: str) -> int | None:
+    raw = options.get(name.lower())
+    if raw is None or str(raw).strip() == "":
+        return None
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise ValueError(f"option {name} must be a positive integer; got {raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"option {name} must be a positive integer; got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class KafkaSourceOptions:
+    """The validated reader options (names as in Spark's Kafka source, plus pollTimeoutMs)."""
+
+    bootstrap_servers: str
+    topic: str
+    starting_offsets: StartingOffsets
+    max_offsets_per_trigger: int | None
+    poll_timeout_ms: int
+    request_timeout_ms: int | None
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> KafkaSourceOptions:
+        # Spark hands over a case-insensitive dict; a plain dict (tests, callers) is lowered here.
+        lowered = {str(k).lower(): str(v) for k, v in options.items()}
+        for unsupported in ("subscribepattern", "assign"):
+            if unsupported in lowered:
+                raise ValueError(
+                    f"option {unsupported!r} is not supported by {SOURCE_NAME}; "
+                    "use subscribe with exactly one topic"
+                )
+        servers = lowered.get("kafka.bootstrap.servers", "").strip()
+        if not servers:
+            raise ValueError("option kafka.bootstrap.servers is required")
+        topic = lowered.get("subscribe", "").strip()
+        if not topic or "," in topic:
+            raise ValueError(f"option subscribe must name exactly one topic; got {topic!r}")
+        poll_timeout_ms = _optional_positive_int(lowered, "pollTimeoutMs")
+        return cls(
+            bootstrap_servers=servers,
+            topic=topic,
+            starting_offsets=parse_starting_offsets(lowered.get("startingoffsets"), topic),
+            max_offsets_per_trigger=_optional_positive_int(lowered, "maxOffsetsPerTrigger"),
+            poll_timeout_ms=poll_timeout_ms or DEFAULT_POLL_TIMEOUT_MS,
+            request_timeout_ms=_optional_positive_int(lowered, "kafka.request.timeout.ms"),
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Offset arithmetic (pure)
+# ---------------------------------------------------------------------------------------------
+
+
+def _partition_number(key: str | int) -> int:
+    try:
+        number = int(key)
+    except (TypeError, ValueError):
+        raise ValueError(f"a partition must be a non-negative integer; got {key!r}") from None
+    if number < 0 or isinstance(key, bool):
+        raise ValueError(f"a partition must be a non-negative integer; got {key!r}")
+    return number
+
+
+def normalise_offsets(offsets: Mapping[str, int] | Mapping[int, int]) -> dict[str, int]:
+    """String partition keys in numeric order, int values.
+
+    Spark decides "no new data" by comparing offsets as JSON text, and JSON gives keys back as
+    strings: the same offsets must always serialise to the same text.
+    """
+    by_number: dict[int, int] = {}
+    for key, offset in offsets.items():
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"offset of partition {key!r} must be an int >= 0; got {offset!r}")
+        by_number[_partition_number(key)] = offset
+    return {str(partition): by_number[partition] for partition in sorted(by_number)}
+
+
+def resolve_starting_offsets(
+    spec: StartingOffsets,
+    topic: str,
+    beginning: Mapping[int, int],
+    end: Mapping[int, int],
+) -> dict[str, int]:
+    """Concrete start offsets for the partitions that exist now (the keys of `end`).
+
+    As in Spark, the JSON form must name exactly the partitions the topic has, so a typo or a
+    stale config fails loudly instead of silently reading from somewhere else.
+    """
+    existing = sorted(end)
+    if spec.every_partition is not None:
+        chosen = beginning if spec.every_partition == EARLIEST else end
+        return normalise_offsets({p: chosen[p] for p in existing})
+    requested = dict(spec.per_partition)
+    missing = sorted(set(existing) - set(requested))
+    unknown = sorted(set(requested) - set(existing))
+    if missing or unknown:
+        raise ValueError(
+            f"startingOffsets must name every partition of {topic!r} ({existing}); "
+            f"missing {missing}, not in the topic {unknown}"
+        )
+    resolved: dict[int, int] = {}
+    for partition in existing:
+        offset = requested[partition]
+        if offset == EARLIEST:
+            offset = beginning[partition]
+        elif offset == LATEST:
+            offset = end[partition]
+        elif not beginning[partition] <= offset <= end[partition]:
+            raise ValueError(
+                f"startingOffsets {offset} for {topic}/{partition} is outside the available "
+                f"range [{beginning[partition]}, {end[partition]}]"
+            )
+        resolved[partition] = offset
+    return normalise_offsets(resolved)
+
+
+def split_budget(lags: Mapping[str, int], budget: int) -> dict[str, int]:
+    """How many offsets each partition may advance so that the total is at most `budget`.
+
+    Shares are proportional to each partition's lag (largest-remainder rounding, ties broken by
+    partition number), so the result is deterministic, sums to exactly `budget` when the lag
+    exceeds it, never exceeds a partition's lag, and always makes progress when there is lag.
+    """
+    if budget < 1:
+        raise ValueError(f"a read budget must be >= 1; got {budget}")
+    shares = {key: max(lag, 0) for key, lag in lags.items()}
+    total = sum(shares.values())
+    if total <= budget:
+        return normalise_offsets(shares)
+    # Exact integer arithmetic: float rounding could overshoot the budget by one.
+    remainders = {key: budget * lag % total for key, lag in shares.items()}
+    shares = {key: budget * lag // total for key, lag in shares.items()}
+    leftover = budget - sum(shares.values())
+    by_largest_remainder = sorted(
+        (key for key in shares if remainders[key] > 0),
+        key=lambda key: (-remainders[key], _partition_number(key)),
+    )
+    for key in by_largest_remainder[:leftover]:
+        shares[key] += 1
+    return normalise_offsets(shares)
+
+
+def advance_offsets(
+    start: Mapping[str, int],
+    latest: Mapping[str, int],
+    max_rows: int | None,
+    *,
+    topic: str,
+) -> dict[str, int]:
+    """The end offsets of the next batch for the partitions in `start`.
+
+    `latest` holds the broker's end offsets; `max_rows` None means read everything available.
+    Partitions that are in `latest` but not in `start` are not handled here (see
+    `register_new_partitions`).
+    """
+    start = normalise_offsets(start)
+    latest = normalise_offsets(latest)
+    lags: dict[str, int] = {}
+    for key, offset in start.items():
+        end = latest.get(key, offset)
+        if end < offset:
+            raise ValueError(
+                f"the end offset of {topic}/{key} went back from at least {offset} to {end}: "
+                "the topic was probably deleted and recreated, or data was lost; "
+                "start the query from a new checkpoint"
+            )
+        lags[key] = end - offset
+    steps = lags if max_rows is None else split_budget(lags, max_rows)
+    return normalise_offsets({key: offset + steps[key] for key, offset in start.items()})
+
+
+def register_new_partitions(
+    offsets: Mapping[str, int], new_partition_beginnings: Mapping[str, int]
+) -> dict[str, int]:
+    """Add partitions that appeared since `offsets` was taken, at their beginning offset.
+
+    A new partition enters the offset log positioned at its beginning and is read from the
+    next batch on. That way every batch's ranges come from the checkpoint alone, and a replayed
+    batch never has to ask the broker where a partition began.
+    """
+    merged = dict(normalise_offsets(offsets))
+    for key, beginning in normalise_offsets(new_partition_beginnings).items():
+        merged.setdefault(key, beginning)
+    return normalise_offsets(merged)
+
+
+def partition_ranges(
+    start: Mapping[str, int], end: Mapping[str, int]
+) -> list[tuple[int, int, int]]:
+    """(partition, start offset, end offset) for each partition with something to read.
+
+    A partition missing from `start` was registered by `register_new_partitions` in this batch
+    and has nothing to read yet.
+    """
+    start = normalise_offsets(start)
+    ranges = []
+    for key, end_offset in normalise_offsets(end).items():
+        start_offset = start.get(key)
+        if start_offset is not None and start_offset < end_offset:
+            ranges.append((int(key), start_offset, end_offset))
+    return ranges
+
+
+def max_rows_of(limit: ReadLimit) -> int | None:
+    """The row budget a read limit allows; None for "everything available"."""
+    if isinstance(limit, ReadAllAvailable):
+        return None
+    if isinstance(limit, ReadMaxRows):
+        return int(limit.max_rows)
+    raise ValueError(f"{SOURCE_NAME} supports ReadAllAvailable and ReadMaxRows only; got {limit!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading records (executors)
+# ---------------------------------------------------------------------------------------------
+
+
+def consumer_config(
+    bootstrap_servers: str, request_timeout_ms: int | None, client_id: str
+) -> dict[str, Any]:
+    """kafka-python settings for a consumer that never joins a group or commits."""
+    config: dict[str, Any] = {
+        "bootstrap_servers": bootstrap_servers,
+        "client_id": client_id,
+        # Offsets live in Spark's checkpoint; a group would only add rebalances and commits.
+        "group_id": None,
+        "enable_auto_commit": False,
+        # A metadata lookup of a missing topic must not create it behind the producer's back.
+        "allow_auto_create_topics": False,
+        # Fail instead of silently jumping elsewhere when a requested offset is gone.
+        "auto_offset_reset": "none",
+    }
+    if request_timeout_ms is not None:
+        config["request_timeout_ms"] = request_timeout_ms
+    return config
+
+
+def records_to_record_batch(records: Sequence[Any]) -> pa.RecordBatch:
+    """Arrow rows in KAFKA_SCHEMA from kafka-python `ConsumerRecord`s."""
+    headers_type = ARROW_SCHEMA.field("headers").type
+    columns = [
+        pa.array([r.key for r in records], pa.binary()),
+        pa.array([r.value for r in records], pa.binary()),
+        pa.array([r.topic for r in records], pa.string()),
+        pa.array([r.partition for r in records], pa.int32()),
+        pa.array([r.offset for r in records], pa.int64()),
+        # Kafka timestamps are ms since the epoch; Spark's are us.
+        pa.array([r.timestamp * 1000 for r in records], ARROW_SCHEMA.field("timestamp").type),
+        # -1 is Kafka's NO_TIMESTAMP_TYPE, for records written without one.
+        pa.array(
+            [-1 if r.timestamp_type is None else r.timestamp_type for r in records], pa.int32()
+        ),
+        # Spark's Kafka source gives null, not an empty array, for a record without headers.
+        pa.array([list(r.headers) if r.headers else None for r in records], headers_type),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+
+
+@dataclass(frozen=True)
+class KafkaInputPartition(InputPartition):
+    """One Spark task: the offsets [start_offset, end_offset) of one Kafka partition."""
+
+    topic: str
+    partition: int
+    start_offset: int
+    end_offset: int
+    bootstrap_servers: str
+    poll_timeout_ms: int
+    request_timeout_ms: int | None
+
+
+def read_partition(split: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
+    """Yield the records of `split` as Arrow batches of about ARROW_BATCH_ROWS rows.
+
+    Completion is judged by the consumer's position, not by counting records: offsets can
+    have gaps (transaction markers, compaction). `poll_timeout_ms` bounds the time without any
+    progress, so a large range may take longer overall but a stuck read fails.
+    """
+    where = (
+        f"{split.topic}/{split.partition} offsets [{split.start_offset}, {split.end_offset}) "
+        f"from {split.bootstrap_servers}"
+    )
+    topic_partition = TopicPartition(split.topic, split.partition)
+    consumer = KafkaConsumer(
+        **consumer_config(
+            split.bootstrap_servers,
+            split.request_timeout_ms,
+            client_id=f"{SOURCE_NAME}-reader-{split.topic}-{split.partition}",
+        ),
+        max_poll_records=ARROW_BATCH_ROWS,
+    )
+    try:
+        consumer.assign([topic_partition])
+        consumer.seek(topic_partition, split.start_offset)
+        position = split.start_offset
+        pending: list[Any] = []
+        progress_deadline = time.monotonic() + split.poll_timeout_ms / 1000
+        while position < split.end_offset:
+            remaining_ms = int((progress_deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                raise TimeoutError(
+                    f"reading {where}: no progress for {split.poll_timeout_ms} ms "
+                    f"(stuck at offset {position}); raise pollTimeoutMs or check the broker"
+                )
+            try:
+                polled = consumer.poll(timeout_ms=min(remaining_ms, 1_000))
+                for record in polled.get(topic_partition, ()):
+                    if split.start_offset <= record.offset < split.end_offset:
+                        pending.append(record)
+                new_position = consumer.position(topic_partition, timeout_ms=remaining_ms)
+            except KafkaError as error:
+                raise RuntimeError(f"reading {where} failed: {error!r}") from error
+            if new_position is not None and new_position > position:
+                position = new_position
+                progress_deadline = time.monotonic() + split.poll_timeout_ms / 1000
+            if len(pending) >= ARROW_BATCH_ROWS:
+                yield records_to_record_batch(pending)
+                pending = []
+        if pending:
+            yield records_to_record_batch(pending)
+    finally:
+        # Spark reuses Python workers: an unclosed consumer leaks its sockets into the next task.
+        consumer.close(autocommit=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# The Spark data source
+# ---------------------------------------------------------------------------------------------
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans micro-batches over one topic. Built on the driver, pickled to executors.
+
+    The camelCase method names are Spark's API (hence the `noqa: N802`).
+    """
+
+    def __init__(self, options: KafkaSourceOptions) -> None:
+        self.options = options
+        # The driver-side consumer is created on first use: this object is also pickled to
+        # executors, which never plan and must not open connections.
+        self._consumer: KafkaConsumer | None = None
+        # End offsets fixed by prepareForTriggerAvailableNow; None outside AvailableNow.
+        self._available_now_end: dict[str, int] | None = None
+        self._latest_seen: dict[str, int] | None = None
+        self._initial_offset: dict[str, int] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_consumer"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._consumer = None
+
+    # -- broker lookups (driver) ----------------------------------------------------------
+
+    def _driver_consumer(self) -> KafkaConsumer:
+        if self._consumer is None:
+            self._consumer = KafkaConsumer(
+                **consumer_config(
+                    self.options.bootstrap_servers,
+                    self.options.request_timeout_ms,
+                    client_id=f"{SOURCE_NAME}-planner-{self.options.topic}",
+                )
+            )
+        return self._consumer
+
+    def _topic_partitions(self) -> list[TopicPartition]:
+        consumer = self._driver_consumer()
+        # topics() always refreshes metadata, so a topic that was created or grew is seen;
+        # partitions_for_topic alone would answer from a cache that is minutes old.
+        if self.options.topic not in consumer.topics():
+            return []
+        partitions = consumer.partitions_for_topic(self.options.topic)
+        return [TopicPartition(self.options.topic, p) for p in sorted(partitions)]
+
+    def _broker_offsets(self, which: str, partitions: Sequence[TopicPartition]) -> dict[int, int]:
+        if not partitions:
+            return {}
+        consumer = self._driver_consumer()
+        lookup = consumer.beginning_offsets if which == "beginning" else consumer.end_offsets
+        found = lookup(list(partitions), timeout_ms=self.options.request_timeout_ms)
+        return {tp.partition: int(offset) for tp, offset in found.items()}
+
+    def _end_offsets(self) -> dict[str, int]:
+        return normalise_offsets(self._broker_offsets("end", self._topic_partitions()))
+
+    # -- DataSourceStreamReader -----------------------------------------------------------
+
+    def initialOffset(self) -> dict[str, int]:  # noqa: N802
+        # Spark asks again at every trigger until the first batch has run. Resolving `latest`
+        # anew each time would skip whatever arrived in between, so resolve once per query
+        # run. (Spark's own source also persists it in the checkpoint; a Python source has no
+        # access to that, so a query stopped before its first batch resolves it again.)
+        if self._initial_offset is None:
+            partitions = self._topic_partitions()
+            self._initial_offset = resolve_starting_offsets(
+                self.options.starting_offsets,
+                self.options.topic,
+                beginning=self._broker_offsets("beginning", partitions),
+                end=self._broker_offsets("end", partitions),
+            )
+        return dict(self._initial_offset)
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+        if self.options.max_offsets_per_trigger is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.options.max_offsets_per_trigger)
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+        # AvailableNow must not chase records produced after the query started.
+        self._available_now_end = self._end_offsets()
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:  # noqa: N802
+        if self._available_now_end is not None:
+            latest = self._available_now_end
+        else:
+            latest = self._end_offsets()
+        self._latest_seen = latest
+        end = advance_offsets(start, latest, max_rows_of(limit), topic=self.options.topic)
+        new_keys = [key for key in latest if key not in start]
+        if new_keys:
+            new_partitions = [TopicPartition(self.options.topic, int(k)) for k in new_keys]
+            beginnings = self._broker_offsets("beginning", new_partitions)
+            end = register_new_partitions(end, normalise_offsets(beginnings))
+        return end
+
+    def reportLatestOffset(self) -> dict[str, int] | None:  # noqa: N802
+        # The end offsets latestOffset just fetched: asking the broker again would cost a
+        # round trip per batch for a number that only feeds the progress report.
+        return self._latest_seen
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[KafkaInputPartition]:
+        return [
+            KafkaInputPartition(
+                topic=self.options.topic,
+                partition=partition,
+                start_offset=start_offset,
+                end_offset=end_offset,
+                bootstrap_servers=self.options.bootstrap_servers,
+                poll_timeout_ms=self.options.poll_timeout_ms,
+                request_timeout_ms=self.options.request_timeout_ms,
+            )
+            for partition, start_offset, end_offset in partition_ranges(start, end)
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, KafkaInputPartition):
+            raise TypeError(f"expected a KafkaInputPartition, got {type(partition).__name__}")
+        return read_partition(partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        # Nothing to do: the offsets live in Spark's checkpoint, which is the only truth a
+        # restart uses. Committing them to a consumer group too would add a second, possibly
+        # disagreeing, record of progress.
+        return None
+
+    def stop(self) -> None:
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            consumer.close(autocommit=False)
+
+
+class KafkaDataSource(DataSource):
+    """`spark.readStream.format("tw_kafka")`: one Kafka topic, Spark Kafka source columns."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> StructType:
+        return KAFKA_SCHEMA
+
+    def streamReader(self, schema: StructType) -> KafkaStreamReader:  # noqa: N802
+        if schema != KAFKA_SCHEMA:
+            raise ValueError(
+                f"{SOURCE_NAME} has a fixed schema ({KAFKA_SCHEMA.simpleString()}); "
+                f"got {schema.simpleString()}"
+            )
+        return KafkaStreamReader(KafkaSourceOptions.from_options(self.options))
+
+
+def register(spark: SparkSession) -> None:
+    """Make `format("tw_kafka")` available in `spark`."""
+    spark.dataSource.register(KafkaDataSource)

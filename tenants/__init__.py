@@ -1,0 +1,1 @@
+"""Tenant and source configuration: frozen models, YAML loading, the registry."""

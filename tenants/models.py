@@ -1,0 +1,133 @@
+"""Frozen config models for sources, tenants and their window rules (SPEC §3, §6).
+
+A source defines where its event time lives and its default window rules; a tenant enables
+sources and may override the rules per source. `EffectiveRules` is what the windowing code sees.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+# An id is used as a Delta partition value and a path component, so nothing else is accepted.
+ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+_DURATION_RE = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
+_UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(value: object) -> int:
+    """Turn `"90s"`, `"1m"`, `"500ms"` or an int of milliseconds into milliseconds."""
+    if isinstance(value, bool):
+        raise ValueError("a duration is a string like '10s', '1m', '2h' or an int of ms")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        match = _DURATION_RE.match(value)
+        if match:
+            return int(match.group(1)) * _UNIT_MS[match.group(2)]
+    raise ValueError(
+        f"invalid duration {value!r}: use a number with a unit ms, s, m, h or d, e.g. '10s'"
+    )
+
+
+DurationMs = Annotated[int, BeforeValidator(parse_duration_ms)]
+PositiveDurationMs = Annotated[int, BeforeValidator(parse_duration_ms), Field(gt=0)]
+NonNegativeDurationMs = Annotated[int, BeforeValidator(parse_duration_ms), Field(ge=0)]
+Identifier = Annotated[str, Field(pattern=ID_PATTERN)]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True)
+
+
+class EventTimeFormat(StrEnum):
+    ISO8601 = "iso8601"
+    EPOCH_MS = "epoch_ms"
+    EPOCH_S = "epoch_s"
+
+
+class EventTimeSpec(_Frozen):
+    """Where a source's event time lives in the JSON record."""
+
+    field: str = Field(min_length=1, description="Dot path into the record, e.g. `meta.ts`.")
+    format: EventTimeFormat = Field(description="`iso8601`, `epoch_ms` or `epoch_s`.")
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        return tuple(self.field.split("."))
+
+
+class TumblingWindow(_Frozen):
+    """Fixed, non-overlapping windows aligned to the UTC epoch."""
+
+    kind: Literal["tumbling"] = "tumbling"
+    size_ms: PositiveDurationMs = Field(alias="size", description="Window length.")
+
+
+WindowSpec = TumblingWindow
+
+
+class Accumulation(StrEnum):
+    ACCUMULATING = "accumulating"
+    DISCARDING = "discarding"
+
+
+class RuleOverrides(_Frozen):
+    """Window rules a tenant may override per source; unset fields keep the source's value."""
+
+    window: WindowSpec | None = None
+    out_of_orderness_ms: NonNegativeDurationMs | None = Field(default=None, alias="out_of_orderness")
+    allowed_lateness_ms: NonNegativeDurationMs | None = Field(default=None, alias="allowed_lateness")
+    accumulation: Accumulation | None = None
+
+
+class WindowRules(_Frozen):
+    """The rules one (tenant, source) key is windowed with."""
+
+    window: WindowSpec = Field(description="How event time is cut into windows.")
+    out_of_orderness_ms: NonNegativeDurationMs = Field(
+        alias="out_of_orderness",
+        description="How far behind the newest event time a record may be and still be on time.",
+    )
+    allowed_lateness_ms: NonNegativeDurationMs = Field(
+        default=0,
+        alias="allowed_lateness",
+        description="How long after the watermark passes a window's end late records are accepted.",
+    )
+    accumulation: Accumulation = Field(
+        default=Accumulation.ACCUMULATING,
+        description="`accumulating`: a pane carries the window's totals; `discarding`: only its new records.",
+    )
+
+    def with_overrides(self, overrides: RuleOverrides) -> WindowRules:
+        changes = {name: value for name, value in overrides if value is not None}
+        return self.model_copy(update=changes)
+
+
+class SourceConfig(WindowRules):
+    """A kind of data source: where its event time is, and its default window rules."""
+
+    event_time: EventTimeSpec
+
+    def rules(self) -> WindowRules:
+        return WindowRules.model_validate(
+            {name: getattr(self, name) for name in WindowRules.model_fields}
+        )
+
+
+class TenantConfig(_Frozen):
+    """One tenant: its id and the sources it sends, each with the tenant's rule overrides."""
+
+    id: Identifier
+    sources: dict[Identifier, RuleOverrides] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _allow_bare_source_names(cls, data: object) -> object:
+        # `sources: [web, app]` is shorthand for sources without overrides.
+        if isinstance(data, dict) and isinstance(data.get("sources"), list):
+            data = {**data, "sources": {name: {} for name in data["sources"]}}
+        return data

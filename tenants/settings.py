@@ -1,0 +1,110 @@
+"""Typed application settings: `conf/app.yaml`, then `TW_*` environment variables, then CLI flags.
+
+Nested fields are overridden from the environment with a double underscore, e.g.
+`TW_KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:9092` or `TW_LAKE__ROOT=/data/lake`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tenants.models import ID_PATTERN, PositiveDurationMs
+from tenants.registry import ConfigError
+
+ENV_PREFIX = "TW_"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class KafkaSettings(_Frozen):
+    bootstrap_servers: str = Field(default="127.0.0.1:9092", description="Comma-separated host:port list.")
+    topic: str = Field(default="tenant-events", min_length=1)
+    starting_offsets: str = Field(
+        default="earliest", description="`earliest`, `latest` or Spark's JSON form; only for a new checkpoint."
+    )
+    max_offsets_per_trigger: int | None = Field(
+        default=50_000, gt=0, description="Upper bound of records per micro-batch; null reads all available."
+    )
+    source_format: Literal["tw_kafka", "kafka"] = Field(
+        default="tw_kafka",
+        description="`tw_kafka` is this project's Python reader; `kafka` is Spark's connector where its jar exists.",
+    )
+
+
+class LakeSettings(_Frozen):
+    root: str = Field(default="data/lake", description="A local path or `s3://bucket/prefix`.")
+
+
+class StreamSettings(_Frozen):
+    name: str = Field(
+        default="tenant-windows",
+        pattern=ID_PATTERN,
+        description="The stream's identity: Delta transaction app id and checkpoint folder name.",
+    )
+    checkpoint_dir: str = Field(
+        default="data/checkpoints/tenant-windows",
+        description="Spark's checkpoint (Kafka offsets and window state) for this stream.",
+    )
+    trigger_interval_ms: PositiveDurationMs = Field(default=5_000, alias="trigger_interval")
+    shuffle_partitions: int = Field(
+        default=4, gt=0, description="State partitions; frozen once a checkpoint exists."
+    )
+    max_record_bytes: int = Field(default=1_048_576, gt=0, description="Larger Kafka values are quarantined (`too_large`).")
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True)
+
+
+class AppSettings(_Frozen):
+    conf_dir: Path = Field(default=Path("conf"), description="Holds sources.yaml and tenants/.")
+    kafka: KafkaSettings = KafkaSettings()
+    lake: LakeSettings = LakeSettings()
+    stream: StreamSettings = StreamSettings()
+
+
+def load_settings(
+    app_file: Path | None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> AppSettings:
+    """Merge the YAML file, `TW_*` variables and explicit overrides (dotted keys), in that order."""
+    data: dict[str, Any] = {}
+    if app_file is not None:
+        try:
+            loaded = yaml.safe_load(app_file.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as error:
+            raise ConfigError(app_file, [("", str(error))]) from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(app_file, [("", "must be a YAML mapping")])
+        data = loaded
+    environ = os.environ if environ is None else environ
+    for name, value in environ.items():
+        if name.startswith(ENV_PREFIX):
+            _set_dotted(data, name[len(ENV_PREFIX) :].lower().replace("__", "."), value)
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            _set_dotted(data, dotted, value)
+    try:
+        return AppSettings.model_validate(data)
+    except ValidationError as error:
+        problems = [(".".join(str(p) for p in detail["loc"]), detail["msg"]) for detail in error.errors()]
+        raise ConfigError(app_file or "(environment)", problems) from None
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = data
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[leaf] = value
