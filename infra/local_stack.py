@@ -7,8 +7,6 @@ the wrapper leaves its native child holding the port, so the next start on that 
 from __future__ import annotations
 
 import importlib.resources
-import os
-import signal
 import socket
 import stat
 import subprocess
@@ -24,6 +22,8 @@ _READY_DEADLINE_S = 20.0
 _STOP_GRACE_S = 10.0
 _LOG_TAIL_CHARS = 4_000
 _ADMIN_TIMEOUT_MS = 10_000
+# Short, so one slow probe cannot eat most of the start-up deadline.
+_PROBE_TIMEOUT_MS = 2_000
 
 
 def find_free_loopback_port() -> int:
@@ -84,6 +84,9 @@ class LocalKafka:
         """Launch the broker and wait until it answers metadata requests."""
         if self._process is not None:
             raise RuntimeError(f"LocalKafka already started (pid {self.pid})")
+        # Another listener on the port would answer the readiness probe in our broker's place.
+        if _port_accepts_connections(self.port):
+            raise RuntimeError(f"port {self.port} on 127.0.0.1 is already in use")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         command = [
             str(noida_binary()),
@@ -129,24 +132,27 @@ class LocalKafka:
             if _port_accepts_connections(self.port):
                 try:
                     self._list_topics()
-                    return
                 except Exception as error:  # any failure means "not ready yet"
                     last_error = error
+                else:
+                    # Still alive: the answer came from our broker, not one it lost a race to.
+                    if self._process.poll() is None:
+                        return
             time.sleep(0.1)
         raise RuntimeError(
             f"noida-db did not answer on {self.bootstrap_servers} within {_READY_DEADLINE_S:.0f} s "
             f"(last error: {last_error!r}); log tail:\n{_tail(self.log_path)}"
         )
 
-    def _admin(self) -> KafkaAdminClient:
+    def _admin(self, timeout_ms: int = _ADMIN_TIMEOUT_MS) -> KafkaAdminClient:
         return KafkaAdminClient(
             bootstrap_servers=self.bootstrap_servers,
-            request_timeout_ms=_ADMIN_TIMEOUT_MS,
-            bootstrap_timeout_ms=_ADMIN_TIMEOUT_MS,
+            request_timeout_ms=timeout_ms,
+            bootstrap_timeout_ms=timeout_ms,
         )
 
     def _list_topics(self) -> list[str]:
-        admin = self._admin()
+        admin = self._admin(_PROBE_TIMEOUT_MS)
         try:
             topics: list[str] = admin.list_topics()
             return topics
@@ -170,12 +176,13 @@ class LocalKafka:
     def stop(self) -> None:
         """SIGTERM (noida-db persists its data on a clean stop), SIGKILL after 10 s. Idempotent."""
         process = self._process
-        if process is not None and process.poll() is None:
-            os.kill(process.pid, signal.SIGTERM)
+        if process is not None:
+            # Popen's terminate/kill signal our child's PID only, and skip one that has exited.
+            process.terminate()
             try:
                 process.wait(timeout=_STOP_GRACE_S)
             except subprocess.TimeoutExpired:
-                os.kill(process.pid, signal.SIGKILL)
+                process.kill()
                 process.wait(timeout=_STOP_GRACE_S)
         self._process = None
         if self._log_file is not None:

@@ -16,7 +16,7 @@ import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 from kafka import KafkaConsumer, TopicPartition
@@ -411,7 +411,7 @@ class KafkaInputPartition(InputPartition):
 
 
 def read_partition(split: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
-    """Yield the records of `split` as Arrow batches of about ARROW_BATCH_ROWS rows.
+    """Yield the records of `split` as Arrow batches of at most ARROW_BATCH_ROWS rows.
 
     Completion is judged by the consumer's position, not by counting records: offsets can
     have gaps (transaction markers, compaction). `poll_timeout_ms` bounds the time without any
@@ -454,9 +454,9 @@ def read_partition(split: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
             if new_position is not None and new_position > position:
                 position = new_position
                 progress_deadline = time.monotonic() + split.poll_timeout_ms / 1000
-            if len(pending) >= ARROW_BATCH_ROWS:
-                yield records_to_record_batch(pending)
-                pending = []
+            while len(pending) >= ARROW_BATCH_ROWS:
+                yield records_to_record_batch(pending[:ARROW_BATCH_ROWS])
+                pending = pending[ARROW_BATCH_ROWS:]
         if pending:
             yield records_to_record_batch(pending)
     finally:
@@ -516,7 +516,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         partitions = consumer.partitions_for_topic(self.options.topic)
         return [TopicPartition(self.options.topic, p) for p in sorted(partitions)]
 
-    def _broker_offsets(self, which: str, partitions: Sequence[TopicPartition]) -> dict[int, int]:
+    def _broker_offsets(
+        self, which: Literal["beginning", "end"], partitions: Sequence[TopicPartition]
+    ) -> dict[int, int]:
         if not partitions:
             return {}
         consumer = self._driver_consumer()
@@ -530,10 +532,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- DataSourceStreamReader -----------------------------------------------------------
 
     def initialOffset(self) -> dict[str, int]:  # noqa: N802
-        # Spark asks again at every trigger until the first batch has run. Resolving `latest`
-        # anew each time would skip whatever arrived in between, so resolve once per query
-        # run. (Spark's own source also persists it in the checkpoint; a Python source has no
-        # access to that, so a query stopped before its first batch resolves it again.)
+        # Spark asks more than once before the first batch runs (measured: twice, with a
+        # trigger in between). Resolving `latest` anew would skip whatever arrived meanwhile,
+        # so resolve once per query run. Spark's own source also persists it in the
+        # checkpoint; a Python source cannot, so a query stopped before its first batch
+        # resolves it again on restart.
         if self._initial_offset is None:
             partitions = self._topic_partitions()
             self._initial_offset = resolve_starting_offsets(

@@ -1,0 +1,35 @@
+"""Shared fixtures: one real broker and one SparkSession for the whole run (each costs seconds)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from infra.local_stack import LocalKafka
+
+    with LocalKafka(tmp_path_factory.mktemp("kafka")) as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    from streaming.session import build_spark
+
+    session = build_spark("tenant-windows-tests", master="local[2]", shuffle_partitions=4)
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def conf_dir() -> Path:
+    return PROJECT_ROOT / "conf"
