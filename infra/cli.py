@@ -12,6 +12,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
 from tenants.models import parse_duration_ms
 from tenants.registry import ConfigError, load_registry
 from tenants.settings import AppSettings, load_settings
@@ -24,7 +27,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
     )
     for chatty in ("py4j", "kafka"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
@@ -42,7 +47,9 @@ def _parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="run the stream (continuously, or --available-now)")
     _settings_options(run)
-    run.add_argument("--available-now", action="store_true", help="process what is in the topic, then exit")
+    run.add_argument(
+        "--available-now", action="store_true", help="process what is in the topic, then exit"
+    )
     run.add_argument("--master", help="Spark master; default local[2] outside spark-submit")
     run.set_defaults(handler=_run)
 
@@ -53,12 +60,14 @@ def _parser() -> argparse.ArgumentParser:
     validate.set_defaults(handler=_validate)
 
     sql = commands.add_parser("sql", help="run Spark SQL over the output tables")
-    sql.add_argument("query", help="e.g. \"SELECT tenant, count(*) FROM events GROUP BY tenant\"")
+    sql.add_argument("query", help='e.g. "SELECT tenant, count(*) FROM events GROUP BY tenant"')
     _settings_options(sql)
     sql.add_argument("--format", choices=["table", "json"], default="table")
     sql.add_argument("--tenant", help="scope every view to this tenant's rows")
     sql.add_argument("--limit", type=int, default=1000, help="rows to print at most")
-    sql.add_argument("--delta-spark", action="store_true", help="read with delta-spark (cluster with Delta jars)")
+    sql.add_argument(
+        "--delta-spark", action="store_true", help="read with delta-spark (cluster with Delta jars)"
+    )
     sql.set_defaults(handler=_sql)
 
     produce = commands.add_parser("produce", help="produce sample multi-tenant load")
@@ -66,7 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     produce.add_argument("--tenants", default="acme,globex,initech")
     produce.add_argument("--sources", default="web,billing")
     produce.add_argument("--count", type=int, default=6000)
-    produce.add_argument("--rate", type=float, default=None, help="records per second (default: as fast as possible)")
+    produce.add_argument(
+        "--rate", type=float, default=None, help="records per second (default: as fast as possible)"
+    )
     produce.add_argument("--jitter", default="5s", help="out-of-orderness of event times")
     produce.add_argument("--late-share", type=float, default=0.02)
     produce.add_argument("--malformed-share", type=float, default=0.01)
@@ -74,7 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     produce.add_argument("--seed", type=int, default=7)
     produce.set_defaults(handler=_produce)
 
-    demo = commands.add_parser("demo", help="local broker + sample load + stream + summary, then stop")
+    demo = commands.add_parser(
+        "demo", help="local broker + sample load + stream + summary, then stop"
+    )
     demo.add_argument("--workdir", type=Path, default=Path("data/demo"))
     demo.add_argument("--count", type=int, default=12_000)
     demo.set_defaults(handler=_demo)
@@ -113,7 +126,10 @@ def settings_from(args: argparse.Namespace) -> AppSettings:
 def _validate(args: argparse.Namespace) -> int:
     registry = load_registry(args.conf)
     routes = sum(len(tenant.sources) for tenant in registry.tenants.values())
-    print(f"{args.conf}: {len(registry.tenants)} tenants, {len(registry.sources)} sources, {routes} routes: OK")
+    print(
+        f"{args.conf}: {len(registry.tenants)} tenants, {len(registry.sources)} sources, "
+        f"{routes} routes: OK"
+    )
     return 0
 
 
@@ -125,7 +141,9 @@ def _run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     registry = load_registry(settings.conf_dir)
     spark = build_spark(settings.stream.name, args.master, settings.stream.shuffle_partitions)
-    query = start_stream(spark, settings, registry, DeltaLake(settings.lake.root), args.available_now)
+    query = start_stream(
+        spark, settings, registry, DeltaLake(settings.lake.root), args.available_now
+    )
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: stopping the query after its current batch", signum)
@@ -150,10 +168,11 @@ def _sql(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_query(frame: Any, output_format: str, limit: int) -> None:
+def print_query(frame: DataFrame, output_format: str, limit: int) -> None:
     if output_format == "json":
-        for row in frame.limit(limit).toJSON().collect():
-            print(row)
+        as_json = frame.limit(limit).select(F.to_json(F.struct("*")).alias("line"))
+        for row in as_json.collect():
+            print(row["line"])
     else:
         frame.show(n=limit, truncate=False)
 
@@ -178,7 +197,12 @@ def _produce(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     time_specs = {name: source.event_time for name, source in registry.sources.items()}
-    sent = send(generate(spec, time_specs), settings.kafka.bootstrap_servers, settings.kafka.topic, args.rate)
+    sent = send(
+        generate(spec, time_specs),
+        settings.kafka.bootstrap_servers,
+        settings.kafka.topic,
+        args.rate,
+    )
     print(json.dumps({"produced": sent, "topic": settings.kafka.topic}))
     return 0
 

@@ -66,7 +66,9 @@ def run_demo(workdir: Path, count: int) -> int:
         sent = send(generate(spec, time_specs), kafka.bootstrap_servers, DEMO_TOPIC)
         print(f"produced {sent} records for {', '.join(spec.tenants)}; acme runs 1 h ahead")
 
-        spark = build_spark("tenant-windows-demo", shuffle_partitions=settings.stream.shuffle_partitions)
+        spark = build_spark(
+            "tenant-windows-demo", shuffle_partitions=settings.stream.shuffle_partitions
+        )
         try:
             lake = DeltaLake(settings.lake.root)
             query = start_stream(spark, settings, registry, lake, available_now=True)
@@ -81,7 +83,10 @@ def run_demo(workdir: Path, count: int) -> int:
             spark.sql(SUMMARY_SQL).show(truncate=False)
             print("Where every consumed record went:")
             spark.sql(BALANCE_SQL).show(truncate=False)
-            print(f"Lake: {workdir / 'lake'}   try: tenant-windows sql --lake-root {workdir / 'lake'} \"SELECT * FROM windows LIMIT 5\"")
+            print(
+                f"Lake: {workdir / 'lake'}\nTry: tenant-windows sql --lake-root {workdir / 'lake'} "
+                '"SELECT * FROM windows LIMIT 5"'
+            )
         finally:
             spark.stop()
     return 0

@@ -19,22 +19,36 @@ from pydantic import BaseModel, ConfigDict, Field
 from tenants.models import EventTimeFormat, EventTimeSpec, NonNegativeDurationMs, PositiveDurationMs
 
 # Malformed variants cover each quarantine reason the parser can decide alone.
-MALFORMED_KINDS = ("malformed_json", "missing_field", "bad_event_time", "unknown_tenant", "unknown_source")
+MALFORMED_KINDS = (
+    "malformed_json",
+    "missing_field",
+    "bad_event_time",
+    "unknown_tenant",
+    "unknown_source",
+)
 
 
 class LoadSpec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True
+    )
 
     tenants: tuple[str, ...] = ("acme", "globex", "initech")
     sources: tuple[str, ...] = ("web", "billing")
     count: int = Field(default=6_000, gt=0, le=50_000_000)
     start_ms: int = Field(default=1_767_225_600_000, ge=0, description="2026-01-01T00:00:00Z")
-    step_ms: PositiveDurationMs = Field(default=1_000, alias="step", description="Event-time gap per key.")
-    jitter_ms: NonNegativeDurationMs = Field(default=5_000, alias="jitter", description="Out-of-orderness.")
+    step_ms: PositiveDurationMs = Field(
+        default=1_000, alias="step", description="Event-time gap per key."
+    )
+    jitter_ms: NonNegativeDurationMs = Field(
+        default=5_000, alias="jitter", description="Out-of-orderness."
+    )
     late_share: float = Field(default=0.02, ge=0, le=1)
     late_by_ms: PositiveDurationMs = Field(default=180_000, alias="late_by")
     malformed_share: float = Field(default=0.01, ge=0, le=1)
-    ahead_ms: Mapping[str, int] = Field(default_factory=dict, alias="ahead", description="Tenant -> ms ahead.")
+    ahead_ms: Mapping[str, int] = Field(
+        default_factory=dict, alias="ahead", description="Tenant -> ms ahead."
+    )
     seed: int = 7
 
 
@@ -49,7 +63,9 @@ class SampleRecord:
     """`good`, `late` or one of MALFORMED_KINDS: what the generator meant the record to be."""
 
 
-def generate(spec: LoadSpec, event_time_specs: Mapping[str, EventTimeSpec]) -> Iterator[SampleRecord]:
+def generate(
+    spec: LoadSpec, event_time_specs: Mapping[str, EventTimeSpec]
+) -> Iterator[SampleRecord]:
     rng = random.Random(spec.seed)
     keys = [(tenant, source) for tenant in spec.tenants for source in spec.sources]
     clock_ms = {key: spec.start_ms + spec.ahead_ms.get(key[0], 0) for key in keys}
@@ -129,7 +145,9 @@ def _malformed(kind: str, record: dict[str, object], tenant: str, source: str) -
     elif kind == "missing_field":
         value = json.dumps({k: v for k, v in record.items() if k != "tenant"}).encode()
     elif kind == "bad_event_time":
-        value = json.dumps({"tenant": tenant, "source": source, "ts": "yesterday", "meta": {"event_ms": "x"}}).encode()
+        value = json.dumps(
+            {"tenant": tenant, "source": source, "ts": "yesterday", "meta": {"event_ms": "x"}}
+        ).encode()
     elif kind == "unknown_tenant":
         value = json.dumps({**record, "tenant": "not-onboarded"}).encode()
     else:

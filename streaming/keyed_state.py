@@ -62,7 +62,7 @@ OUTPUT_SCHEMA = StructType([StructField(name, data_type) for name, data_type in 
 STATE_SCHEMA = StructType([StructField("key_state_json", StringType())])
 
 # Nullable pandas dtypes, so a missing number stays null instead of turning into a float NaN.
-_PANDAS_DTYPES = {
+_PANDAS_DTYPES: dict[type[DataType], str] = {
     LongType: "Int64",
     IntegerType: "Int32",
     BooleanType: "boolean",
@@ -119,11 +119,15 @@ def quarantine_rows(records: pd.DataFrame) -> pd.DataFrame:
     return rows
 
 
-def event_rows(accepted: pd.DataFrame, assignments: list[Any], tenant: str, source: str) -> pd.DataFrame:
+def event_rows(
+    accepted: pd.DataFrame, assignments: list[Any], tenant: str, source: str
+) -> pd.DataFrame:
     if not assignments:
         return pd.DataFrame()
     index = [a.record_index for a in assignments]
-    rows = accepted.loc[index, [*_RECORD_COLUMNS, "event_time_ms", "event_id"]].reset_index(drop=True)
+    rows = accepted.loc[index, [*_RECORD_COLUMNS, "event_time_ms", "event_id"]].reset_index(
+        drop=True
+    )
     rows["kind"] = KIND_EVENTS
     rows["tenant"], rows["source"] = tenant, source
     rows["window_start_ms"] = [a.window_start_ms for a in assignments]
@@ -133,11 +137,15 @@ def event_rows(accepted: pd.DataFrame, assignments: list[Any], tenant: str, sour
     return rows
 
 
-def late_rows(accepted: pd.DataFrame, too_late: list[Any], tenant: str, source: str) -> pd.DataFrame:
+def late_rows(
+    accepted: pd.DataFrame, too_late: list[Any], tenant: str, source: str
+) -> pd.DataFrame:
     if not too_late:
         return pd.DataFrame()
     index = [t.record_index for t in too_late]
-    rows = accepted.loc[index, [*_RECORD_COLUMNS, "event_time_ms", "event_id"]].reset_index(drop=True)
+    rows = accepted.loc[index, [*_RECORD_COLUMNS, "event_time_ms", "event_id"]].reset_index(
+        drop=True
+    )
     rows["kind"] = KIND_LATE
     rows["tenant"], rows["source"] = tenant, source
     rows["window_start_ms"] = [t.window_start_ms for t in too_late]

@@ -6,7 +6,7 @@ Spark is the thin shell here; the semantics live in `parsing` and `windowing`.
 from __future__ import annotations
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from storage.delta_lake import DeltaLake
@@ -33,7 +33,9 @@ def read_kafka(spark: SparkSession, settings: AppSettings) -> DataFrame:
     return reader.load()
 
 
-def windowed_rows(kafka_records: DataFrame, registry: TenantRegistry, settings: AppSettings) -> DataFrame:
+def windowed_rows(
+    kafka_records: DataFrame, registry: TenantRegistry, settings: AppSettings
+) -> DataFrame:
     """The union rows of every output table, for one micro-batch of Kafka records."""
     routed = kafka_records.selectExpr(*KAFKA_COLUMNS_SQL).mapInPandas(
         make_router(registry, settings.stream.max_record_bytes), ROUTED_SCHEMA
@@ -64,5 +66,7 @@ def start_stream(
     if available_now:
         writer = writer.trigger(availableNow=True)
     else:
-        writer = writer.trigger(processingTime=f"{settings.stream.trigger_interval_ms} milliseconds")
+        writer = writer.trigger(
+            processingTime=f"{settings.stream.trigger_interval_ms} milliseconds"
+        )
     return writer.start()

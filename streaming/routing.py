@@ -61,7 +61,9 @@ def make_router(
     return route
 
 
-def route_frame(frame: pd.DataFrame, registry: TenantRegistry, max_record_bytes: int) -> pd.DataFrame:
+def route_frame(
+    frame: pd.DataFrame, registry: TenantRegistry, max_record_bytes: int
+) -> pd.DataFrame:
     outcomes = [parse_value(value, registry, max_record_bytes) for value in frame["value"]]
     routed = frame.copy()
     routed["tenant"] = [outcome.tenant for outcome in outcomes]

@@ -1,4 +1,4 @@
-"""The one SparkSession factory: loopback only, and the settings this stack needs (ENVIRONMENT.md)."""
+"""The one SparkSession factory: loopback only, with the settings ENVIRONMENT.md measured."""
 
 from __future__ import annotations
 

@@ -113,7 +113,9 @@ def advance(state: KeyState, event_times_ms: Sequence[int], rules: WindowRules) 
     for record_index, event_time_ms in enumerate(event_times_ms):
         watermark_before = state.watermark_ms
         for start_ms, end_ms in windows_of(event_time_ms, rules.window):
-            _accept_or_reject(state, result, rules, record_index, start_ms, end_ms, watermark_before)
+            _accept_or_reject(
+                state, result, rules, record_index, start_ms, end_ms, watermark_before
+            )
         if state.max_event_time_ms is None or event_time_ms > state.max_event_time_ms:
             state.max_event_time_ms = event_time_ms
         candidate = event_time_ms - rules.out_of_orderness_ms
@@ -168,7 +170,9 @@ def _seal_on_time_panes(state: KeyState, rules: WindowRules, fired: dict[int, li
             fired.setdefault(window.start_ms, []).append(_cut_pane(window, rules, Timing.ON_TIME))
 
 
-def _fire_batch_end_panes(state: KeyState, rules: WindowRules, fired: dict[int, list[Pane]]) -> None:
+def _fire_batch_end_panes(
+    state: KeyState, rules: WindowRules, fired: dict[int, list[Pane]]
+) -> None:
     """Fire pending LATE panes, mark final panes, and drop windows past end + lateness."""
     watermark_ms = state.watermark_ms
     for start_ms in sorted(state.windows):
@@ -176,7 +180,9 @@ def _fire_batch_end_panes(state: KeyState, rules: WindowRules, fired: dict[int, 
         panes = fired.setdefault(start_ms, [])
         if window.on_time_sealed and window.pending_count > 0:
             panes.append(_cut_pane(window, rules, Timing.LATE))
-        reached_final = watermark_ms is not None and watermark_ms >= window.end_ms + rules.allowed_lateness_ms
+        reached_final = (
+            watermark_ms is not None and watermark_ms >= window.end_ms + rules.allowed_lateness_ms
+        )
         if reached_final:
             if not panes:
                 panes.append(_cut_pane(window, rules, Timing.LATE))
@@ -190,7 +196,9 @@ def _fire_batch_end_panes(state: KeyState, rules: WindowRules, fired: dict[int, 
 
 
 def _cut_pane(window: OpenWindow, rules: WindowRules, timing: Timing) -> Pane:
-    count = window.count if rules.accumulation is Accumulation.ACCUMULATING else window.pending_count
+    count = (
+        window.count if rules.accumulation is Accumulation.ACCUMULATING else window.pending_count
+    )
     pane = Pane(
         window_start_ms=window.start_ms,
         window_end_ms=window.end_ms,

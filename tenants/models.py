@@ -40,7 +40,9 @@ Identifier = Annotated[str, Field(pattern=ID_PATTERN)]
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True
+    )
 
 
 class EventTimeFormat(StrEnum):
@@ -79,8 +81,12 @@ class RuleOverrides(_Frozen):
     """Window rules a tenant may override per source; unset fields keep the source's value."""
 
     window: WindowSpec | None = None
-    out_of_orderness_ms: NonNegativeDurationMs | None = Field(default=None, alias="out_of_orderness")
-    allowed_lateness_ms: NonNegativeDurationMs | None = Field(default=None, alias="allowed_lateness")
+    out_of_orderness_ms: NonNegativeDurationMs | None = Field(
+        default=None, alias="out_of_orderness"
+    )
+    allowed_lateness_ms: NonNegativeDurationMs | None = Field(
+        default=None, alias="allowed_lateness"
+    )
     accumulation: Accumulation | None = None
 
 
@@ -99,7 +105,8 @@ class WindowRules(_Frozen):
     )
     accumulation: Accumulation = Field(
         default=Accumulation.ACCUMULATING,
-        description="`accumulating`: a pane carries the window's totals; `discarding`: only its new records.",
+        description="`accumulating`: a pane carries the window's totals so far; "
+        "`discarding`: only its new records.",
     )
 
     def with_overrides(self, overrides: RuleOverrides) -> WindowRules:

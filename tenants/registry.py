@@ -30,7 +30,10 @@ class ConfigError(ValueError):
     def __init__(self, file: Path | str, problems: Iterable[tuple[str, str]]) -> None:
         self.file = str(file)
         self.problems = list(problems)
-        lines = [f"{self.file}: {field_path or '(file)'}: {problem}" for field_path, problem in self.problems]
+        lines = [
+            f"{self.file}: {field_path or '(file)'}: {problem}"
+            for field_path, problem in self.problems
+        ]
         super().__init__("\n".join(lines))
 
 
@@ -55,7 +58,10 @@ class TenantRegistry:
 
     @classmethod
     def build(
-        cls, sources: Mapping[str, SourceConfig], tenants: Mapping[str, TenantConfig], fingerprint: str = ""
+        cls,
+        sources: Mapping[str, SourceConfig],
+        tenants: Mapping[str, TenantConfig],
+        fingerprint: str = "",
     ) -> TenantRegistry:
         routes = {
             (tenant.id, source_name): ResolvedSource(
@@ -67,7 +73,9 @@ class TenantRegistry:
             for tenant in tenants.values()
             for source_name, overrides in tenant.sources.items()
         }
-        return cls(sources=dict(sources), tenants=dict(tenants), fingerprint=fingerprint, _routes=routes)
+        return cls(
+            sources=dict(sources), tenants=dict(tenants), fingerprint=fingerprint, _routes=routes
+        )
 
     def resolve(self, tenant: str, source: str) -> ResolvedSource | None:
         return self._routes.get((tenant, source))
@@ -90,7 +98,9 @@ def load_registry(conf_dir: Path) -> TenantRegistry:
     raw_sources = _read_yaml(sources_path)
     source_entries = raw_sources.get("sources")
     if not isinstance(source_entries, dict) or not source_entries:
-        raise ConfigError(sources_path, [("sources", "must be a mapping of source id to its rules")])
+        raise ConfigError(
+            sources_path, [("sources", "must be a mapping of source id to its rules")]
+        )
     sources = {
         name: _validate(SourceConfig, body, sources_path, f"sources.{name}")
         for name, body in source_entries.items()
@@ -104,12 +114,18 @@ def load_registry(conf_dir: Path) -> TenantRegistry:
     for path in tenant_paths:
         tenant = _validate(TenantConfig, _read_yaml(path), path, "")
         if tenant.id in tenants:
-            raise ConfigError(path, [("id", f"tenant {tenant.id!r} is already defined in {tenant_files[tenant.id]}")])
+            raise ConfigError(
+                path,
+                [("id", f"tenant {tenant.id!r} is already defined in {tenant_files[tenant.id]}")],
+            )
         unknown = [name for name in tenant.sources if name not in sources]
         if unknown:
             raise ConfigError(
                 path,
-                [(f"sources.{name}", f"unknown source; {sources_path} defines {sorted(sources)}") for name in unknown],
+                [
+                    (f"sources.{name}", f"unknown source; {sources_path} defines {sorted(sources)}")
+                    for name in unknown
+                ],
             )
         tenants[tenant.id] = tenant
         tenant_files[tenant.id] = path

@@ -25,17 +25,23 @@ class _Frozen(BaseModel):
 
 
 class KafkaSettings(_Frozen):
-    bootstrap_servers: str = Field(default="127.0.0.1:9092", description="Comma-separated host:port list.")
+    bootstrap_servers: str = Field(
+        default="127.0.0.1:9092", description="Comma-separated host:port list."
+    )
     topic: str = Field(default="tenant-events", min_length=1)
     starting_offsets: str = Field(
-        default="earliest", description="`earliest`, `latest` or Spark's JSON form; only for a new checkpoint."
+        default="earliest",
+        description="`earliest`, `latest` or Spark's JSON form; only for a new checkpoint.",
     )
     max_offsets_per_trigger: int | None = Field(
-        default=50_000, gt=0, description="Upper bound of records per micro-batch; null reads all available."
+        default=50_000,
+        gt=0,
+        description="Upper bound of records per micro-batch; null reads all available.",
     )
     source_format: Literal["tw_kafka", "kafka"] = Field(
         default="tw_kafka",
-        description="`tw_kafka` is this project's Python reader; `kafka` is Spark's connector where its jar exists.",
+        description="`tw_kafka` is this project's Python reader; "
+        "`kafka` is Spark's own connector, where its jar exists.",
     )
 
 
@@ -57,9 +63,13 @@ class StreamSettings(_Frozen):
     shuffle_partitions: int = Field(
         default=4, gt=0, description="State partitions; frozen once a checkpoint exists."
     )
-    max_record_bytes: int = Field(default=1_048_576, gt=0, description="Larger Kafka values are quarantined (`too_large`).")
+    max_record_bytes: int = Field(
+        default=1_048_576, gt=0, description="Larger Kafka values are quarantined (`too_large`)."
+    )
 
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True
+    )
 
 
 class AppSettings(_Frozen):
@@ -94,7 +104,9 @@ def load_settings(
     try:
         return AppSettings.model_validate(data)
     except ValidationError as error:
-        problems = [(".".join(str(p) for p in detail["loc"]), detail["msg"]) for detail in error.errors()]
+        problems = [
+            (".".join(str(p) for p in detail["loc"]), detail["msg"]) for detail in error.errors()
+        ]
         raise ConfigError(app_file or "(environment)", problems) from None
 
 

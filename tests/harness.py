@@ -66,7 +66,9 @@ class Pipeline:
     def registry(self) -> TenantRegistry:
         return load_registry(self.conf_dir)
 
-    def produce(self, values: Iterable[Mapping[str, Any] | bytes], key: bytes | None = None) -> None:
+    def produce(
+        self, values: Iterable[Mapping[str, Any] | bytes], key: bytes | None = None
+    ) -> None:
         producer = KafkaProducer(bootstrap_servers=self.kafka.bootstrap_servers, acks="all")
         try:
             for value in values:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,41 +33,9 @@ QUERY_TIMEOUT_S = 60
 Produced = dict[tuple[int, int], tuple[bytes, bytes, list[tuple[str, bytes]]]]
 
 
-@pytest.fixture(scope="module")
-def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
-    with LocalKafka(tmp_path_factory.mktemp("kafka")) as broker:
-        yield broker
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    shared = SparkSession.getActiveSession()
-    if shared is not None:
-        # Another module's session is still running: reuse it, and leave stopping it to its
-        # owner (one SparkContext per process).
-        register(shared)
-        yield shared
-        return
-    with pytest.MonkeyPatch.context() as env:
-        # Both must be in the environment before the JVM and the Python workers start.
-        env.setenv("SPARK_LOCAL_IP", "127.0.0.1")
-        env.setenv("PYSPARK_PYTHON", sys.executable)
-        session = (
-            SparkSession.builder.master("local[2]")
-            .appName("test_kafka_source")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.driver.extraJavaOptions", "-Xss16m")
-            .config("spark.sql.shuffle.partitions", "4")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.session.timeZone", "UTC")
-            .getOrCreate()
-        )
-        register(session)
-        try:
-            yield session
-        finally:
-            session.stop()
+@pytest.fixture(scope="module", autouse=True)
+def _registered(spark: SparkSession) -> None:
+    register(spark)
 
 
 def produce(kafka: LocalKafka, topic: str, first: int, count: int) -> Produced:

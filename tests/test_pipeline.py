@@ -17,8 +17,8 @@ from storage.sink import MicroBatchSink
 from storage.tables import ALL_TABLES
 from streaming.kafka_source import register as register_kafka_source
 from streaming.keyed_state import OUTPUT_SCHEMA, output_frame
-from tests.harness import Pipeline, record
 from tenants.registry import load_registry
+from tests.harness import Pipeline, record
 
 pytestmark = pytest.mark.integration
 
@@ -136,9 +136,7 @@ def test_every_consumed_record_lands_in_exactly_one_table_and_counts_balance(
         assert total == per_window[(tenant, source, start)], (tenant, source, start)
 
 
-def test_the_sink_called_twice_for_one_batch_id_writes_once(
-    spark: Any, tmp_path: Path
-) -> None:
+def test_the_sink_called_twice_for_one_batch_id_writes_once(spark: Any, tmp_path: Path) -> None:
     lake = DeltaLake(str(tmp_path / "lake"))
     lake.ensure_tables()
     rows = spark.createDataFrame(
@@ -173,12 +171,16 @@ def test_the_sink_called_twice_for_one_batch_id_writes_once(
     sink(rows, 0)
     after_first = row_counts()
     sink(rows, 0)
-    assert row_counts() == after_first == {
-        "events": 1,
-        "windows": 1,
-        "late_events": 0,
-        "quarantine": 1,
-    }
+    assert (
+        row_counts()
+        == after_first
+        == {
+            "events": 1,
+            "windows": 1,
+            "late_events": 0,
+            "quarantine": 1,
+        }
+    )
     sink(rows, 1)  # a new batch id is written: the skip is by batch id, not by content
     assert row_counts()["events"] == 2
 
@@ -187,9 +189,7 @@ def test_a_batch_replayed_after_its_delta_commits_changes_nothing(
     kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
 ) -> None:
     pipeline = Pipeline.create(kafka, tmp_path, conf_dir, max_offsets_per_trigger=20)
-    pipeline.produce(
-        [record("acme", "web", T0_MS + i * 20_000) for i in range(39)] + [b"not json"]
-    )
+    pipeline.produce([record("acme", "web", T0_MS + i * 20_000) for i in range(39)] + [b"not json"])
     pipeline.run_available_now(spark)
     before = {name: pipeline.table(name) for name in ("events", "windows", "quarantine")}
     versions = {spec.name: pipeline.lake.open(spec).version() for spec in ALL_TABLES}
@@ -210,7 +210,9 @@ def test_a_batch_replayed_after_its_delta_commits_changes_nothing(
 
 
 def _sorted(frame: pd.DataFrame) -> pd.DataFrame:
-    keys = [c for c in ("tenant", "window_start", "pane_index", "partition", "offset") if c in frame]
+    keys = [
+        c for c in ("tenant", "window_start", "pane_index", "partition", "offset") if c in frame
+    ]
     return frame.sort_values(keys).reset_index(drop=True)
 
 

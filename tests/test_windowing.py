@@ -122,7 +122,7 @@ def test_discarding_panes_carry_only_their_new_records() -> None:
 def test_every_window_gets_exactly_one_final_pane_and_state_is_dropped() -> None:
     state = KeyState()
     times = [mmss(f"{minute:02d}:{second:02d}") for minute in range(5) for second in (1, 31)]
-    result = advance(state, times + [mmss("59:00")], rules())
+    result = advance(state, [*times, mmss("59:00")], rules())
     finals = [p.window_start_ms for p in result.panes if p.is_final]
     assert finals == [mmss(f"{minute:02d}:00") for minute in range(5)]
     assert sorted(state.windows) == [mmss("59:00")]

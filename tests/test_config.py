@@ -1,0 +1,126 @@
+"""Tenant config: strict ids, rule overrides, and errors that name the file and the field."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from infra.cli import main
+from tenants.models import Accumulation
+from tenants.registry import ConfigError, load_registry
+from tenants.settings import load_settings
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+@pytest.fixture
+def conf(tmp_path: Path) -> Path:
+    shutil.copytree(CONF, tmp_path / "conf")
+    return tmp_path / "conf"
+
+
+def write_tenant(conf: Path, name: str, text: str) -> Path:
+    path = conf / "tenants" / name
+    path.write_text(text)
+    return path
+
+
+def test_sample_config_is_valid_and_overrides_apply() -> None:
+    registry = load_registry(CONF)
+    assert set(registry.tenants) == {"acme", "globex", "initech"}
+    globex_web = registry.resolve("globex", "web")
+    acme_web = registry.resolve("acme", "web")
+    assert globex_web is not None and acme_web is not None
+    assert globex_web.rules.allowed_lateness_ms == 300_000
+    assert acme_web.rules.allowed_lateness_ms == 60_000
+    initech_billing = registry.resolve("initech", "billing")
+    assert initech_billing is not None
+    assert initech_billing.rules.window.size_ms == 60_000
+    assert initech_billing.rules.accumulation is Accumulation.DISCARDING
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "problem"),
+    [
+        ("id: Acme\nsources: [web]\n", "id", "should match pattern"),
+        ("id: a/b\nsources: [web]\n", "id", "should match pattern"),
+        (
+            "id: ok\nsources:\n  web: {allowed_lateness: soon}\n",
+            "sources.web.allowed_lateness",
+            "invalid duration",
+        ),
+        (
+            "id: ok\nsources:\n  web: {window: {kind: tumbling, size: 0s}}\n",
+            "sources.web.window.size",
+            "greater than 0",
+        ),
+        (
+            "id: ok\nsources:\n  web: {out_of_orderness: -5}\n",
+            "sources.web.out_of_orderness",
+            "greater than or equal to 0",
+        ),
+        ("id: ok\nsources:\n  web: {colour: red}\n", "sources.web.colour", "Extra inputs"),
+        ("id: ok\nsources:\n  mobile: {}\n", "sources.mobile", "unknown source"),
+        ("id: ok\nsources: {}\n", "sources", "at least 1 item"),
+        ("id: ok\nsources: [web\n", "(file)", "not valid YAML"),
+    ],
+)
+def test_invalid_tenant_file_is_refused_naming_file_and_field(
+    conf: Path, text: str, field: str, problem: str
+) -> None:
+    path = write_tenant(conf, "bad.yaml", text)
+    with pytest.raises(ConfigError) as refused:
+        load_registry(conf)
+    message = str(refused.value)
+    assert str(path) in message
+    assert f": {field}: " in message
+    assert problem in message
+
+
+def test_duplicate_tenant_ids_across_files_are_refused(conf: Path) -> None:
+    path = write_tenant(conf, "zz-copy.yaml", "id: acme\nsources: [web]\n")
+    with pytest.raises(ConfigError, match="already defined in") as refused:
+        load_registry(conf)
+    assert str(path) in str(refused.value)
+
+
+def test_cli_validate_exits_zero_on_valid_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tenants", "validate", "--conf", str(CONF)]) == 0
+    assert "3 tenants" in capsys.readouterr().out
+
+
+def test_cli_validate_names_file_and_field_and_exits_non_zero(
+    conf: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_tenant(
+        conf, "broken.yaml", "id: broken\nsources:\n  web: {allowed_lateness: 1y}\n"
+    )
+    assert main(["tenants", "validate", "--conf", str(conf)]) == 2
+    error = capsys.readouterr().err
+    assert f"{path}: sources.web.allowed_lateness: " in error
+
+
+def test_settings_layer_file_then_environment_then_flags(tmp_path: Path) -> None:
+    app = tmp_path / "app.yaml"
+    app.write_text(
+        "kafka:\n  topic: from-file\n  bootstrap_servers: 127.0.0.1:1\nstream:\n  trigger_interval: 2s\n"
+    )
+    settings = load_settings(
+        app,
+        environ={"TW_KAFKA__TOPIC": "from-env", "TW_LAKE__ROOT": "/lake", "OTHER": "x"},
+        overrides={"kafka.topic": "from-flag", "kafka.max_offsets_per_trigger": None},
+    )
+    assert settings.kafka.topic == "from-flag"
+    assert settings.kafka.bootstrap_servers == "127.0.0.1:1"
+    assert settings.lake.root == "/lake"
+    assert settings.stream.trigger_interval_ms == 2_000
+    assert settings.kafka.max_offsets_per_trigger == 50_000
+
+
+def test_invalid_settings_name_the_field(tmp_path: Path) -> None:
+    app = tmp_path / "app.yaml"
+    app.write_text("stream:\n  name: Not/Valid\n")
+    with pytest.raises(ConfigError, match=r"app.yaml: stream.name: String should match"):
+        load_settings(app, environ={})
