@@ -7,11 +7,13 @@ import json
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -145,14 +147,25 @@ def _run(args: argparse.Namespace) -> int:
         spark, settings, registry, DeltaLake(settings.lake.root), args.available_now
     )
 
-    def stop(signum: int, _frame: FrameType | None) -> None:
-        log.info("signal %d: stopping the query after its current batch", signum)
-        query.stop()
+    # The handler only sets a flag: stopping the query inside it would interrupt the py4j
+    # call the main thread is blocked in.
+    stop_requested = threading.Event()
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    query.awaitTermination()
-    spark.stop()
+    def request_stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: stopping the stream", signum)
+        stop_requested.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        while query.isActive and not stop_requested.is_set():
+            query.awaitTermination(timeout=1)
+    except StreamingQueryException as failure:
+        log.error("the stream failed: %s", failure)
+        return 1
+    finally:
+        query.stop()
+        spark.stop()
     return 0
 
 
