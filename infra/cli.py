@@ -141,11 +141,9 @@ def _run(args: argparse.Namespace) -> int:
     from streaming.session import build_spark
 
     settings = settings_from(args)
-    registry = load_registry(settings.conf_dir)
+    load_registry(settings.conf_dir)  # refuse an invalid config before Spark starts
     spark = build_spark(settings.stream.name, args.master, settings.stream.shuffle_partitions)
-    query = start_stream(
-        spark, settings, registry, DeltaLake(settings.lake.root), args.available_now
-    )
+    query = start_stream(spark, settings, DeltaLake(settings.lake.root), args.available_now)
 
     # The handler only sets a flag: stopping the query inside it would interrupt the py4j
     # call the main thread is blocked in.

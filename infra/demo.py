@@ -71,7 +71,7 @@ def run_demo(workdir: Path, count: int) -> int:
         )
         try:
             lake = DeltaLake(settings.lake.root)
-            query = start_stream(spark, settings, registry, lake, available_now=True)
+            query = start_stream(spark, settings, lake, available_now=True)
             query.awaitTermination(timeout=600)
             if query.isActive:
                 query.stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from pyspark.sql import DataFrame
 
@@ -20,19 +21,27 @@ log = logging.getLogger(__name__)
 
 
 class MicroBatchSink:
-    def __init__(self, lake: DeltaLake, app_id: str) -> None:
+    def __init__(
+        self, lake: DeltaLake, app_id: str, after_batch: Callable[[int], None] | None = None
+    ) -> None:
         self.lake = lake
         self.app_id = app_id
+        self.after_batch = after_batch
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
-        started = time.monotonic()
         pending = [spec for spec in ALL_TABLES if not self._holds(spec, batch_id)]
         if not pending:
             # The plan must still run: it commits this batch's state store version, and Spark
             # fails the batch if it does not. Only the Delta commits are skipped.
             batch_df.write.format("noop").mode("overwrite").save()
             log.info("batch %d already committed to every table; skipped", batch_id)
-            return
+        else:
+            self._commit(batch_df, batch_id, pending)
+        if self.after_batch is not None:
+            self.after_batch(batch_id)
+
+    def _commit(self, batch_df: DataFrame, batch_id: int, pending: list[TableSpec]) -> None:
+        started = time.monotonic()
         batch = batch_df.toArrow()
         written: dict[str, int] = {}
         for spec in pending:

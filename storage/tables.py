@@ -6,12 +6,14 @@ selects one table's rows and derives its typed columns (UTC timestamps, partitio
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
+METRICS = pa.map_(pa.string(), pa.float64())
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,7 @@ _KAFKA_COORDINATES = [
 ]
 _KEY = [pa.field("tenant", pa.string()), pa.field("source", pa.string())]
 _WINDOW = [
+    pa.field("window_id", pa.string()),
     pa.field("window_start", TIMESTAMP),
     pa.field("window_end", TIMESTAMP),
     pa.field("window_date", pa.date32()),
@@ -61,6 +64,7 @@ WINDOWS = TableSpec(
             pa.field("timing", pa.string()),
             pa.field("is_final", pa.bool_()),
             pa.field("count", pa.int64()),
+            pa.field("metrics", METRICS),
             pa.field("watermark", TIMESTAMP),
             pa.field("batch_id", pa.int64()),
         ]
@@ -101,7 +105,26 @@ QUARANTINE = TableSpec(
     ),
     ("reason", "ingest_date"),
 )
-ALL_TABLES = (EVENTS, WINDOWS, LATE_EVENTS, QUARANTINE)
+TENANT_STATUS = TableSpec(
+    "tenant_status",
+    pa.schema(
+        [
+            *_KEY,
+            pa.field("watermark", TIMESTAMP),
+            pa.field("max_event_time", TIMESTAMP),
+            pa.field("open_windows", pa.int32()),
+            pa.field("last_record_processing_time", TIMESTAMP),
+            pa.field("processing_time", TIMESTAMP),
+            pa.field("on_time_records", pa.int64()),
+            pa.field("late_records", pa.int64()),
+            pa.field("too_late_records", pa.int64()),
+            pa.field("quarantined_records", pa.int64()),
+            pa.field("batch_id", pa.int64()),
+        ]
+    ),
+    (),
+)
+ALL_TABLES = (EVENTS, WINDOWS, LATE_EVENTS, QUARANTINE, TENANT_STATUS)
 
 
 def rows_for_table(batch: pa.Table, spec: TableSpec, batch_id: int) -> pa.Table:
@@ -113,6 +136,16 @@ def rows_for_table(batch: pa.Table, spec: TableSpec, batch_id: int) -> pa.Table:
         "event_time": _timestamp(rows["event_time_ms"]),
         "watermark": _timestamp(rows["watermark_ms"]),
         "kafka_timestamp": _timestamp(rows["kafka_timestamp_ms"]),
+        "max_event_time": _timestamp(rows["max_event_time_ms"]),
+        "last_record_processing_time": _timestamp(rows["last_record_processing_ms"]),
+        "processing_time": _timestamp(rows["processing_time_ms"]),
+        "metrics": pa.array(
+            [
+                None if text is None else sorted(json.loads(text).items())
+                for text in rows["metrics_json"].to_pylist()
+            ],
+            METRICS,
+        ),
         "batch_id": pa.array([batch_id] * rows.num_rows, pa.int64()),
     }
     derived["window_date"] = pc.cast(derived["window_start"], pa.date32())

@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
-from tenants.models import ID_PATTERN, EventTimeFormat, EventTimeSpec
+from tenants.models import ID_PATTERN, EventTimeFormat, EventTimeSpec, MetricKind, MetricSpec
 from tenants.registry import TenantRegistry
 
 # Python's datetime cannot go past year 9999; Spark and Delta timestamps cannot either.
@@ -30,6 +30,7 @@ class QuarantineReason(StrEnum):
     UNKNOWN_SOURCE = "unknown_source"
     FUTURE_SKEW = "future_skew"
     TOO_LARGE = "too_large"
+    BAD_METRIC_VALUE = "bad_metric_value"
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Accepted:
     source: str
     event_time_ms: int
     event_id: str | None
+    metric_inputs: dict[str, float | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -98,8 +100,54 @@ def parse_value(
     event_time = extract_event_time(record, resolved.event_time)
     if isinstance(event_time, Rejected):
         return Rejected(event_time.reason, event_time.error, tenant, source)
+    metric_inputs = extract_metric_inputs(record, resolved.rules.metrics)
+    if isinstance(metric_inputs, Rejected):
+        return Rejected(metric_inputs.reason, metric_inputs.error, tenant, source)
     event_id = record.get("event_id")
-    return Accepted(tenant, source, event_time, None if event_id is None else str(event_id))
+    return Accepted(
+        tenant, source, event_time, None if event_id is None else str(event_id), metric_inputs
+    )
+
+
+def extract_metric_inputs(
+    record: dict[str, object], metrics: dict[str, MetricSpec]
+) -> dict[str, float | None] | Rejected:
+    """Per metric: 1.0/0.0 for a count (filter matched or not), else the number or None."""
+    inputs: dict[str, float | None] = {}
+    for name, spec in metrics.items():
+        value = _lookup(record, spec.path)
+        if spec.kind is MetricKind.COUNT:
+            inputs[name] = 1.0 if spec.field is None or _same_value(value, spec.equals) else 0.0
+        elif value is None:
+            inputs[name] = None  # skipped, like SQL skips nulls
+        elif isinstance(value, bool) or not isinstance(value, int | float):
+            return Rejected(
+                QuarantineReason.BAD_METRIC_VALUE,
+                f"metric {name!r} needs a number in {spec.field!r}, got {value!r}",
+            )
+        elif not math.isfinite(value):
+            return Rejected(QuarantineReason.BAD_METRIC_VALUE, f"{spec.field!r} is not finite")
+        else:
+            inputs[name] = float(value)
+    return inputs
+
+
+def _lookup(record: dict[str, object], path: tuple[str, ...]) -> object:
+    node: object = record
+    for part in path:
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+def _same_value(value: object, expected: object) -> bool:
+    # JSON true must not count as 1, nor "1" as 1: compare kinds as well as values.
+    if isinstance(value, bool) or isinstance(expected, bool):
+        return value is expected
+    if isinstance(value, int | float) and isinstance(expected, int | float):
+        return value == expected
+    return type(value) is type(expected) and value == expected
 
 
 def extract_event_time(record: dict[str, object], spec: EventTimeSpec) -> int | Rejected:

@@ -5,6 +5,8 @@ Spark is the thin shell here; the semantics live in `parsing` and `windowing`.
 
 from __future__ import annotations
 
+import time
+
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
@@ -14,7 +16,8 @@ from storage.sink import MicroBatchSink
 from streaming import kafka_source
 from streaming.keyed_state import OUTPUT_SCHEMA, STATE_SCHEMA, make_key_processor
 from streaming.routing import KAFKA_COLUMNS_SQL, ROUTED_SCHEMA, make_router
-from tenants.registry import TenantRegistry
+from tenants.config_store import ConfigSnapshots, ConfigWatcher
+from tenants.registry import load_registry
 from tenants.settings import AppSettings
 
 
@@ -34,34 +37,52 @@ def read_kafka(spark: SparkSession, settings: AppSettings) -> DataFrame:
 
 
 def windowed_rows(
-    kafka_records: DataFrame, registry: TenantRegistry, settings: AppSettings
+    kafka_records: DataFrame, snapshots: ConfigSnapshots, settings: AppSettings
 ) -> DataFrame:
     """The union rows of every output table, for one micro-batch of Kafka records."""
     routed = kafka_records.selectExpr(*KAFKA_COLUMNS_SQL).mapInPandas(
-        make_router(registry, settings.stream.max_record_bytes), ROUTED_SCHEMA
+        make_router(snapshots, settings.stream.max_record_bytes), ROUTED_SCHEMA
     )
     return routed.groupBy("tenant", "source").applyInPandasWithState(
-        make_key_processor(registry),
+        make_key_processor(snapshots),
         outputStructType=OUTPUT_SCHEMA,
         stateStructType=STATE_SCHEMA,
         outputMode="append",
-        timeoutConf=GroupStateTimeout.NoTimeout,
+        # Idle keys are called back after their `idle_timeout` to advance their watermark.
+        timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
     )
+
+
+def config_snapshots(settings: AppSettings) -> ConfigSnapshots:
+    return ConfigSnapshots(f"{settings.stream.checkpoint_dir.rstrip('/')}/tenant_config")
 
 
 def start_stream(
     spark: SparkSession,
     settings: AppSettings,
-    registry: TenantRegistry,
     lake: DeltaLake,
     available_now: bool = False,
 ) -> StreamingQuery:
+    """Start the query; `conf/` must be valid now, and is re-read between micro-batches."""
+    snapshots = config_snapshots(settings)
+    registry = load_registry(settings.conf_dir)  # an invalid config at start is fatal
+    first_start = snapshots.latest_fingerprint() is None
+    snapshots.publish(registry, effective_from_ms=0 if first_start else _now_ms())
+    watcher = ConfigWatcher(settings.conf_dir, snapshots)
+    watcher.refresh(_now_ms())
+
     lake.ensure_tables()
-    rows = windowed_rows(read_kafka(spark, settings), registry, settings)
+    rows = windowed_rows(read_kafka(spark, settings), snapshots, settings)
+    # Idle timeouts need batches without data, but AvailableNow would then never end: with it,
+    # timeouts fire only in batches that have data.
+    spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", str(not available_now).lower())
+    sink = MicroBatchSink(
+        lake, app_id=settings.stream.name, after_batch=lambda _batch_id: _refresh(watcher)
+    )
     writer = (
         rows.writeStream.queryName(settings.stream.name)
         .option("checkpointLocation", settings.stream.checkpoint_dir)
-        .foreachBatch(MicroBatchSink(lake, app_id=settings.stream.name))
+        .foreachBatch(sink)
     )
     if available_now:
         writer = writer.trigger(availableNow=True)
@@ -70,3 +91,12 @@ def start_stream(
             processingTime=f"{settings.stream.trigger_interval_ms} milliseconds"
         )
     return writer.start()
+
+
+def _refresh(watcher: ConfigWatcher) -> None:
+    watcher.refresh(_now_ms())
+
+
+def _now_ms() -> int:
+    # Only stamps when a new tenant config takes effect; the data path uses batch timestamps.
+    return time.time_ns() // 1_000_000

@@ -7,6 +7,7 @@ quarantine rows, so one micro-batch writes every output table from one plan.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 
 import pandas as pd
@@ -20,6 +21,7 @@ from pyspark.sql.types import (
 )
 
 from streaming.parsing import Accepted, parse_value
+from tenants.config_store import ConfigSnapshots
 from tenants.registry import TenantRegistry
 
 ROUTED_SCHEMA = StructType(
@@ -34,6 +36,7 @@ ROUTED_SCHEMA = StructType(
         StructField("kafka_timestamp_ms", LongType()),
         StructField("event_time_ms", LongType()),
         StructField("event_id", StringType()),
+        StructField("metric_inputs_json", StringType()),
         StructField("reason", StringType()),
         StructField("error", StringType()),
     ]
@@ -46,16 +49,22 @@ KAFKA_COLUMNS_SQL = [
     "partition",
     "offset",
     "CAST(unix_millis(timestamp) AS LONG) AS kafka_timestamp_ms",
+    # In a streaming query this is the micro-batch's timestamp, kept in the offset log, so a
+    # replayed batch routes with the same tenant config as the first time.
+    "CAST(unix_millis(current_timestamp()) AS LONG) AS batch_timestamp_ms",
 ]
 
 
 def make_router(
-    registry: TenantRegistry, max_record_bytes: int
+    snapshots: ConfigSnapshots, max_record_bytes: int
 ) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
     """The `mapInPandas` function; expects the columns selected by `KAFKA_COLUMNS_SQL`."""
 
     def route(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for frame in frames:
+            if frame.empty:
+                continue
+            registry = snapshots.registry_at(int(frame["batch_timestamp_ms"].iloc[0]))
             yield route_frame(frame, registry, max_record_bytes)
 
     return route
@@ -72,6 +81,10 @@ def route_frame(
         [o.event_time_ms if isinstance(o, Accepted) else None for o in outcomes], dtype="Int64"
     )
     routed["event_id"] = [o.event_id if isinstance(o, Accepted) else None for o in outcomes]
+    routed["metric_inputs_json"] = [
+        json.dumps(o.metric_inputs) if isinstance(o, Accepted) and o.metric_inputs else None
+        for o in outcomes
+    ]
     routed["reason"] = [None if isinstance(o, Accepted) else o.reason.value for o in outcomes]
     routed["error"] = [None if isinstance(o, Accepted) else o.error for o in outcomes]
     return routed[ROUTED_SCHEMA.fieldNames()]

@@ -1,20 +1,37 @@
 """Event-time windowing of one (tenant, source) key: watermark, panes, lateness (SPEC §2-§4).
 
 Pure Python and free of Spark, so the semantics can be tested on their own. `KeyState` is the
-whole per-key state; `advance` feeds it one micro-batch of records in (partition, offset) order
-and returns what that batch emits. State holds counters per open window, never the records.
+whole per-key state; `advance` feeds it one micro-batch of the key's records in (partition,
+offset) order and returns what that batch emits. State holds aggregates per open window, never
+the records.
 
-Terms: W is the key's watermark, `max event time seen - out_of_orderness`, never decreasing.
-A record is classified against W as it was before that record.
+W is the key's watermark: `max event time seen - out_of_orderness`, never decreasing, updated
+after each record, so a record is classified against W as it was before that record.
+
+Each window keeps the rules it was opened with (by `rules_id`), so a changed rule applies only
+to windows opened after the change. Sessions that a record bridges merge into the one with the
+earliest start; it keeps its `window_id`, the absorbed ones emit nothing more (`Merge` says so).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
+from typing import Any
 
-from tenants.models import Accumulation, TumblingWindow, WindowRules, WindowSpec
+from tenants.models import (
+    Accumulation,
+    Emit,
+    MetricKind,
+    MetricSpec,
+    SessionWindow,
+    SlidingWindow,
+    TumblingWindow,
+    WindowRules,
+    WindowSpec,
+)
 
 
 class Timing(StrEnum):
@@ -22,40 +39,106 @@ class Timing(StrEnum):
     LATE = "LATE"
 
 
+@dataclass(frozen=True)
+class RecordInput:
+    event_time_ms: int
+    metric_inputs: Mapping[str, float | None] = field(default_factory=dict)
+    """Per metric: 1.0/0.0 for a count (matches its filter or not); the value, or None, else."""
+
+
+@dataclass
+class Aggregates:
+    """Count and metric accumulators; each accumulator is `[value, number of values]`."""
+
+    count: int = 0
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, record: RecordInput, specs: Mapping[str, MetricSpec]) -> None:
+        self.count += 1
+        for name, spec in specs.items():
+            value = record.metric_inputs.get(name)
+            if value is not None:
+                self._fold(name, spec, value, 1)
+
+    def merge(self, other: Aggregates, specs: Mapping[str, MetricSpec]) -> None:
+        self.count += other.count
+        for name, spec in specs.items():
+            if name in other.metrics:
+                value, seen = other.metrics[name]
+                self._fold(name, spec, value, int(seen))
+
+    def results(self, specs: Mapping[str, MetricSpec]) -> dict[str, float | None]:
+        out: dict[str, float | None] = {}
+        for name, spec in specs.items():
+            value, seen = self.metrics.get(name, [0.0, 0])
+            if spec.kind is MetricKind.COUNT:
+                out[name] = value
+            elif seen == 0:
+                out[name] = None  # like SQL: an aggregate of no values is null
+            else:
+                out[name] = value / seen if spec.kind is MetricKind.MEAN else value
+        return out
+
+    def _fold(self, name: str, spec: MetricSpec, value: float, seen: int) -> None:
+        if name not in self.metrics or self.metrics[name][1] == 0:
+            self.metrics[name] = [value, seen]
+            return
+        current = self.metrics[name]
+        if spec.kind is MetricKind.MIN:
+            current[0] = min(current[0], value)
+        elif spec.kind is MetricKind.MAX:
+            current[0] = max(current[0], value)
+        else:
+            current[0] += value
+        current[1] += seen
+
+
 @dataclass
 class OpenWindow:
-    """Counters of one window that has records and has not had its final pane yet."""
+    """A window that has records and has not had its final pane yet."""
 
+    window_id: str
     start_ms: int
     end_ms: int
-    count: int = 0
-    pending_count: int = 0
+    rules_id: str
+    total: Aggregates = field(default_factory=Aggregates)
+    pending: Aggregates = field(default_factory=Aggregates)
     """Records not yet emitted in any pane."""
     next_pane_index: int = 0
     on_time_sealed: bool = False
-    """True once W reached the window's end: later records go to LATE panes."""
+    """True once W reached the window's end: records from then on go to LATE panes."""
+    had_late_records: bool = False
 
 
 @dataclass
 class KeyState:
     watermark_ms: int | None = None
     max_event_time_ms: int | None = None
-    windows: dict[int, OpenWindow] = field(default_factory=dict)
-    """Open windows by start; at most one window per start for one key's rules."""
+    windows: dict[str, OpenWindow] = field(default_factory=dict)
+    rules: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The rules (as JSON) each open window was opened with, by rules id."""
+    last_record_processing_ms: int | None = None
+    watermark_at_last_record_ms: int | None = None
     on_time_records: int = 0
     late_records: int = 0
     too_late_records: int = 0
 
-    def to_json_dict(self) -> dict[str, object]:
+    def to_json_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_json_dict(cls, data: dict[str, object]) -> KeyState:
-        raw_windows = data.pop("windows")
-        assert isinstance(raw_windows, dict)
-        state = cls(**data)  # type: ignore[arg-type]
-        state.windows = {int(start): OpenWindow(**body) for start, body in raw_windows.items()}
-        return state
+    def from_json_dict(cls, data: dict[str, Any]) -> KeyState:
+        windows = {
+            window_id: OpenWindow(
+                **{
+                    **body,
+                    "total": Aggregates(**body["total"]),
+                    "pending": Aggregates(**body["pending"]),
+                }
+            )
+            for window_id, body in data["windows"].items()
+        }
+        return cls(**{**data, "windows": windows})
 
 
 @dataclass(frozen=True)
@@ -63,6 +146,7 @@ class Assignment:
     """An accepted record in one of its windows, and the pane it is emitted in."""
 
     record_index: int
+    window_id: str
     window_start_ms: int
     window_end_ms: int
     pane_index: int
@@ -82,13 +166,23 @@ class TooLate:
 
 @dataclass(frozen=True)
 class Pane:
+    window_id: str
     window_start_ms: int
     window_end_ms: int
     pane_index: int
     timing: Timing
     is_final: bool
     count: int
+    metrics: dict[str, float | None]
     watermark_ms: int | None
+
+
+@dataclass(frozen=True)
+class Merge:
+    """A session absorbed into another by a bridging record; it emits nothing more."""
+
+    absorbed_window_id: str
+    into_window_id: str
 
 
 @dataclass
@@ -96,118 +190,267 @@ class BatchResult:
     assignments: list[Assignment] = field(default_factory=list)
     too_late: list[TooLate] = field(default_factory=list)
     panes: list[Pane] = field(default_factory=list)
+    merges: list[Merge] = field(default_factory=list)
+
+
+def rules_id(rules: WindowRules) -> str:
+    return hashlib.sha256(rules.model_dump_json().encode()).hexdigest()[:16]
 
 
 def windows_of(event_time_ms: int, spec: WindowSpec) -> list[tuple[int, int]]:
-    """Every [start, end) containing the event time, aligned to the UTC epoch like Spark's."""
+    """Every fixed [start, end) containing the event time, aligned to the epoch like Spark's."""
     if isinstance(spec, TumblingWindow):
         start = event_time_ms - event_time_ms % spec.size_ms
         return [(start, start + spec.size_ms)]
-    raise NotImplementedError(f"window kind {spec.kind!r}")
+    if isinstance(spec, SlidingWindow):
+        last_start = event_time_ms - event_time_ms % spec.slide_ms
+        starts = range(last_start, event_time_ms - spec.size_ms, -spec.slide_ms)
+        return [(start, start + spec.size_ms) for start in sorted(starts)]
+    raise ValueError(f"{spec.kind} windows are not fixed")
 
 
-def advance(state: KeyState, event_times_ms: Sequence[int], rules: WindowRules) -> BatchResult:
-    """Process one micro-batch of a key's records (in order) and return what it emits."""
-    result = BatchResult()
-    fired: dict[int, list[Pane]] = {}
-    for record_index, event_time_ms in enumerate(event_times_ms):
-        watermark_before = state.watermark_ms
-        for start_ms, end_ms in windows_of(event_time_ms, rules.window):
-            _accept_or_reject(
-                state, result, rules, record_index, start_ms, end_ms, watermark_before
-            )
-        if state.max_event_time_ms is None or event_time_ms > state.max_event_time_ms:
-            state.max_event_time_ms = event_time_ms
-        candidate = event_time_ms - rules.out_of_orderness_ms
-        if watermark_before is None or candidate > watermark_before:
-            state.watermark_ms = candidate
-            _seal_on_time_panes(state, rules, fired)
-    _fire_batch_end_panes(state, rules, fired)
-    result.panes = [pane for start in sorted(fired) for pane in fired[start]]
-    return result
-
-
-def _accept_or_reject(
+def advance(
     state: KeyState,
-    result: BatchResult,
+    records: Sequence[RecordInput],
     rules: WindowRules,
-    record_index: int,
-    start_ms: int,
-    end_ms: int,
-    watermark_before: int | None,
-) -> None:
-    if watermark_before is not None and watermark_before >= end_ms + rules.allowed_lateness_ms:
-        state.too_late_records += 1
-        result.too_late.append(
-            TooLate(record_index, start_ms, end_ms, watermark_before - end_ms, watermark_before)
+    processing_time_ms: int | None = None,
+) -> BatchResult:
+    """Process one micro-batch of a key's records (in order) and return what it emits.
+
+    `processing_time_ms` is the micro-batch's timestamp; with `idle_timeout` set it advances
+    the watermark of a key that has been idle, before this batch's records are placed.
+    """
+    batch = _Batch(state, rules)
+    if processing_time_ms is not None:
+        batch.advance_idle_watermark(processing_time_ms)
+    for record_index, record in enumerate(records):
+        batch.place(record_index, record)
+    if records and processing_time_ms is not None:
+        state.last_record_processing_ms = processing_time_ms
+        state.watermark_at_last_record_ms = state.watermark_ms
+    return batch.finish()
+
+
+class _Batch:
+    """The work of one `advance` call: the state, the current rules, and what has fired."""
+
+    def __init__(self, state: KeyState, rules: WindowRules) -> None:
+        self.state = state
+        self.rules = rules
+        self.current_rules_id = rules_id(rules)
+        self.rules_by_id: dict[str, WindowRules] = {self.current_rules_id: rules}
+        self.result = BatchResult()
+        self.fired: dict[str, list[Pane]] = {}
+
+    def rules_of(self, window: OpenWindow) -> WindowRules:
+        if window.rules_id not in self.rules_by_id:
+            stored = self.state.rules[window.rules_id]
+            self.rules_by_id[window.rules_id] = WindowRules.model_validate(stored)
+        return self.rules_by_id[window.rules_id]
+
+    def is_open(self, window: OpenWindow) -> bool:
+        """Not past its final pane, even if it is only dropped at the end of the batch."""
+        watermark_ms = self.state.watermark_ms
+        return (
+            watermark_ms is None
+            or watermark_ms < window.end_ms + self.rules_of(window).allowed_lateness_ms
         )
-        return
-    window = state.windows.get(start_ms)
-    if window is None:
-        window = OpenWindow(start_ms, end_ms)
+
+    def advance_idle_watermark(self, processing_time_ms: int) -> None:
+        state, idle_timeout_ms = self.state, self.rules.idle_timeout_ms
+        if (
+            idle_timeout_ms is None
+            or state.last_record_processing_ms is None
+            or state.watermark_at_last_record_ms is None
+        ):
+            return
+        idle_ms = processing_time_ms - state.last_record_processing_ms
+        if idle_ms >= idle_timeout_ms:
+            self.raise_watermark(state.watermark_at_last_record_ms + idle_ms)
+
+    def place(self, record_index: int, record: RecordInput) -> None:
+        watermark_before = self.state.watermark_ms
+        if isinstance(self.rules.window, SessionWindow):
+            self.place_in_session(record_index, record, watermark_before, self.rules.window)
+        else:
+            for start_ms, end_ms in windows_of(record.event_time_ms, self.rules.window):
+                self.place_in_fixed(record_index, record, watermark_before, start_ms, end_ms)
+        state = self.state
+        if state.max_event_time_ms is None or record.event_time_ms > state.max_event_time_ms:
+            state.max_event_time_ms = record.event_time_ms
+        self.raise_watermark(record.event_time_ms - self.rules.out_of_orderness_ms)
+
+    def place_in_fixed(
+        self,
+        record_index: int,
+        record: RecordInput,
+        watermark_before: int | None,
+        start_ms: int,
+        end_ms: int,
+    ) -> None:
+        window_id = f"{start_ms}-{end_ms}"
+        window = self.state.windows.get(window_id)
+        lateness_ms = (
+            self.rules_of(window) if window is not None else self.rules
+        ).allowed_lateness_ms
+        if watermark_before is not None and watermark_before >= end_ms + lateness_ms:
+            self.reject(record_index, start_ms, end_ms, watermark_before)
+            return
+        if window is None:
+            window = self.open_window(window_id, start_ms, end_ms, watermark_before)
+        self.accept(record_index, record, window)
+
+    def place_in_session(
+        self,
+        record_index: int,
+        record: RecordInput,
+        watermark_before: int | None,
+        spec: SessionWindow,
+    ) -> None:
+        start_ms, end_ms = record.event_time_ms, record.event_time_ms + spec.gap_ms
+        touching = sorted(
+            (
+                window
+                for window in self.state.windows.values()
+                if window.window_id.startswith("session-")
+                and window.start_ms < end_ms
+                and start_ms < window.end_ms
+                and self.is_open(window)
+            ),
+            key=lambda window: window.start_ms,
+        )
+        if not touching:
+            too_late_at = end_ms + self.rules.allowed_lateness_ms
+            if watermark_before is not None and watermark_before >= too_late_at:
+                self.reject(record_index, start_ms, end_ms, watermark_before)
+                return
+            window = self.open_window(f"session-{start_ms}", start_ms, end_ms, watermark_before)
+        else:
+            window, *absorbed = touching
+            for other in absorbed:
+                specs = self.rules_of(window).metrics
+                window.total.merge(other.total, specs)
+                window.pending.merge(other.pending, specs)
+                window.end_ms = max(window.end_ms, other.end_ms)
+                window.had_late_records |= other.had_late_records
+                del self.state.windows[other.window_id]
+                self.result.merges.append(Merge(other.window_id, window.window_id))
+            window.start_ms = min(window.start_ms, start_ms)
+            window.end_ms = max(window.end_ms, end_ms)
+            # A session stretched past W is waiting for W again: its next pane is on time.
+            window.on_time_sealed = (
+                watermark_before is not None and watermark_before >= window.end_ms
+            )
+        self.accept(record_index, record, window)
+
+    def open_window(
+        self, window_id: str, start_ms: int, end_ms: int, watermark_before: int | None
+    ) -> OpenWindow:
+        window = OpenWindow(window_id, start_ms, end_ms, self.current_rules_id)
         # A window whose first record is already late never has an ON_TIME pane.
         window.on_time_sealed = watermark_before is not None and watermark_before >= end_ms
-        state.windows[start_ms] = window
-    window.count += 1
-    window.pending_count += 1
-    timing = Timing.LATE if window.on_time_sealed else Timing.ON_TIME
-    if timing is Timing.LATE:
-        state.late_records += 1
-    else:
-        state.on_time_records += 1
-    result.assignments.append(
-        Assignment(record_index, start_ms, end_ms, window.next_pane_index, timing)
-    )
+        self.state.windows[window_id] = window
+        self.state.rules.setdefault(self.current_rules_id, self.rules.model_dump(mode="json"))
+        return window
 
-
-def _seal_on_time_panes(state: KeyState, rules: WindowRules, fired: dict[int, list[Pane]]) -> None:
-    """Cut the ON_TIME pane of every window W has just reached: it fires at batch end."""
-    watermark_ms = state.watermark_ms
-    assert watermark_ms is not None
-    for window in state.windows.values():
-        if not window.on_time_sealed and window.end_ms <= watermark_ms:
-            window.on_time_sealed = True
-            fired.setdefault(window.start_ms, []).append(_cut_pane(window, rules, Timing.ON_TIME))
-
-
-def _fire_batch_end_panes(
-    state: KeyState, rules: WindowRules, fired: dict[int, list[Pane]]
-) -> None:
-    """Fire pending LATE panes, mark final panes, and drop windows past end + lateness."""
-    watermark_ms = state.watermark_ms
-    for start_ms in sorted(state.windows):
-        window = state.windows[start_ms]
-        panes = fired.setdefault(start_ms, [])
-        if window.on_time_sealed and window.pending_count > 0:
-            panes.append(_cut_pane(window, rules, Timing.LATE))
-        reached_final = (
-            watermark_ms is not None and watermark_ms >= window.end_ms + rules.allowed_lateness_ms
+    def accept(self, record_index: int, record: RecordInput, window: OpenWindow) -> None:
+        window_rules = self.rules_of(window)
+        window.total.add(record, window_rules.metrics)
+        window.pending.add(record, window_rules.metrics)
+        timing = Timing.LATE if window.on_time_sealed else Timing.ON_TIME
+        if timing is Timing.LATE:
+            window.had_late_records = True
+            self.state.late_records += 1
+        else:
+            self.state.on_time_records += 1
+        pane_index = 0 if window_rules.emit is Emit.FINAL_ONLY else window.next_pane_index
+        self.result.assignments.append(
+            Assignment(
+                record_index, window.window_id, window.start_ms, window.end_ms, pane_index, timing
+            )
         )
-        if reached_final:
-            if not panes:
-                panes.append(_cut_pane(window, rules, Timing.LATE))
-            panes[-1] = replace(panes[-1], is_final=True)
-            del state.windows[start_ms]
-        if not panes:
-            del fired[start_ms]
-    # W at emit is the batch's final W, for every pane fired in the batch.
-    for start_ms, panes in fired.items():
-        fired[start_ms] = [replace(pane, watermark_ms=watermark_ms) for pane in panes]
 
+    def reject(self, record_index: int, start_ms: int, end_ms: int, watermark_ms: int) -> None:
+        self.state.too_late_records += 1
+        self.result.too_late.append(
+            TooLate(record_index, start_ms, end_ms, watermark_ms - end_ms, watermark_ms)
+        )
 
-def _cut_pane(window: OpenWindow, rules: WindowRules, timing: Timing) -> Pane:
-    count = (
-        window.count if rules.accumulation is Accumulation.ACCUMULATING else window.pending_count
-    )
-    pane = Pane(
-        window_start_ms=window.start_ms,
-        window_end_ms=window.end_ms,
-        pane_index=window.next_pane_index,
-        timing=timing,
-        is_final=False,
-        count=count,
-        watermark_ms=None,
-    )
-    window.next_pane_index += 1
-    window.pending_count = 0
-    return pane
+    def raise_watermark(self, candidate_ms: int) -> None:
+        """Move W forward (never back) and cut the ON_TIME pane of every window it reached."""
+        if self.state.watermark_ms is not None and candidate_ms <= self.state.watermark_ms:
+            return
+        self.state.watermark_ms = candidate_ms
+        for window in self.state.windows.values():
+            if not window.on_time_sealed and window.end_ms <= candidate_ms:
+                window.on_time_sealed = True
+                if window.pending.count > 0:
+                    self.cut_pane(window, Timing.ON_TIME)
+
+    def cut_pane(self, window: OpenWindow, timing: Timing) -> None:
+        window_rules = self.rules_of(window)
+        accumulating = window_rules.accumulation is Accumulation.ACCUMULATING
+        shown = window.total if accumulating else window.pending
+        if window_rules.emit is Emit.EVERY_PANE:
+            self.fired.setdefault(window.window_id, []).append(
+                Pane(
+                    window_id=window.window_id,
+                    window_start_ms=window.start_ms,
+                    window_end_ms=window.end_ms,
+                    pane_index=window.next_pane_index,
+                    timing=timing,
+                    is_final=False,
+                    count=shown.count,
+                    metrics=shown.results(window_rules.metrics),
+                    watermark_ms=None,
+                )
+            )
+        window.next_pane_index += 1
+        window.pending = Aggregates()
+
+    def finish(self) -> BatchResult:
+        """Fire pending LATE panes, mark final panes, and drop windows past end + lateness."""
+        state = self.state
+        for window in sorted(state.windows.values(), key=lambda w: (w.start_ms, w.end_ms)):
+            window_rules = self.rules_of(window)
+            if window.on_time_sealed and window.pending.count > 0:
+                self.cut_pane(window, Timing.LATE)
+            if self.is_open(window):
+                continue
+            if window_rules.emit is Emit.FINAL_ONLY:
+                self.fired[window.window_id] = [self.only_pane(window, window_rules)]
+            else:
+                panes = self.fired.setdefault(window.window_id, [])
+                if not panes:
+                    self.cut_pane(window, Timing.LATE)  # the final pane may hold no new records
+                panes[-1] = replace(panes[-1], is_final=True)
+            del state.windows[window.window_id]
+        self.forget_unused_rules()
+        self.result.panes = sorted(
+            (
+                replace(pane, watermark_ms=state.watermark_ms)
+                for panes in self.fired.values()
+                for pane in panes
+            ),
+            key=lambda pane: (pane.window_start_ms, pane.window_end_ms, pane.pane_index),
+        )
+        return self.result
+
+    def only_pane(self, window: OpenWindow, window_rules: WindowRules) -> Pane:
+        """With `final_only`, the one row a window gets: its totals, as pane 0."""
+        return Pane(
+            window_id=window.window_id,
+            window_start_ms=window.start_ms,
+            window_end_ms=window.end_ms,
+            pane_index=0,
+            timing=Timing.LATE if window.had_late_records else Timing.ON_TIME,
+            is_final=True,
+            count=window.total.count,
+            metrics=window.total.results(window_rules.metrics),
+            watermark_ms=None,
+        )
+
+    def forget_unused_rules(self) -> None:
+        used = {window.rules_id for window in self.state.windows.values()}
+        for stale in set(self.state.rules) - used:
+            del self.state.rules[stale]

@@ -69,12 +69,81 @@ class TumblingWindow(_Frozen):
     size_ms: PositiveDurationMs = Field(alias="size", description="Window length.")
 
 
-WindowSpec = TumblingWindow
+class SlidingWindow(_Frozen):
+    """Overlapping windows of `size`, one starting every `slide`, aligned to the UTC epoch."""
+
+    kind: Literal["sliding"] = "sliding"
+    size_ms: PositiveDurationMs = Field(alias="size", description="Window length.")
+    slide_ms: PositiveDurationMs = Field(alias="slide", description="Distance between starts.")
+
+    @model_validator(mode="after")
+    def _size_is_a_multiple_of_slide(self) -> SlidingWindow:
+        # Otherwise windows would not align to the epoch the way Spark SQL's window() does.
+        if self.size_ms % self.slide_ms != 0:
+            raise ValueError(
+                f"size ({self.size_ms} ms) must be a multiple of slide ({self.slide_ms} ms)"
+            )
+        return self
+
+
+class SessionWindow(_Frozen):
+    """Activity sessions: a window closes after `gap` without records; bridging records merge."""
+
+    kind: Literal["session"] = "session"
+    gap_ms: PositiveDurationMs = Field(alias="gap", description="Inactivity that ends a session.")
+
+
+WindowSpec = Annotated[TumblingWindow | SlidingWindow | SessionWindow, Field(discriminator="kind")]
 
 
 class Accumulation(StrEnum):
     ACCUMULATING = "accumulating"
     DISCARDING = "discarding"
+
+
+class Emit(StrEnum):
+    EVERY_PANE = "every_pane"
+    FINAL_ONLY = "final_only"
+
+
+class MetricKind(StrEnum):
+    COUNT = "count"
+    SUM = "sum"
+    MIN = "min"
+    MAX = "max"
+    MEAN = "mean"
+
+
+Scalar = str | int | float | bool
+
+
+class MetricSpec(_Frozen):
+    """A named aggregate per window besides `count`.
+
+    `count` with `field` and `equals` counts records whose field equals the value (e.g. ERROR
+    lines); `sum`, `min`, `max` and `mean` aggregate a numeric field, skipping records that
+    lack it, like SQL skips nulls.
+    """
+
+    kind: MetricKind
+    field: str | None = Field(default=None, min_length=1, description="Dot path into the record.")
+    equals: Scalar | None = Field(default=None, description="`count` only: the value to match.")
+
+    @model_validator(mode="after")
+    def _fields_fit_the_kind(self) -> MetricSpec:
+        if self.kind is MetricKind.COUNT:
+            if (self.field is None) != (self.equals is None):
+                raise ValueError("a filtered count needs both `field` and `equals`")
+        else:
+            if self.field is None:
+                raise ValueError(f"`{self.kind}` needs a numeric `field`")
+            if self.equals is not None:
+                raise ValueError("`equals` only applies to `count`")
+        return self
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        return tuple(self.field.split(".")) if self.field else ()
 
 
 class RuleOverrides(_Frozen):
@@ -88,6 +157,10 @@ class RuleOverrides(_Frozen):
         default=None, alias="allowed_lateness"
     )
     accumulation: Accumulation | None = None
+    emit: Emit | None = None
+    metrics: dict[Identifier, MetricSpec] | None = None
+    idle_timeout_ms: PositiveDurationMs | None = Field(default=None, alias="idle_timeout")
+    max_future_skew_ms: PositiveDurationMs | None = Field(default=None, alias="max_future_skew")
 
 
 class WindowRules(_Frozen):
@@ -107,6 +180,25 @@ class WindowRules(_Frozen):
         default=Accumulation.ACCUMULATING,
         description="`accumulating`: a pane carries the window's totals so far; "
         "`discarding`: only its new records.",
+    )
+
+    emit: Emit = Field(
+        default=Emit.EVERY_PANE,
+        description="`every_pane`: every pane is a row; `final_only`: one row per window.",
+    )
+    metrics: dict[Identifier, MetricSpec] = Field(
+        default_factory=dict, description="Named aggregates per window besides `count`."
+    )
+    idle_timeout_ms: PositiveDurationMs | None = Field(
+        default=None,
+        alias="idle_timeout",
+        description="Processing time without records after which the key's watermark advances "
+        "with processing time, so its windows close anyway. Unset: never.",
+    )
+    max_future_skew_ms: PositiveDurationMs = Field(
+        default=3_600_000,
+        alias="max_future_skew",
+        description="Records further ahead of processing time are quarantined (`future_skew`).",
     )
 
     def with_overrides(self, overrides: RuleOverrides) -> WindowRules:

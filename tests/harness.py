@@ -98,7 +98,7 @@ class Pipeline:
         return {(tp.partition, offset) for tp in partitions for offset in range(ends[tp])}
 
     def run_available_now(self, spark: Any, timeout_s: float = 240) -> None:
-        query = start_stream(spark, self.settings, self.registry(), self.lake, available_now=True)
+        query = start_stream(spark, self.settings, self.lake, available_now=True)
         try:
             finished = query.awaitTermination(timeout=timeout_s)
             assert finished, f"the query did not finish within {timeout_s}s"

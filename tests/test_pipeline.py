@@ -179,6 +179,7 @@ def test_the_sink_called_twice_for_one_batch_id_writes_once(spark: Any, tmp_path
             "windows": 1,
             "late_events": 0,
             "quarantine": 1,
+            "tenant_status": 0,
         }
     )
     sink(rows, 1)  # a new batch id is written: the skip is by batch id, not by content

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from streaming.windowing import KeyState, Pane, Timing, advance, windows_of
+from streaming.windowing import BatchResult, KeyState, Pane, RecordInput, Timing, windows_of
+from streaming.windowing import advance as advance_records
 from tenants.models import Accumulation, TumblingWindow, WindowRules
 
 
@@ -24,6 +25,10 @@ def rules(lateness: str = "1m", accumulation: str = "accumulating") -> WindowRul
             "accumulation": accumulation,
         }
     )
+
+
+def advance(state: KeyState, event_times_ms: list[int], rules: WindowRules) -> BatchResult:
+    return advance_records(state, [RecordInput(t) for t in event_times_ms], rules)
 
 
 def pane_tuples(panes: list[Pane]) -> list[tuple[int, int, Timing, bool, int]]:
@@ -53,7 +58,7 @@ def test_spec_worked_example_one_record_per_batch() -> None:
         (0, 2, Timing.LATE, True, 2),
         (mmss("01:00"), 0, Timing.ON_TIME, False, 1),
     ]
-    assert 0 not in state.windows
+    assert f"0-{mmss('01:00')}" not in state.windows
 
     fifth = advance(state, [mmss("00:50")], acme)
     assert fifth.assignments == [] and fifth.panes == []
@@ -125,7 +130,7 @@ def test_every_window_gets_exactly_one_final_pane_and_state_is_dropped() -> None
     result = advance(state, [*times, mmss("59:00")], rules())
     finals = [p.window_start_ms for p in result.panes if p.is_final]
     assert finals == [mmss(f"{minute:02d}:00") for minute in range(5)]
-    assert sorted(state.windows) == [mmss("59:00")]
+    assert sorted(state.windows) == [f"{mmss('59:00')}-{mmss('60:00')}"]
 
 
 def test_watermark_never_decreases() -> None:
