@@ -124,7 +124,7 @@ def anchor(model: type[BaseModel]) -> str:
 def format_duration(ms: int) -> str:
     """`3600000` as `1h`: a form `parse_duration_ms` reads back as the same value."""
     if ms == 0:
-        return "0"
+        return "0s"
     for unit, unit_ms in _DISPLAY_UNITS:
         if ms % unit_ms == 0:
             return f"{ms // unit_ms}{unit}"
@@ -195,8 +195,8 @@ def field_description(model: type[BaseModel], name: str) -> str:
     info = model.model_fields[name]
     if info.description:
         return " ".join(info.description.split())
-    for owner in model.__mro__:
-        supplement = SUPPLEMENTS.get((owner, name))  # type: ignore[arg-type]
+    for owner in _lineage(model):
+        supplement = SUPPLEMENTS.get((owner, name))
         if supplement is not None:
             return supplement
     mirrored = MIRRORS.get(model)
@@ -214,8 +214,8 @@ def field_description(model: type[BaseModel], name: str) -> str:
 
 def rows(section: Section) -> list[Row]:
     model = section.model
-    file_path, model_path = section.locations[0]
-    env_prefix = section.file.env_prefix if file_path == section.file.path else None
+    _file_path, model_path = section.locations[0]
+    env_prefix = section.file.env_prefix
     result = []
     for name, info in model.model_fields.items():
         key = yaml_key(name, info)
@@ -250,15 +250,21 @@ def type_text(annotation: Any, metadata: Sequence[Any] = ()) -> str:
         members = get_args(annotation)
         present = [member for member in members if member is not type(None)]
         discriminator = _discriminator(metadata)
+        nullable = len(present) < len(members)
         if discriminator is not None and all(_is_model(member) for member in present):
             links = [
                 f"[`{_kind_of(member, discriminator)}`](#{anchor(member)})" for member in present
             ]
-            text = f"one of {', '.join(links)}, chosen by `{discriminator}`"
+            parts = [f"by `{discriminator}`: {_either(links)}"]
         else:
             # Constraints outside the union (e.g. `gt=0` on `int | None`) bind its members.
-            text = " or ".join(type_text(member, metadata) for member in present)
-        return text + (" or `null`" if len(present) < len(members) else "")
+            parts = [type_text(member, metadata) for member in present]
+        if not nullable:
+            return _either(parts)
+        if len(parts) == 1 and (" or " in parts[0] or ", " in parts[0]):
+            # `a or b or null` would read as three choices of one level; keep null apart.
+            return f"{parts[0]}; or `null`"
+        return _either([*parts, "`null`"])
     base = _base_text(annotation, metadata)
     constraints = _constraints(metadata)
     return f"{base} ({', '.join(constraints)})" if constraints else base
@@ -271,16 +277,16 @@ def _base_text(annotation: Any, metadata: Sequence[Any]) -> str:
         return "[id](#ids)"
     origin = get_origin(annotation)
     if origin is Literal:
-        return " or ".join(f"`{_scalar(value)}`" for value in get_args(annotation))
+        return _one_of([f"`{_scalar(value)}`" for value in get_args(annotation)])
     if origin is dict:
         key_type, value_type = get_args(annotation)
         return f"mapping of {type_text(key_type)} to {type_text(value_type)}"
     if origin in (list, tuple, set, frozenset):
         item_types = [item for item in get_args(annotation) if item is not Ellipsis]
-        return "list of " + " or ".join(type_text(item) for item in item_types)
+        return "list of " + _either([type_text(item) for item in item_types])
     if isinstance(annotation, type):
         if issubclass(annotation, Enum):
-            return " or ".join(f"`{member.value}`" for member in annotation)
+            return _one_of([f"`{_scalar(member)}`" for member in annotation])
         if issubclass(annotation, BaseModel):
             return f"[{annotation.__name__}](#{anchor(annotation)})"
         # bool before int: a bool is an int to issubclass.
@@ -297,6 +303,17 @@ _TYPE_NAMES: tuple[tuple[type, str], ...] = (
     (str, "string"),
     (PurePath, "path"),
 )
+
+
+def _either(parts: Sequence[str]) -> str:
+    """`a`, `a or b`, `a, b or c`."""
+    if len(parts) <= 2:
+        return " or ".join(parts)
+    return f"{', '.join(parts[:-1])} or {parts[-1]}"
+
+
+def _one_of(values: Sequence[str]) -> str:
+    return _either(values) if len(values) <= 2 else f"one of {', '.join(values)}"
 
 
 def _constraints(metadata: Sequence[Any]) -> list[str]:
@@ -326,13 +343,13 @@ def _default_text(model: type[BaseModel], info: FieldInfo, metadata: Sequence[An
         return ""
     value = info.get_default(call_default_factory=True)
     if value is None:
-        for owner in model.__mro__:
+        for owner in _lineage(model):
             if owner in UNSET_MEANS:
-                return UNSET_MEANS[owner]  # type: ignore[index]
+                return UNSET_MEANS[owner]
         return "`null`"
     if isinstance(value, BaseModel):
         return "its defaults"
-    annotation, metadata = _unwrap(info.annotation, metadata)
+    _annotation, metadata = _unwrap(info.annotation, metadata)
     if _is_duration(metadata) and isinstance(value, int):
         return f"`{format_duration(value)}`"
     return f"`{_scalar(value)}`"
@@ -399,9 +416,14 @@ def _model_types(annotation: Any) -> list[type[BaseModel]]:
     return [model for model, _path, _disc, _kind in _models_in(annotation, (), "")]
 
 
+def _lineage(model: type[BaseModel]) -> list[type[BaseModel]]:
+    # SourceConfig inherits WindowRules' fields, and with them their supplements.
+    return [owner for owner in model.__mro__ if _is_model(owner)]
+
+
 def _kind_of(model: type[BaseModel], discriminator: str) -> str:
     tag, _metadata = _unwrap(model.model_fields[discriminator].annotation, ())
-    return str(_scalar(get_args(tag)[0]))
+    return _scalar(get_args(tag)[0])
 
 
 def _placeholder(key: str) -> str:
@@ -451,8 +473,6 @@ def _render_header() -> list[str]:
     return [
         "# Configuration reference",
         "",
-        f"<!-- Generated by `{REGENERATE_COMMAND}`; do not edit by hand. -->",
-        "",
         "Generated from the config models in `tenants/models.py` and `tenants/settings.py` by "
         f"`{REGENERATE_COMMAND}`: edit a model's `description=` (or the prose in "
         "`infra/config_reference.py`) and regenerate. `tests/test_config_reference.py` fails "
@@ -496,9 +516,7 @@ def _render_conventions(sections: dict[type[BaseModel], Section]) -> list[str]:
     ]
     out += [f"- {place}" for place in _id_places(sections)]
     out += ["", "### Unknown keys", ""]
-    lenient = [
-        model.__name__ for model in sections if model.model_config.get("extra") != "forbid"
-    ]
+    lenient = [model.__name__ for model in sections if model.model_config.get("extra") != "forbid"]
     if lenient:
         out.append(f"Unknown keys are rejected, except in {', '.join(lenient)}.")
     else:
@@ -549,10 +567,11 @@ def _app_intro(sections: dict[type[BaseModel], Section]) -> list[str]:
         "",
         "Precedence, highest first:",
         "",
-        "1. a flag of `tenant-windows run` (e.g. `--topic`; see `--help`),",
+        "1. a command-line flag (e.g. `--topic`; see `tenant-windows run --help`),",
         f"2. an environment variable `{ENV_PREFIX}<SECTION>__<FIELD>`, e.g. "
-        f"`{ENV_PREFIX}KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:9092`; a top-level key is "
-        f"`{ENV_PREFIX}<FIELD>`. Each key's variable is in the tables below,",
+        f"`{ENV_PREFIX}STREAM__TRIGGER_INTERVAL=10s`; a top-level key is `{ENV_PREFIX}<FIELD>`. "
+        "The value is read as the YAML value would be; each key's variable is in the tables "
+        "below,",
         f"3. `{APP_FILE.path}`,",
         "4. the defaults below.",
         "",
@@ -603,11 +622,13 @@ def _tenants_intro(sections: dict[type[BaseModel], Section]) -> list[str]:
 
 def _render_section(section: Section) -> list[str]:
     model = section.model
-    title = model.__name__ + (f" (`{section.discriminator}: {section.kind}`)" if section.kind else "")
+    title = model.__name__ + (
+        f" (`{section.discriminator}: {section.kind}`)" if section.kind else ""
+    )
     out = [f'<a id="{anchor(model)}"></a>', "", f"### {title}", ""]
     doc = _docstring(model)
-    if doc:
-        out += [" ".join(paragraph.split()) + "\n" for paragraph in doc.split("\n\n")]
+    for paragraph in doc.split("\n\n") if doc else []:
+        out += [" ".join(paragraph.split()), ""]
     where = "; ".join(
         f"`{path}` in `{file_path}`" if path else f"the top level of `{file_path}`"
         for file_path, path in section.locations

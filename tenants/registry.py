@@ -21,6 +21,7 @@ from tenants.models import ID_PATTERN, EventTimeSpec, SourceConfig, TenantConfig
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 SOURCES_FILE = "sources.yaml"
+WINDOW_KINDS = {"tumbling", "sliding", "session"}
 TENANTS_DIR = "tenants"
 
 
@@ -157,6 +158,11 @@ def _validate(model: type[ModelT], data: object, path: Path, prefix: str) -> Mod
     except ValidationError as error:
         problems = []
         for detail in error.errors():
-            location = ".".join(str(part) for part in (prefix, *detail["loc"]) if part != "")
+            location = ".".join(
+                str(part)
+                for part in (prefix, *detail["loc"])
+                # pydantic names the chosen window kind in the path; the YAML has no such key.
+                if part != "" and part not in WINDOW_KINDS
+            )
             problems.append((location, detail["msg"]))
         raise ConfigError(path, problems) from None

@@ -65,6 +65,42 @@ def test_sample_config_is_valid_and_overrides_apply() -> None:
         ("id: ok\nsources:\n  mobile: {}\n", "sources.mobile", "unknown source"),
         ("id: ok\nsources: {}\n", "sources", "at least 1 item"),
         ("id: ok\nsources: [web\n", "(file)", "not valid YAML"),
+        (
+            "id: ok\nsources:\n  web: {window: {kind: sliding, size: 5m, slide: 2m}}\n",
+            "sources.web.window",
+            "multiple of slide",
+        ),
+        (
+            "id: ok\nsources:\n  web: {window: {kind: session, gap: 0s}}\n",
+            "sources.web.window.gap",
+            "greater than 0",
+        ),
+        (
+            "id: ok\nsources:\n  web: {window: {kind: hopping, size: 1m}}\n",
+            "sources.web.window",
+            "tumbling",
+        ),
+        (
+            "id: ok\nsources:\n  web: {metrics: {total: {kind: sum}}}\n",
+            "sources.web.metrics.total",
+            "needs a numeric `field`",
+        ),
+        (
+            "id: ok\nsources:\n  web: {metrics: {errors: {kind: count, field: level}}}\n",
+            "sources.web.metrics.errors",
+            "needs both",
+        ),
+        (
+            "id: ok\nsources:\n  web: {metrics: {Bad-Name: {kind: count}}}\n",
+            "sources.web.metrics.Bad-Name.[key]",
+            "should match pattern",
+        ),
+        ("id: ok\nsources:\n  web: {emit: sometimes}\n", "sources.web.emit", "every_pane"),
+        (
+            "id: ok\nsources:\n  web: {idle_timeout: 0ms}\n",
+            "sources.web.idle_timeout",
+            "greater than 0",
+        ),
     ],
 )
 def test_invalid_tenant_file_is_refused_naming_file_and_field(

@@ -29,12 +29,25 @@ def test_web_record_with_iso_time_is_accepted(registry: TenantRegistry) -> None:
         registry,
         {"tenant": "acme", "source": "web", "ts": "2026-01-01T00:00:01.250Z", "event_id": 7},
     )
-    assert outcome == Accepted("acme", "web", 1_767_225_601_250, "7")
+    assert outcome == Accepted(
+        "acme", "web", 1_767_225_601_250, "7", {"errors": 0.0, "avg_amount": None}
+    )
+
+
+def test_metric_inputs_follow_the_sources_metrics(registry: TenantRegistry) -> None:
+    web = {"tenant": "acme", "source": "web", "ts": "2026-01-01T00:00:00Z"}
+    error = parse(registry, {**web, "level": "ERROR", "amount": 3})
+    wrong_kind = parse(registry, {**web, "level": 1, "amount": 2.5})
+    assert isinstance(error, Accepted) and error.metric_inputs == {"errors": 1.0, "avg_amount": 3.0}
+    assert isinstance(wrong_kind, Accepted)
+    assert wrong_kind.metric_inputs == {"errors": 0.0, "avg_amount": 2.5}
 
 
 def test_billing_record_with_nested_epoch_ms_is_accepted(registry: TenantRegistry) -> None:
     outcome = parse(registry, {"tenant": "globex", "source": "billing", "meta": {"event_ms": 5}})
-    assert outcome == Accepted("globex", "billing", 5, None)
+    assert outcome == Accepted(
+        "globex", "billing", 5, None, {"revenue": None, "largest": None, "smallest": None}
+    )
 
 
 def test_iso_time_with_offset_and_without_offset(registry: TenantRegistry) -> None:
@@ -96,6 +109,11 @@ def test_iso_time_with_offset_and_without_offset(registry: TenantRegistry) -> No
         ({"tenant": "ACME", "source": "web"}, QuarantineReason.UNKNOWN_TENANT, "'ACME'"),
         ({"tenant": "acme", "source": "mobile"}, QuarantineReason.UNKNOWN_SOURCE, "'mobile'"),
         (b"x" * (MAX_BYTES + 1), QuarantineReason.TOO_LARGE, f"limit is {MAX_BYTES}"),
+        (
+            {"tenant": "acme", "source": "web", "ts": "2026-01-01T00:00:00Z", "amount": "12"},
+            QuarantineReason.BAD_METRIC_VALUE,
+            "'amount'",
+        ),
     ],
 )
 def test_rejected_records_say_why(
