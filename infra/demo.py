@@ -27,15 +27,27 @@ WITH accepted AS (
 ), too_late AS (
   SELECT tenant, source, count(*) AS too_late FROM late_events GROUP BY tenant, source
 ), closed AS (
-  SELECT tenant, source, count(*) AS final_windows, max(watermark) AS watermark
-  FROM windows WHERE is_final GROUP BY tenant, source
+  SELECT tenant, source, count(*) AS final_windows FROM windows WHERE is_final
+  GROUP BY tenant, source
+), latest_status AS (
+  SELECT tenant, source, max_by(watermark, batch_id) AS watermark FROM tenant_status
+  GROUP BY tenant, source
 )
 SELECT a.tenant, a.source, a.records, a.on_time, a.late, coalesce(t.too_late, 0) AS too_late,
-       coalesce(c.final_windows, 0) AS final_windows, c.watermark
+       coalesce(c.final_windows, 0) AS final_windows, s.watermark
 FROM accepted a
 LEFT JOIN too_late t USING (tenant, source)
 LEFT JOIN closed c USING (tenant, source)
+LEFT JOIN latest_status s USING (tenant, source)
 ORDER BY tenant, source
+"""
+ERRORS_SQL = """
+SELECT tenant, window_start, count AS lines, metrics['errors'] AS errors,
+       round(metrics['avg_amount'], 1) AS avg_amount
+FROM windows
+WHERE source = 'web' AND is_final
+ORDER BY tenant, window_start
+LIMIT 6
 """
 BALANCE_SQL = """
 SELECT 'events' AS table_name, count(DISTINCT partition, offset) AS records FROM events
@@ -81,6 +93,8 @@ def run_demo(workdir: Path, count: int) -> int:
             register_views(spark, lake)
             print("\nPer tenant and source (Spark SQL over the Delta tables):")
             spark.sql(SUMMARY_SQL).show(truncate=False)
+            print("ERROR lines per minute (final panes of the web source):")
+            spark.sql(ERRORS_SQL).show(truncate=False)
             print("Where every consumed record went:")
             spark.sql(BALANCE_SQL).show(truncate=False)
             print(
