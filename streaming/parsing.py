@@ -64,7 +64,9 @@ def parse_value(
     try:
         # Decode explicitly: json.loads(bytes) would also accept UTF-16 and UTF-32.
         record = json.loads(value.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+    # ValueError covers JSONDecodeError, bad UTF-8, and integers longer than Python's
+    # int/str conversion limit; RecursionError covers pathologically deep nesting.
+    except (ValueError, RecursionError) as error:
         return Rejected(QuarantineReason.MALFORMED_JSON, f"not valid UTF-8 JSON: {error}")
     if not isinstance(record, dict):
         return Rejected(
@@ -125,11 +127,23 @@ def extract_metric_inputs(
                 QuarantineReason.BAD_METRIC_VALUE,
                 f"metric {name!r} needs a number in {spec.field!r}, got {value!r}",
             )
-        elif not math.isfinite(value):
-            return Rejected(QuarantineReason.BAD_METRIC_VALUE, f"{spec.field!r} is not finite")
         else:
-            inputs[name] = float(value)
+            number = _finite_float(value)
+            if number is None:
+                return Rejected(
+                    QuarantineReason.BAD_METRIC_VALUE,
+                    f"metric {name!r}: {spec.field!r}={value!r} is not a finite double",
+                )
+            inputs[name] = number
     return inputs
+
+
+def _finite_float(value: int | float) -> float | None:
+    try:
+        number = float(value)  # an integer beyond the double range raises OverflowError
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _lookup(record: dict[str, object], path: tuple[str, ...]) -> object:

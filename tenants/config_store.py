@@ -115,6 +115,14 @@ class ConfigWatcher:
 
     def refresh(self, now_ms: int) -> TenantRegistry | None:
         """Publish a changed, valid config as effective from `now_ms`; return it if published."""
+        try:
+            return self._refresh(now_ms)
+        except Exception:
+            # A config watcher must never stop the stream: the last good config stays.
+            log.exception("tenant config could not be read; the stream keeps its last good config")
+            return None
+
+    def _refresh(self, now_ms: int) -> TenantRegistry | None:
         seen = _directory_digest(self.conf_dir)
         if seen == self._last_seen:
             return None

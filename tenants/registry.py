@@ -145,6 +145,10 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(path, [("", "file not found")]) from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(path, [("", f"not UTF-8 text: {error}")]) from None
+    except OSError as error:
+        raise ConfigError(path, [("", f"cannot be read: {error}")]) from None
     except yaml.YAMLError as error:
         raise ConfigError(path, [("", f"not valid YAML: {error}")]) from None
     if not isinstance(loaded, dict):

@@ -160,3 +160,11 @@ def test_invalid_settings_name_the_field(tmp_path: Path) -> None:
     app.write_text("stream:\n  name: Not/Valid\n")
     with pytest.raises(ConfigError, match=r"app.yaml: stream.name: String should match"):
         load_settings(app, environ={})
+
+
+def test_a_tenant_file_that_is_not_utf8_is_refused_naming_the_file(conf: Path) -> None:
+    path = conf / "tenants" / "cafe.yaml"
+    path.write_bytes(b"id: caf\xe9\nsources: [web]\n")
+    with pytest.raises(ConfigError, match="not UTF-8") as refused:
+        load_registry(conf)
+    assert str(path) in str(refused.value)

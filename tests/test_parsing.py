@@ -134,3 +134,14 @@ def test_a_rejected_record_keeps_the_tenant_it_claimed(registry: TenantRegistry)
 def test_null_kafka_value_is_malformed(registry: TenantRegistry) -> None:
     outcome = parse_value(None, registry, MAX_BYTES)
     assert isinstance(outcome, Rejected) and outcome.reason is QuarantineReason.MALFORMED_JSON
+
+
+def test_numbers_python_cannot_hold_are_quarantined_not_fatal(registry: TenantRegistry) -> None:
+    web = b'{"tenant": "acme", "source": "web", "ts": "2026-01-01T00:00:00Z", '
+    long_integer = parse_value(web + b'"n": ' + b"9" * 5_000 + b"}", registry, 10_000)
+    beyond_double = parse_value(web + b'"amount": 1' + b"0" * 400 + b"}", registry, 10_000)
+    assert isinstance(long_integer, Rejected)
+    assert long_integer.reason is QuarantineReason.MALFORMED_JSON
+    assert isinstance(beyond_double, Rejected)
+    assert beyond_double.reason is QuarantineReason.BAD_METRIC_VALUE
+    assert "'amount'" in beyond_double.error
