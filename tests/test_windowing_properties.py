@@ -45,7 +45,7 @@ METRIC_CATALOG: dict[str, dict[str, object]] = {
     "amount_max": {"kind": "max", "field": "amount"},
     "amount_mean": {"kind": "mean", "field": "amount"},
 }
-# Hypothesis shows this in a falsifying example, so it names what a record is meant to test.
+# How a record's event time is drawn relative to the newest one of its key (see `scenarios`).
 MOVES = ("forward", "jitter", "late", "too_late")
 
 
@@ -128,7 +128,7 @@ def batch_cuts(draw: st.DrawFn, length: int) -> frozenset[int]:
 
 
 @st.composite
-def scenarios(draw: st.DrawFn) -> Scenario:
+def scenarios(draw: st.DrawFn, max_records: int = 30) -> Scenario:
     rules = draw(window_rules())
     span = window_span_ms(rules)
     ooo = rules.out_of_orderness_ms
@@ -137,7 +137,7 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     grain = draw(st.sampled_from([1, 250, 500]))
     epoch = draw(st.sampled_from([0, 1_700_000_000_000]))
     n_keys = draw(st.integers(1, len(KEYS)))
-    length = draw(st.integers(0, 30))
+    length = draw(st.integers(0, max_records))
     newest: dict[str, int] = {}
     stream: list[tuple[str, RefRecord]] = []
     for _ in range(length):
@@ -350,6 +350,13 @@ def check_key(scenario: Scenario, key: str, out: KeyOutput) -> RefResult:
         else:
             assert final.pane.count == window.count, f"{context}: count"
             assert_metrics(final.pane.metrics, window.metrics, context)
+    # SPEC §5 records W at emit: panes fire at the end of their micro-batch.
+    last_of_batch = {batch: index for index, batch in enumerate(out.batch_of_record)}
+    for e in out.panes:
+        want_w = ref.watermarks_after[last_of_batch[e.batch]]
+        assert e.pane.watermark_ms == want_w, (
+            f"{key}: {e.pane.window_id} pane {e.pane.pane_index} watermark"
+        )
     if rules.emit is Emit.FINAL_ONLY:
         assert all(e.pane.is_final and e.pane.pane_index == 0 for e in out.panes), (
             f"{key}: final_only emitted a non-final pane or pane_index != 0"
