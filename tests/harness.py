@@ -35,6 +35,8 @@ class Pipeline:
     partitions: int = 1
     max_offsets_per_trigger: int | None = None
     stream_name: str = "test-stream"
+    trigger_interval: str | None = None
+    """For continuous queries, e.g. "500ms"; None keeps the settings' default."""
 
     @classmethod
     def create(cls, kafka: LocalKafka, workdir: Path, conf_dir: Path, **options: Any) -> Pipeline:
@@ -56,6 +58,7 @@ class Pipeline:
                 "lake.root": str(self.workdir / "lake"),
                 "stream.checkpoint_dir": str(self.workdir / "checkpoint"),
                 "stream.name": self.stream_name,
+                "stream.trigger_interval": self.trigger_interval,
             },
         )
 
