@@ -65,6 +65,7 @@ WINDOWS = TableSpec(
             pa.field("is_final", pa.bool_()),
             pa.field("count", pa.int64()),
             pa.field("metrics", METRICS),
+            pa.field("merged_window_ids", pa.list_(pa.string())),
             pa.field("watermark", TIMESTAMP),
             pa.field("batch_id", pa.int64()),
         ]
@@ -139,6 +140,13 @@ def rows_for_table(batch: pa.Table, spec: TableSpec, batch_id: int) -> pa.Table:
         "max_event_time": _timestamp(rows["max_event_time_ms"]),
         "last_record_processing_time": _timestamp(rows["last_record_processing_ms"]),
         "processing_time": _timestamp(rows["processing_time_ms"]),
+        "merged_window_ids": pa.array(
+            [
+                None if text is None else json.loads(text)
+                for text in rows["merged_window_ids_json"].to_pylist()
+            ],
+            pa.list_(pa.string()),
+        ),
         "metrics": pa.array(
             [
                 None if text is None else sorted(json.loads(text).items())

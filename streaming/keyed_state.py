@@ -58,6 +58,7 @@ _OUTPUT_FIELDS: list[tuple[str, DataType]] = [
     ("is_final", BooleanType()),
     ("count", LongType()),
     ("metrics_json", StringType()),
+    ("merged_window_ids_json", StringType()),
     ("event_time_ms", LongType()),
     ("lateness_ms", LongType()),
     ("watermark_ms", LongType()),
@@ -257,6 +258,7 @@ def pane_rows(panes: list[Pane], tenant: str, source: str) -> pd.DataFrame:
             "is_final": [p.is_final for p in panes],
             "count": [p.count for p in panes],
             "metrics_json": [json.dumps(p.metrics, sort_keys=True) for p in panes],
+            "merged_window_ids_json": [json.dumps(list(p.merged_window_ids)) for p in panes],
             "watermark_ms": [p.watermark_ms for p in panes],
         }
     )

@@ -53,6 +53,9 @@ def windowed_rows(
     )
 
 
+CONFIG_POLL_INTERVAL_S = 1.0
+
+
 def config_snapshots(settings: AppSettings) -> ConfigSnapshots:
     return ConfigSnapshots(f"{settings.stream.checkpoint_dir.rstrip('/')}/tenant_config")
 
@@ -63,7 +66,7 @@ def start_stream(
     lake: DeltaLake,
     available_now: bool = False,
 ) -> StreamingQuery:
-    """Start the query; `conf/` must be valid now, and is re-read between micro-batches."""
+    """Start the query; `conf/` must be valid now, and is re-read while the query runs."""
     snapshots = config_snapshots(settings)
     registry = load_registry(settings.conf_dir)  # an invalid config at start is fatal
     first_start = snapshots.latest_fingerprint() is None
@@ -90,7 +93,11 @@ def start_stream(
         writer = writer.trigger(
             processingTime=f"{settings.stream.trigger_interval_ms} milliseconds"
         )
-    return writer.start()
+    query = writer.start()
+    # Polled while the query runs, and checked again right after each batch's commits, so a
+    # change is in force from the next micro-batch.
+    watcher.watch(lambda: query.isActive, interval_s=CONFIG_POLL_INTERVAL_S)
+    return query
 
 
 def _refresh(watcher: ConfigWatcher) -> None:

@@ -108,6 +108,8 @@ class OpenWindow:
     on_time_sealed: bool = False
     """True once W reached the window's end: records from then on go to LATE panes."""
     had_late_records: bool = False
+    merged_window_ids: list[str] = field(default_factory=list)
+    """Sessions absorbed into this one, so `events` rows of theirs can be joined to it."""
 
 
 @dataclass
@@ -175,6 +177,7 @@ class Pane:
     count: int
     metrics: dict[str, float | None]
     watermark_ms: int | None
+    merged_window_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -333,6 +336,7 @@ class _Batch:
                 window.pending.merge(other.pending, specs)
                 window.end_ms = max(window.end_ms, other.end_ms)
                 window.had_late_records |= other.had_late_records
+                window.merged_window_ids += [other.window_id, *other.merged_window_ids]
                 del self.state.windows[other.window_id]
                 self.result.merges.append(Merge(other.window_id, window.window_id))
             window.start_ms = min(window.start_ms, start_ms)
@@ -403,6 +407,7 @@ class _Batch:
                     count=shown.count,
                     metrics=shown.results(window_rules.metrics),
                     watermark_ms=None,
+                    merged_window_ids=tuple(window.merged_window_ids),
                 )
             )
         window.next_pane_index += 1
@@ -448,6 +453,7 @@ class _Batch:
             count=window.total.count,
             metrics=window.total.results(window_rules.metrics),
             watermark_ms=None,
+            merged_window_ids=tuple(window.merged_window_ids),
         )
 
     def forget_unused_rules(self) -> None:

@@ -12,6 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,15 +115,30 @@ class ConfigWatcher:
     conf_dir: Path
     snapshots: ConfigSnapshots
     _last_seen: str | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def refresh(self, now_ms: int) -> TenantRegistry | None:
         """Publish a changed, valid config as effective from `now_ms`; return it if published."""
         try:
-            return self._refresh(now_ms)
+            with self._lock:
+                return self._refresh(now_ms)
         except Exception:
             # A config watcher must never stop the stream: the last good config stays.
             log.exception("tenant config could not be read; the stream keeps its last good config")
             return None
+
+    def watch(self, is_running: Callable[[], bool], interval_s: float) -> threading.Thread:
+        """Poll in a daemon thread while `is_running()`, so a change is in force from the next
+        micro-batch rather than from the one after it."""
+
+        def poll() -> None:
+            while is_running():
+                self.refresh(time.time_ns() // 1_000_000)
+                time.sleep(interval_s)
+
+        thread = threading.Thread(target=poll, name="tenant-config-watcher", daemon=True)
+        thread.start()
+        return thread
 
     def _refresh(self, now_ms: int) -> TenantRegistry | None:
         seen = _directory_digest(self.conf_dir)

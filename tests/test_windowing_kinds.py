@@ -87,6 +87,7 @@ def test_a_bridging_record_merges_two_sessions_under_the_earlier_identity() -> N
     closed = advance(state, at(3_600_000), session)
     final = finals(closed.panes)["session-0"]
     assert (final.window_start_ms, final.window_end_ms, final.count) == (0, 80_000, 3)
+    assert final.merged_window_ids == ("session-50000",)
 
 
 def test_merged_discarding_panes_never_count_a_record_twice() -> None:
@@ -108,6 +109,7 @@ def test_merged_discarding_panes_never_count_a_record_twice() -> None:
     assert total == 5
     [final] = [p for p in emitted if p.is_final and p.window_id == "session-0"]
     assert (final.window_start_ms, final.window_end_ms) == (0, 130_000)
+    assert final.merged_window_ids == ("session-50000", "session-100000")
 
 
 def test_metrics_follow_the_accumulation_mode() -> None:
