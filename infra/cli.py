@@ -17,6 +17,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from infra import faults
 from tenants.models import parse_duration_ms
 from tenants.registry import ConfigError, load_registry
 from tenants.settings import AppSettings, load_settings
@@ -140,6 +141,7 @@ def _run(args: argparse.Namespace) -> int:
     from streaming.query import start_stream
     from streaming.session import build_spark
 
+    faults.arm()
     settings = settings_from(args)
     load_registry(settings.conf_dir)  # refuse an invalid config before Spark starts
     spark = build_spark(settings.stream.name, args.master, settings.stream.shuffle_partitions)

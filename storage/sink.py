@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from pyspark.sql import DataFrame
 
+from infra.faults import CrashPoint, crash_if_requested
 from storage.delta_lake import DeltaLake
 from storage.tables import ALL_TABLES, TableSpec, rows_for_table
 
@@ -29,6 +30,7 @@ class MicroBatchSink:
         self.after_batch = after_batch
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        crash_if_requested(CrashPoint.BATCH_START, batch_id)
         pending = [spec for spec in ALL_TABLES if not self._holds(spec, batch_id)]
         if not pending:
             # The plan must still run: it commits this batch's state store version, and Spark
@@ -48,7 +50,9 @@ class MicroBatchSink:
             rows = rows_for_table(batch, spec, batch_id)
             if rows.num_rows > 0:
                 self.lake.append(spec, rows, self.app_id, batch_id)
+                crash_if_requested(CrashPoint.BETWEEN_TABLE_COMMITS, batch_id)
             written[spec.name] = rows.num_rows
+        crash_if_requested(CrashPoint.AFTER_DELTA_COMMITS, batch_id)
         log.info(
             "batch %d: %d rows in %.2fs %s",
             batch_id,

@@ -41,6 +41,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from infra.faults import CrashPoint, crash_if_requested
+
 SOURCE_NAME = "tw_kafka"
 
 # Kafka's own markers in `startingOffsets` JSON, as in Spark's Kafka source.
@@ -449,6 +451,7 @@ def read_partition(split: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
                     if split.start_offset <= record.offset < split.end_offset:
                         pending.append(record)
                 new_position = consumer.position(topic_partition, timeout_ms=remaining_ms)
+                crash_if_requested(CrashPoint.KAFKA_READ, split.start_offset, split.end_offset - 1)
             except KafkaError as error:
                 raise RuntimeError(f"reading {where} failed: {error!r}") from error
             if new_position is not None and new_position > position:

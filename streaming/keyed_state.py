@@ -27,6 +27,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from infra.faults import CrashPoint, crash_if_requested
 from streaming.parsing import QuarantineReason
 from streaming.windowing import (
     Assignment,
@@ -123,6 +124,9 @@ def make_key_processor(snapshots: ConfigSnapshots) -> KeyProcessor:
         )
         # SPEC §2: a key's records are handled in (partition, offset) order.
         batch = batch.sort_values(["partition", "offset"], kind="stable", ignore_index=True)
+        if not batch.empty:
+            offsets = batch["offset"]
+            crash_if_requested(CrashPoint.STATE_FUNCTION, int(offsets.min()), int(offsets.max()))
         if resolved is None:
             _reject(batch, batch["reason"].isna(), QuarantineReason.UNKNOWN_SOURCE, "no rules")
         else:

@@ -1,0 +1,189 @@
+"""Crash anywhere, restart, same output: SIGKILL the stream at named points, then compare.
+
+The crashed run is a real `tenant-windows run --available-now` process killed by the fault
+hook; the restart runs the same query from its checkpoint. Every table must then hold exactly
+the rows of a run without the crash, compared as multisets without wall-clock columns.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from infra.faults import CRASH_AT_ENV, CrashPoint
+from infra.load_generator import LoadSpec, generate
+from storage.tables import ALL_TABLES
+from tenants.registry import load_registry
+from tests.harness import Pipeline
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[1]
+BATCH_SIZE = 150
+RECORDS = 600  # four batches
+# Batch timestamps of the batches after a crash differ from the clean run's: not comparable.
+WALL_CLOCK_COLUMNS = {"processing_time", "last_record_processing_time"}
+RANDOM_CRASHES = int(os.environ.get("TENANT_WINDOWS_RANDOM_CRASHES", "3"))
+
+
+@pytest.fixture(scope="module")
+def dataset(kafka: Any, conf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One topic every run reads from the start, so runs differ only by their crash."""
+    registry = load_registry(conf_dir)
+    spec = LoadSpec(count=RECORDS, late_share=0.1, malformed_share=0.05, jitter=30_000, seed=3)
+    samples = generate(spec, {n: s.event_time for n, s in registry.sources.items()})
+    producer = Pipeline.create(kafka, tmp_path_factory.mktemp("topic"), conf_dir, partitions=2)
+    producer.produce_samples(samples)
+    return producer.topic
+
+
+@pytest.fixture(scope="module")
+def clean_tables(
+    kafka: Any, spark: Any, conf_dir: Path, dataset: str, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, pd.DataFrame]:
+    pipeline = _pipeline(kafka, conf_dir, tmp_path_factory.mktemp("clean"), dataset)
+    pipeline.run_available_now(spark)
+    return _snapshot(pipeline)
+
+
+def _pipeline(kafka: Any, conf_dir: Path, workdir: Path, topic: str) -> Pipeline:
+    workdir.mkdir(parents=True, exist_ok=True)
+    return Pipeline(
+        kafka, workdir, conf_dir, topic, partitions=2, max_offsets_per_trigger=BATCH_SIZE
+    )
+
+
+def _snapshot(pipeline: Pipeline) -> dict[str, pd.DataFrame]:
+    tables = {}
+    for spec in ALL_TABLES:
+        frame = pipeline.table(spec.name)
+        frame = frame.drop(columns=[c for c in frame.columns if c in WALL_CLOCK_COLUMNS])
+        # A multiset of rows: sort by every column, as text so maps and lists compare too.
+        as_text = frame.astype(str)
+        tables[spec.name] = as_text.sort_values(list(as_text.columns)).reset_index(drop=True)
+    return tables
+
+
+def _run_until_crash(pipeline: Pipeline, crash_at: str) -> int:
+    settings = pipeline.settings
+    command = [
+        sys.executable, "-m", "infra.cli", "run", "--available-now",
+        "--bootstrap-servers", settings.kafka.bootstrap_servers,
+        "--topic", settings.kafka.topic,
+        "--lake-root", settings.lake.root,
+        "--checkpoint-dir", settings.stream.checkpoint_dir,
+        "--max-offsets-per-trigger", str(BATCH_SIZE),
+        "--stream-name", settings.stream.name,
+        "--conf", str(pipeline.conf_dir),
+    ]  # fmt: skip
+    log_path = pipeline.workdir / "crashed-run.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, CRASH_AT_ENV: crash_at},
+            start_new_session=True,  # its own process group: the fault hook kills just that
+        )
+        try:
+            return process.wait(timeout=240)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+
+
+def _crash_and_recover(
+    kafka: Any, spark: Any, conf_dir: Path, dataset: str, workdir: Path, crash_at: str
+) -> dict[str, pd.DataFrame]:
+    pipeline = _pipeline(kafka, conf_dir, workdir, dataset)
+    code = _run_until_crash(pipeline, crash_at)
+    assert code == -signal.SIGKILL, (
+        f"expected a SIGKILL at {crash_at}, got exit code {code}:\n"
+        + (pipeline.workdir / "crashed-run.log").read_text()[-3000:]
+    )
+    pipeline.run_available_now(spark)
+    return _snapshot(pipeline)
+
+
+def _assert_same_tables(actual: dict[str, pd.DataFrame], expected: dict[str, pd.DataFrame]) -> None:
+    for name, frame in expected.items():
+        pd.testing.assert_frame_equal(actual[name], frame, obj=f"table {name}")
+
+
+@pytest.mark.parametrize(
+    "crash_at",
+    [
+        f"{CrashPoint.KAFKA_READ}@{BATCH_SIZE // 2 + 10}",
+        f"{CrashPoint.STATE_FUNCTION}@{BATCH_SIZE // 2 + 10}",
+        f"{CrashPoint.BATCH_START}@1",
+        f"{CrashPoint.BETWEEN_TABLE_COMMITS}@1",
+        f"{CrashPoint.AFTER_DELTA_COMMITS}@2",
+    ],
+)
+def test_a_crash_at_a_named_point_leaves_the_same_output_after_restart(
+    kafka: Any,
+    spark: Any,
+    conf_dir: Path,
+    dataset: str,
+    clean_tables: dict[str, pd.DataFrame],
+    tmp_path: Path,
+    crash_at: str,
+) -> None:
+    recovered = _crash_and_recover(kafka, spark, conf_dir, dataset, tmp_path, crash_at)
+    _assert_same_tables(recovered, clean_tables)
+
+
+def test_a_half_written_checkpoint_file_is_ignored_on_restart(
+    kafka: Any,
+    spark: Any,
+    conf_dir: Path,
+    dataset: str,
+    clean_tables: dict[str, pd.DataFrame],
+    tmp_path: Path,
+) -> None:
+    # Spark writes checkpoint files to a temp name and renames; a crash during the write
+    # leaves only the temp file behind.
+    pipeline = _pipeline(kafka, conf_dir, tmp_path, dataset)
+    code = _run_until_crash(pipeline, f"{CrashPoint.AFTER_DELTA_COMMITS}@1")
+    assert code == -signal.SIGKILL
+    offsets = pipeline.workdir / "checkpoint" / "offsets"
+    (offsets / ".2.5f0c3e1a-dead-beef-0000-000000000000.tmp").write_bytes(b'v1\n{"batchWater')
+    pipeline.run_available_now(spark)
+    _assert_same_tables(_snapshot(pipeline), clean_tables)
+
+
+@pytest.mark.crash_matrix
+def test_random_crashes_leave_the_same_output_after_restart(
+    kafka: Any,
+    spark: Any,
+    conf_dir: Path,
+    dataset: str,
+    clean_tables: dict[str, pd.DataFrame],
+    tmp_path: Path,
+) -> None:
+    """`TENANT_WINDOWS_RANDOM_CRASHES` runs (CI: 3; the full matrix: 20), each killed at a random point."""
+    batches = RECORDS // BATCH_SIZE
+    rng = random.Random(int(os.environ.get("TENANT_WINDOWS_RANDOM_CRASH_SEED", "20261122")))
+    for run in range(RANDOM_CRASHES):
+        point = rng.choice(list(CrashPoint))
+        if point in (CrashPoint.KAFKA_READ, CrashPoint.STATE_FUNCTION):
+            position = rng.randrange(0, RECORDS // 2)  # an offset in one of two partitions
+        else:
+            position = rng.randrange(0, batches)
+        crash_at = f"{point}@{position}"
+        recovered = _crash_and_recover(
+            kafka, spark, conf_dir, dataset, tmp_path / f"run-{run}", crash_at
+        )
+        try:
+            _assert_same_tables(recovered, clean_tables)
+        except AssertionError as error:
+            raise AssertionError(f"after a crash at {crash_at}: {error}") from error
