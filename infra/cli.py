@@ -18,6 +18,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from infra import faults
+from streaming.checkpoint_identity import CheckpointMismatchError
 from tenants.models import parse_duration_ms
 from tenants.registry import ConfigError, load_registry
 from tenants.settings import AppSettings, load_settings
@@ -41,6 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return result
     except ConfigError as error:
         print(f"invalid config:\n{error}", file=sys.stderr)
+        return 2
+    except CheckpointMismatchError as error:
+        print(f"refusing the checkpoint: {error}", file=sys.stderr)
         return 2
 
 
@@ -87,6 +91,16 @@ def _parser() -> argparse.ArgumentParser:
     produce.add_argument("--ahead", action="append", default=[], metavar="TENANT=DURATION")
     produce.add_argument("--seed", type=int, default=7)
     produce.set_defaults(handler=_produce)
+
+    vacuum = commands.add_parser(
+        "vacuum", help="delete data files no longer referenced (crashed attempts, old versions)"
+    )
+    _settings_options(vacuum)
+    vacuum.add_argument(
+        "--retention", default="7d", help="keep files referenced by versions this recent"
+    )
+    vacuum.add_argument("--dry-run", action="store_true", help="list the files, delete nothing")
+    vacuum.set_defaults(handler=_vacuum)
 
     demo = commands.add_parser(
         "demo", help="local broker + sample load + stream + summary, then stop"
@@ -217,6 +231,19 @@ def _produce(args: argparse.Namespace) -> int:
         args.rate,
     )
     print(json.dumps({"produced": sent, "topic": settings.kafka.topic}))
+    return 0
+
+
+def _vacuum(args: argparse.Namespace) -> int:
+    from storage.delta_lake import DeltaLake
+
+    settings = settings_from(args)
+    removed = DeltaLake(settings.lake.root).vacuum(parse_duration_ms(args.retention), args.dry_run)
+    verb = "would delete" if args.dry_run else "deleted"
+    for table, files in removed.items():
+        print(f"{table}: {verb} {len(files)} files")
+        for name in files:
+            print(f"  {name}")
     return 0
 
 

@@ -38,6 +38,25 @@ class DeltaLake:
         """The highest batch id `app_id` has committed to the table, if any."""
         return self.open(spec).transaction_version(app_id)
 
+    def vacuum(self, retention_ms: int, dry_run: bool) -> dict[str, list[str]]:
+        """Delete files no table version within `retention_ms` references, per table.
+
+        That covers the files a crashed attempt wrote but never committed, and the files of
+        old versions; committed data of the current version is never touched. delta-rs counts
+        retention in hours, so it is rounded up to whole hours.
+        """
+        return {
+            spec.name: self.open(spec).vacuum(
+                retention_hours=-(-retention_ms // 3_600_000),
+                dry_run=dry_run,
+                # The retention check refuses less than a week; the operator chose the window.
+                enforce_retention_duration=False,
+                # Also files no commit ever referenced, not only those removed by a commit.
+                full=True,
+            )
+            for spec in ALL_TABLES
+        }
+
     def append(self, spec: TableSpec, rows: pa.Table, app_id: str, batch_id: int) -> None:
         write_deltalake(
             self.table_uri(spec),

@@ -14,6 +14,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 from storage.delta_lake import DeltaLake
 from storage.sink import MicroBatchSink
 from streaming import kafka_source
+from streaming.checkpoint_identity import StreamIdentity, claim_checkpoint
 from streaming.keyed_state import OUTPUT_SCHEMA, STATE_SCHEMA, make_key_processor
 from streaming.routing import KAFKA_COLUMNS_SQL, ROUTED_SCHEMA, make_router
 from tenants.config_store import ConfigSnapshots, ConfigWatcher
@@ -67,6 +68,14 @@ def start_stream(
     available_now: bool = False,
 ) -> StreamingQuery:
     """Start the query; `conf/` must be valid now, and is re-read while the query runs."""
+    claim_checkpoint(
+        settings.stream.checkpoint_dir,
+        StreamIdentity(
+            stream_name=settings.stream.name,
+            topic=settings.kafka.topic,
+            lake_root=settings.lake.root,
+        ),
+    )
     snapshots = config_snapshots(settings)
     registry = load_registry(settings.conf_dir)  # an invalid config at start is fatal
     first_start = snapshots.latest_fingerprint() is None

@@ -1,0 +1,58 @@
+"""Refuse a checkpoint that belongs to another stream, before the query touches it.
+
+Spark would happily resume a checkpoint written for another topic or stream name and silently
+reprocess or skip data. Each checkpoint therefore records which stream it belongs to.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+IDENTITY_FILE = "tenant_windows_stream.json"
+
+
+class CheckpointMismatchError(RuntimeError):
+    """The checkpoint was written by another stream, or is damaged."""
+
+
+class StreamIdentity(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stream_name: str
+    topic: str
+    lake_root: str
+
+
+def claim_checkpoint(checkpoint_dir: str, identity: StreamIdentity) -> None:
+    """Record `identity` in a new checkpoint, or check it against the one recorded there."""
+    folder = Path(checkpoint_dir)
+    path = folder / IDENTITY_FILE
+    if not path.exists():
+        if (folder / "offsets").exists():
+            raise CheckpointMismatchError(
+                f"{folder} holds a Spark checkpoint without {IDENTITY_FILE}: it was not written "
+                "by tenant-windows. Use a new --checkpoint-dir."
+            )
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(identity.model_dump_json(indent=2) + "\n")
+        return
+    try:
+        recorded = StreamIdentity.model_validate(json.loads(path.read_text()))
+    except (ValueError, ValidationError) as error:
+        raise CheckpointMismatchError(
+            f"{path} is damaged ({error}); refusing to resume from it"
+        ) from None
+    if recorded != identity:
+        differences = ", ".join(
+            f"{name} {getattr(recorded, name)!r} (this run: {getattr(identity, name)!r})"
+            for name in StreamIdentity.model_fields
+            if getattr(recorded, name) != getattr(identity, name)
+        )
+        raise CheckpointMismatchError(
+            f"checkpoint {folder} belongs to another stream: {differences}. Resuming it would "
+            "reprocess or skip records. Use this stream's own --checkpoint-dir, or the settings "
+            "it was written with."
+        )
