@@ -12,6 +12,7 @@ import random
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,14 +103,22 @@ def _run_until_crash(pipeline: Pipeline, crash_at: str) -> int:
 
 
 def _crash_and_recover(
-    kafka: Any, spark: Any, conf_dir: Path, dataset: str, workdir: Path, crash_at: str
+    kafka: Any,
+    spark: Any,
+    conf_dir: Path,
+    topic: str,
+    workdir: Path,
+    crash_at: str,
+    before_restart: Callable[[Pipeline], None] | None = None,
 ) -> dict[str, pd.DataFrame]:
-    pipeline = _pipeline(kafka, conf_dir, workdir, dataset)
+    pipeline = _pipeline(kafka, conf_dir, workdir, topic)
     code = _run_until_crash(pipeline, crash_at)
     assert code == -signal.SIGKILL, (
         f"expected a SIGKILL at {crash_at}, got exit code {code}:\n"
         + (pipeline.workdir / "crashed-run.log").read_text()[-3000:]
     )
+    if before_restart is not None:
+        before_restart(pipeline)
     pipeline.run_available_now(spark)
     return _snapshot(pipeline)
 
@@ -152,13 +161,20 @@ def test_a_half_written_checkpoint_file_is_ignored_on_restart(
 ) -> None:
     # Spark writes checkpoint files to a temp name and renames; a crash during the write
     # leaves only the temp file behind.
-    pipeline = _pipeline(kafka, conf_dir, tmp_path, dataset)
-    code = _run_until_crash(pipeline, f"{CrashPoint.AFTER_DELTA_COMMITS}@1")
-    assert code == -signal.SIGKILL
-    offsets = pipeline.workdir / "checkpoint" / "offsets"
-    (offsets / ".2.5f0c3e1a-dead-beef-0000-000000000000.tmp").write_bytes(b'v1\n{"batchWater')
-    pipeline.run_available_now(spark)
-    _assert_same_tables(_snapshot(pipeline), clean_tables)
+    def leave_half_written_offsets(pipeline: Pipeline) -> None:
+        offsets = pipeline.workdir / "checkpoint" / "offsets"
+        (offsets / ".2.5f0c3e1a-dead-beef-0000-000000000000.tmp").write_bytes(b'v1\n{"batchW')
+
+    recovered = _crash_and_recover(
+        kafka,
+        spark,
+        conf_dir,
+        dataset,
+        tmp_path,
+        f"{CrashPoint.AFTER_DELTA_COMMITS}@1",
+        before_restart=leave_half_written_offsets,
+    )
+    _assert_same_tables(recovered, clean_tables)
 
 
 @pytest.mark.crash_matrix
@@ -170,7 +186,7 @@ def test_random_crashes_leave_the_same_output_after_restart(
     clean_tables: dict[str, pd.DataFrame],
     tmp_path: Path,
 ) -> None:
-    """`TENANT_WINDOWS_RANDOM_CRASHES` runs (CI: 3; the full matrix: 20), each killed at a random point."""
+    """`TENANT_WINDOWS_RANDOM_CRASHES` runs (CI: 3; the full matrix: 20), each at a random point."""
     batches = RECORDS // BATCH_SIZE
     rng = random.Random(int(os.environ.get("TENANT_WINDOWS_RANDOM_CRASH_SEED", "20261122")))
     for run in range(RANDOM_CRASHES):
