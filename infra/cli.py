@@ -159,7 +159,9 @@ def _run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     load_registry(settings.conf_dir)  # refuse an invalid config before Spark starts
     spark = build_spark(settings.stream.name, args.master, settings.stream.shuffle_partitions)
-    query = start_stream(spark, settings, DeltaLake(settings.lake.root), args.available_now)
+    query = start_stream(
+        spark, settings, DeltaLake.from_settings(settings.lake), args.available_now
+    )
 
     # The handler only sets a flag: stopping the query inside it would interrupt the py4j
     # call the main thread is blocked in.
@@ -190,7 +192,7 @@ def _sql(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     spark = build_spark("tenant-windows-sql", shuffle_partitions=settings.stream.shuffle_partitions)
-    register_views(spark, DeltaLake(settings.lake.root), args.tenant, args.delta_spark)
+    register_views(spark, DeltaLake.from_settings(settings.lake), args.tenant, args.delta_spark)
     print_query(spark.sql(args.query), args.format, args.limit)
     return 0
 
@@ -238,7 +240,9 @@ def _vacuum(args: argparse.Namespace) -> int:
     from storage.delta_lake import DeltaLake
 
     settings = settings_from(args)
-    removed = DeltaLake(settings.lake.root).vacuum(parse_duration_ms(args.retention), args.dry_run)
+    removed = DeltaLake.from_settings(settings.lake).vacuum(
+        parse_duration_ms(args.retention), args.dry_run
+    )
     verb = "would delete" if args.dry_run else "deleted"
     for table, files in removed.items():
         print(f"{table}: {verb} {len(files)} files")

@@ -82,7 +82,7 @@ def run_demo(workdir: Path, count: int) -> int:
             "tenant-windows-demo", shuffle_partitions=settings.stream.shuffle_partitions
         )
         try:
-            lake = DeltaLake(settings.lake.root)
+            lake = DeltaLake.from_settings(settings.lake)
             query = start_stream(spark, settings, lake, available_now=True)
             query.awaitTermination(timeout=600)
             if query.isActive:

@@ -9,13 +9,27 @@ from __future__ import annotations
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
+from storage.s3 import storage_options
 from storage.tables import ALL_TABLES, TableSpec
+from tenants.settings import LakeSettings
 
 
 class DeltaLake:
     def __init__(self, root: str, storage_options: dict[str, str] | None = None) -> None:
         self.root = root.rstrip("/")
         self.storage_options = storage_options
+
+    def __repr__(self) -> str:
+        # storage_options may hold S3 keys: never print them.
+        return f"DeltaLake({self.root!r})"
+
+    @classmethod
+    def from_settings(cls, lake: LakeSettings) -> DeltaLake:
+        return cls(lake.root, storage_options(lake))
+
+    @property
+    def is_local(self) -> bool:
+        return "://" not in self.root or self.root.startswith("file://")
 
     def table_uri(self, spec: TableSpec) -> str:
         return f"{self.root}/{spec.name}"

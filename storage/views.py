@@ -37,6 +37,11 @@ def read_table(
     if use_delta_spark:
         return spark.read.format("delta").load(uri)
     schema = from_arrow_schema(spec.schema)
+    if not lake.is_local:
+        # Spark has no S3 filesystem here (no hadoop-aws jar): read the snapshot with delta-rs
+        # and hand Spark the Arrow data. Fine for ad-hoc queries; a cluster with delta-spark
+        # and s3a reads at scale with use_delta_spark.
+        return spark.createDataFrame(lake.open(spec).to_pyarrow_table(), schema)
     files = lake.open(spec).file_uris()
     if not files:
         return spark.createDataFrame([], schema)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from tenants.models import ID_PATTERN, PositiveDurationMs
 from tenants.registry import ConfigError
@@ -45,8 +45,30 @@ class KafkaSettings(_Frozen):
     )
 
 
+class S3Settings(_Frozen):
+    """How to reach an S3-compatible store for an `s3://` lake root.
+
+    Keys come from here (e.g. `TW_LAKE__S3__SECRET_ACCESS_KEY`), from `secrets_file`, or, when
+    neither sets them, from the standard `AWS_*` environment variables that delta-rs reads.
+    """
+
+    endpoint_url: str | None = Field(
+        default=None, description="Unset for AWS; e.g. `http://127.0.0.1:9000` for MinIO."
+    )
+    region: str = Field(default="us-east-1", description="The bucket's region.")
+    allow_http: bool = Field(default=False, description="Allow a plain-HTTP endpoint.")
+    access_key_id: SecretStr | None = Field(default=None, description="Never logged.")
+    secret_access_key: SecretStr | None = Field(default=None, description="Never logged.")
+    secrets_file: Path | None = Field(
+        default=None,
+        description="A YAML file with `access_key_id` and `secret_access_key`, e.g. a mounted "
+        "secret; read when the keys are not set directly.",
+    )
+
+
 class LakeSettings(_Frozen):
     root: str = Field(default="data/lake", description="A local path or `s3://bucket/prefix`.")
+    s3: S3Settings = Field(default_factory=S3Settings, description="Used for `s3://` roots.")
 
 
 class StreamSettings(_Frozen):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,10 @@ class Pipeline:
     stream_name: str = "test-stream"
     trigger_interval: str | None = None
     """For continuous queries, e.g. "500ms"; None keeps the settings' default."""
+    lake_root: str | None = None
+    """None: a local lake in `workdir`."""
+    environ: dict[str, str] = field(default_factory=dict)
+    """`TW_*` variables the settings are loaded with (e.g. S3 keys)."""
 
     @classmethod
     def create(cls, kafka: LocalKafka, workdir: Path, conf_dir: Path, **options: Any) -> Pipeline:
@@ -49,13 +53,13 @@ class Pipeline:
     def settings(self) -> AppSettings:
         return load_settings(
             None,
-            environ={},
+            environ=self.environ,
             overrides={
                 "conf_dir": str(self.conf_dir),
                 "kafka.bootstrap_servers": self.kafka.bootstrap_servers,
                 "kafka.topic": self.topic,
                 "kafka.max_offsets_per_trigger": self.max_offsets_per_trigger,
-                "lake.root": str(self.workdir / "lake"),
+                "lake.root": self.lake_root or str(self.workdir / "lake"),
                 "stream.checkpoint_dir": str(self.workdir / "checkpoint"),
                 "stream.name": self.stream_name,
                 "stream.trigger_interval": self.trigger_interval,
@@ -64,7 +68,7 @@ class Pipeline:
 
     @property
     def lake(self) -> DeltaLake:
-        return DeltaLake(self.settings.lake.root)
+        return DeltaLake.from_settings(self.settings.lake)
 
     def registry(self) -> TenantRegistry:
         return load_registry(self.conf_dir)
@@ -113,7 +117,8 @@ class Pipeline:
     def table(self, name: str) -> pd.DataFrame:
         """Read with delta-rs, independent of this project's Spark views."""
         assert name in {spec.name for spec in ALL_TABLES}
-        return DeltaTable(f"{self.lake.root}/{name}").to_pandas()
+        lake = self.lake
+        return DeltaTable(f"{lake.root}/{name}", storage_options=lake.storage_options).to_pandas()
 
 
 def record(tenant: str, source: str, event_time_ms: int, **extra: Any) -> dict[str, Any]:
