@@ -1,0 +1,1 @@
+"""Benchmarks that print figures; run by hand, not by the test suite."""
