@@ -18,6 +18,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from infra import faults
+from storage.writer_lease import StreamLeaseHeldError
 from streaming.checkpoint_identity import CheckpointMismatchError
 from tenants.models import parse_duration_ms
 from tenants.registry import ConfigError, load_registry
@@ -45,6 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except CheckpointMismatchError as error:
         print(f"refusing the checkpoint: {error}", file=sys.stderr)
+        return 2
+    except StreamLeaseHeldError as error:
+        print(f"not starting: {error}", file=sys.stderr)
         return 2
 
 
@@ -159,9 +163,10 @@ def _run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     load_registry(settings.conf_dir)  # refuse an invalid config before Spark starts
     spark = build_spark(settings.stream.name, args.master, settings.stream.shuffle_partitions)
-    query = start_stream(
+    stream = start_stream(
         spark, settings, DeltaLake.from_settings(settings.lake), args.available_now
     )
+    query = stream.query
 
     # The handler only sets a flag: stopping the query inside it would interrupt the py4j
     # call the main thread is blocked in.
@@ -180,8 +185,11 @@ def _run(args: argparse.Namespace) -> int:
         log.error("the stream failed: %s", failure)
         return 1
     finally:
-        query.stop()
+        stream.stop()
         spark.stop()
+    if stream.lease.lost is not None:
+        log.error("the stream stopped: %s", stream.lease.lost)
+        return 1
     return 0
 
 

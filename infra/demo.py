@@ -83,13 +83,13 @@ def run_demo(workdir: Path, count: int) -> int:
         )
         try:
             lake = DeltaLake.from_settings(settings.lake)
-            query = start_stream(spark, settings, lake, available_now=True)
-            query.awaitTermination(timeout=600)
-            if query.isActive:
-                query.stop()
+            stream = start_stream(spark, settings, lake, available_now=True)
+            finished = stream.query.awaitTermination(timeout=600)
+            stream.stop()
+            if not finished:
                 raise TimeoutError("the demo stream did not catch up within 600 s")
-            if query.exception() is not None:
-                raise RuntimeError(f"the stream failed: {query.exception()}")
+            if stream.query.exception() is not None:
+                raise RuntimeError(f"the stream failed: {stream.query.exception()}")
             register_views(spark, lake)
             print("\nPer tenant and source (Spark SQL over the Delta tables):")
             spark.sql(SUMMARY_SQL).show(truncate=False)

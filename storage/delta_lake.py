@@ -6,12 +6,19 @@ same atomic commit as its data, so "was batch N committed to table T?" has an ex
 
 from __future__ import annotations
 
+import logging
+
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
 
+from infra.faults import CrashPoint, crash_if_requested
 from storage.s3 import storage_options
 from storage.tables import ALL_TABLES, TableSpec
-from tenants.settings import LakeSettings
+from storage.writer_lease import COMMIT_ATTEMPTS, WriterLease, check_fence
+from tenants.settings import LakeSettings, StreamSettings
+
+log = logging.getLogger(__name__)
 
 
 class DeltaLake:
@@ -48,6 +55,9 @@ class DeltaLake:
     def open(self, spec: TableSpec) -> DeltaTable:
         return DeltaTable(self.table_uri(spec), storage_options=self.storage_options)
 
+    def writer_lease(self, stream: StreamSettings) -> WriterLease:
+        return WriterLease(self.root, self.storage_options, stream.name, stream.lease_ttl_ms)
+
     def committed_batch(self, spec: TableSpec, app_id: str) -> int | None:
         """The highest batch id `app_id` has committed to the table, if any."""
         return self.open(spec).transaction_version(app_id)
@@ -71,14 +81,39 @@ class DeltaLake:
             for spec in ALL_TABLES
         }
 
-    def append(self, spec: TableSpec, rows: pa.Table, app_id: str, batch_id: int) -> None:
-        write_deltalake(
-            self.table_uri(spec),
-            rows,
-            mode="append",
-            partition_by=list(spec.partition_by),
-            storage_options=self.storage_options,
-            commit_properties=CommitProperties(
-                app_transactions=[Transaction(app_id=app_id, version=batch_id)]
-            ),
+    def append_batch(
+        self, spec: TableSpec, rows: pa.Table, app_id: str, batch_id: int, writer_epoch: int
+    ) -> bool:
+        """Append `rows` as batch `batch_id` of `app_id`, unless the table already holds it.
+
+        Only while the table is fenced with `writer_epoch` (see `writer_lease`): the check and
+        the commit use one snapshot, and the commit fails if anything landed after it, so a
+        newer instance's fence can never be slipped past. Returns whether it committed.
+        """
+        for _ in range(COMMIT_ATTEMPTS):
+            table = self.open(spec)
+            check_fence(table, app_id, writer_epoch)
+            committed = table.transaction_version(app_id)
+            if committed is not None and committed >= batch_id:
+                return False
+            crash_if_requested(CrashPoint.BEFORE_DELTA_COMMIT, batch_id)
+            try:
+                write_deltalake(
+                    table,
+                    rows,
+                    mode="append",
+                    partition_by=list(spec.partition_by),
+                    commit_properties=CommitProperties(
+                        app_transactions=[Transaction(app_id=app_id, version=batch_id)],
+                        max_commit_retries=0,
+                    ),
+                )
+                return True
+            except CommitFailedError:
+                log.info(
+                    "%s changed while committing batch %d; checking again", spec.name, batch_id
+                )
+        raise RuntimeError(
+            f"{self.table_uri(spec)} kept changing during {COMMIT_ATTEMPTS} attempts to commit "
+            f"batch {batch_id}; the batch will be retried"
         )

@@ -3,7 +3,8 @@
 A table that already holds this stream's commit for the batch id is skipped, so a retried or
 replayed batch never duplicates output; a crash between two tables' commits is completed by the
 replay. Spark's commit log entry comes after this returns, so a batch is replayed until all of
-its tables are committed.
+its tables are committed. Every commit is fenced with this instance's writer epoch, so an
+instance that lost the stream to a newer one fails its batch instead of writing.
 """
 
 from __future__ import annotations
@@ -23,10 +24,15 @@ log = logging.getLogger(__name__)
 
 class MicroBatchSink:
     def __init__(
-        self, lake: DeltaLake, app_id: str, after_batch: Callable[[int], None] | None = None
+        self,
+        lake: DeltaLake,
+        app_id: str,
+        writer_epoch: int,
+        after_batch: Callable[[int], None] | None = None,
     ) -> None:
         self.lake = lake
         self.app_id = app_id
+        self.writer_epoch = writer_epoch
         self.after_batch = after_batch
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
@@ -49,7 +55,7 @@ class MicroBatchSink:
         for spec in pending:
             rows = rows_for_table(batch, spec, batch_id)
             if rows.num_rows > 0:
-                self.lake.append(spec, rows, self.app_id, batch_id)
+                self.lake.append_batch(spec, rows, self.app_id, batch_id, self.writer_epoch)
                 crash_if_requested(CrashPoint.BETWEEN_TABLE_COMMITS, batch_id)
             written[spec.name] = rows.num_rows
         crash_if_requested(CrashPoint.AFTER_DELTA_COMMITS, batch_id)

@@ -26,8 +26,8 @@ class StreamIdentity(BaseModel):
     lake_root: str
 
 
-def claim_checkpoint(checkpoint_dir: str, identity: StreamIdentity) -> None:
-    """Record `identity` in a new checkpoint, or check it against the one recorded there."""
+def check_checkpoint(checkpoint_dir: str, identity: StreamIdentity) -> None:
+    """Raise unless the checkpoint is new or belongs to `identity`; writes nothing."""
     folder = Path(checkpoint_dir)
     path = folder / IDENTITY_FILE
     if not path.exists():
@@ -36,8 +36,6 @@ def claim_checkpoint(checkpoint_dir: str, identity: StreamIdentity) -> None:
                 f"{folder} holds a Spark checkpoint without {IDENTITY_FILE}: it was not written "
                 "by tenant-windows. Use a new --checkpoint-dir."
             )
-        folder.mkdir(parents=True, exist_ok=True)
-        path.write_text(identity.model_dump_json(indent=2) + "\n")
         return
     try:
         recorded = StreamIdentity.model_validate(json.loads(path.read_text()))
@@ -56,3 +54,12 @@ def claim_checkpoint(checkpoint_dir: str, identity: StreamIdentity) -> None:
             "reprocess or skip records. Use this stream's own --checkpoint-dir, or the settings "
             "it was written with."
         )
+
+
+def claim_checkpoint(checkpoint_dir: str, identity: StreamIdentity) -> None:
+    """Record `identity` in a new checkpoint, or check it against the one recorded there."""
+    check_checkpoint(checkpoint_dir, identity)
+    path = Path(checkpoint_dir) / IDENTITY_FILE
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(identity.model_dump_json(indent=2) + "\n")

@@ -6,6 +6,7 @@ Spark is the thin shell here; the semantics live in `parsing` and `windowing`.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
@@ -13,8 +14,9 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 
 from storage.delta_lake import DeltaLake
 from storage.sink import MicroBatchSink
+from storage.writer_lease import WriterLease
 from streaming import kafka_source
-from streaming.checkpoint_identity import StreamIdentity, claim_checkpoint
+from streaming.checkpoint_identity import StreamIdentity, check_checkpoint, claim_checkpoint
 from streaming.keyed_state import OUTPUT_SCHEMA, STATE_SCHEMA, make_key_processor
 from streaming.routing import KAFKA_COLUMNS_SQL, ROUTED_SCHEMA, make_router
 from tenants.config_store import ConfigSnapshots, ConfigWatcher
@@ -61,21 +63,48 @@ def config_snapshots(settings: AppSettings) -> ConfigSnapshots:
     return ConfigSnapshots(f"{settings.stream.checkpoint_dir.rstrip('/')}/tenant_config")
 
 
+@dataclass(frozen=True)
+class RunningStream:
+    """A started query and the writer lease it runs under."""
+
+    query: StreamingQuery
+    lease: WriterLease
+
+    def stop(self) -> None:
+        """Stop the query, then release the stream so the next instance can start at once."""
+        self.query.stop()
+        self.lease.release()
+
+
 def start_stream(
     spark: SparkSession,
     settings: AppSettings,
     lake: DeltaLake,
     available_now: bool = False,
+) -> RunningStream:
+    """Claim the stream and start its query; `conf/` must be valid now, and is re-read later."""
+    # A foreign checkpoint, and then a second instance of the stream, stop before any write.
+    check_checkpoint(settings.stream.checkpoint_dir, _identity(settings))
+    lake.ensure_tables()
+    lease = lake.writer_lease(settings.stream)
+    writer_epoch = lease.acquire()
+    try:
+        query = _start_query(spark, settings, lake, writer_epoch, available_now)
+    except BaseException:
+        lease.release()
+        raise
+    lease.keep_alive(lambda: query.isActive, on_lost=query.stop)
+    return RunningStream(query, lease)
+
+
+def _start_query(
+    spark: SparkSession,
+    settings: AppSettings,
+    lake: DeltaLake,
+    writer_epoch: int,
+    available_now: bool,
 ) -> StreamingQuery:
-    """Start the query; `conf/` must be valid now, and is re-read while the query runs."""
-    claim_checkpoint(
-        settings.stream.checkpoint_dir,
-        StreamIdentity(
-            stream_name=settings.stream.name,
-            topic=settings.kafka.topic,
-            lake_root=settings.lake.root,
-        ),
-    )
+    claim_checkpoint(settings.stream.checkpoint_dir, _identity(settings))
     snapshots = config_snapshots(settings)
     registry = load_registry(settings.conf_dir)  # an invalid config at start is fatal
     first_start = snapshots.latest_fingerprint() is None
@@ -83,13 +112,15 @@ def start_stream(
     watcher = ConfigWatcher(settings.conf_dir, snapshots)
     watcher.refresh(_now_ms())
 
-    lake.ensure_tables()
     rows = windowed_rows(read_kafka(spark, settings), snapshots, settings)
     # Idle timeouts need batches without data, but AvailableNow would then never end: with it,
     # timeouts fire only in batches that have data.
     spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", str(not available_now).lower())
     sink = MicroBatchSink(
-        lake, app_id=settings.stream.name, after_batch=lambda _batch_id: _refresh(watcher)
+        lake,
+        app_id=settings.stream.name,
+        writer_epoch=writer_epoch,
+        after_batch=lambda _batch_id: _refresh(watcher),
     )
     writer = (
         rows.writeStream.queryName(settings.stream.name)
@@ -107,6 +138,12 @@ def start_stream(
     # change is in force from the next micro-batch.
     watcher.watch(lambda: query.isActive, interval_s=CONFIG_POLL_INTERVAL_S)
     return query
+
+
+def _identity(settings: AppSettings) -> StreamIdentity:
+    return StreamIdentity(
+        stream_name=settings.stream.name, topic=settings.kafka.topic, lake_root=settings.lake.root
+    )
 
 
 def _refresh(watcher: ConfigWatcher) -> None:

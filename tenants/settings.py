@@ -88,6 +88,14 @@ class StreamSettings(_Frozen):
     max_record_bytes: int = Field(
         default=1_048_576, gt=0, description="Larger Kafka values are quarantined (`too_large`)."
     )
+    lease_ttl_ms: PositiveDurationMs = Field(
+        default=30_000,
+        alias="lease_ttl",
+        description=(
+            "One writer per stream: an instance that has not renewed its lease (every third of "
+            "this) for this long may be taken over. Keep it well above clock skew between hosts."
+        ),
+    )
 
     model_config = ConfigDict(
         frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +72,30 @@ class Pipeline:
     def lake(self) -> DeltaLake:
         return DeltaLake.from_settings(self.settings.lake)
 
+    def cli_run(self, *extra: str) -> list[str]:
+        """The `tenant-windows run` command line of this stream, to start it as its own process.
+
+        Start it with `process_environ()`, which carries the `TW_*` variables.
+        """
+        settings = self.settings
+        command = [
+            sys.executable, "-m", "infra.cli", "run",
+            "--bootstrap-servers", settings.kafka.bootstrap_servers,
+            "--topic", settings.kafka.topic,
+            "--lake-root", settings.lake.root,
+            "--checkpoint-dir", settings.stream.checkpoint_dir,
+            "--stream-name", settings.stream.name,
+            "--conf", str(self.conf_dir),
+        ]  # fmt: skip
+        if self.max_offsets_per_trigger is not None:
+            command += ["--max-offsets-per-trigger", str(self.max_offsets_per_trigger)]
+        if self.trigger_interval is not None:
+            command += ["--trigger-interval", self.trigger_interval]
+        return [*command, *extra]
+
+    def process_environ(self, **extra: str) -> dict[str, str]:
+        return {**os.environ, **self.environ, **extra}
+
     def registry(self) -> TenantRegistry:
         return load_registry(self.conf_dir)
 
@@ -105,14 +131,13 @@ class Pipeline:
         return {(tp.partition, offset) for tp in partitions for offset in range(ends[tp])}
 
     def run_available_now(self, spark: Any, timeout_s: float = 240) -> None:
-        query = start_stream(spark, self.settings, self.lake, available_now=True)
+        stream = start_stream(spark, self.settings, self.lake, available_now=True)
         try:
-            finished = query.awaitTermination(timeout=timeout_s)
+            finished = stream.query.awaitTermination(timeout=timeout_s)
             assert finished, f"the query did not finish within {timeout_s}s"
-            assert query.exception() is None, query.exception()
+            assert stream.query.exception() is None, stream.query.exception()
         finally:
-            if query.isActive:
-                query.stop()
+            stream.stop()
 
     def table(self, name: str) -> pd.DataFrame:
         """Read with delta-rs, independent of this project's Spark views."""

@@ -11,7 +11,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -74,17 +73,7 @@ def _snapshot(pipeline: Pipeline) -> dict[str, pd.DataFrame]:
 
 
 def _run_until_crash(pipeline: Pipeline, crash_at: str) -> int:
-    settings = pipeline.settings
-    command = [
-        sys.executable, "-m", "infra.cli", "run", "--available-now",
-        "--bootstrap-servers", settings.kafka.bootstrap_servers,
-        "--topic", settings.kafka.topic,
-        "--lake-root", settings.lake.root,
-        "--checkpoint-dir", settings.stream.checkpoint_dir,
-        "--max-offsets-per-trigger", str(BATCH_SIZE),
-        "--stream-name", settings.stream.name,
-        "--conf", str(pipeline.conf_dir),
-    ]  # fmt: skip
+    command = pipeline.cli_run("--available-now")
     log_path = pipeline.workdir / "crashed-run.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
@@ -92,7 +81,7 @@ def _run_until_crash(pipeline: Pipeline, crash_at: str) -> int:
             cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, CRASH_AT_ENV: crash_at},
+            env=pipeline.process_environ(**{CRASH_AT_ENV: crash_at}),
             start_new_session=True,  # its own process group: the fault hook kills just that
         )
         try:

@@ -134,7 +134,8 @@ class Running:
 
     def __init__(self, spark: Any, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
-        self.query = start_stream(spark, pipeline.settings, pipeline.lake, available_now=False)
+        self.stream = start_stream(spark, pipeline.settings, pipeline.lake, available_now=False)
+        self.query = self.stream.query
 
     def assert_healthy(self) -> None:
         assert self.query.exception() is None, self.query.exception()
@@ -174,8 +175,7 @@ class Running:
         self.wait_for(f"{count} more batches", lambda: self.batches_done() >= target, timeout_s)
 
     def stop(self) -> None:
-        if self.query.isActive:
-            self.query.stop()
+        self.stream.stop()
 
 
 # --- 1. idle keys ----------------------------------------------------------------------------

@@ -97,13 +97,15 @@ def _run(settings: object, max_offsets: int) -> None:
     sampler = threading.Thread(target=sample_memory, daemon=True)
     sampler.start()
     started = time.monotonic()
-    query = start_stream(spark, settings, DeltaLake.from_settings(settings.lake), True)
+    stream = start_stream(spark, settings, DeltaLake.from_settings(settings.lake), True)
+    query = stream.query
     while query.isActive:
         query.awaitTermination(timeout=1)
         for progress in query.recentProgress:
             batch_id = progress["batchId"]
             if batch_id not in samples:
                 samples[batch_id] = (peak["driver"], peak["jvm"])
+    stream.stop()
     stop.set()
     total_s = time.monotonic() - started
     print(

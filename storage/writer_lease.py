@@ -1,0 +1,329 @@
+"""One writer per stream: a lease kept in the lake, and a fence in every output table.
+
+Two instances of one stream would both replay and commit batches, and a paused instance (a long
+GC, a frozen VM) can wake up after another has taken over. Both are stopped in the lake, the
+only thing every instance shares:
+
+- **Claim.** `_stream_leases` is a Delta table. An instance claims the stream with a commit that
+  raises the stream's epoch by one. The commit is conditional (no commit retry): of two racing
+  claimers exactly one wins. A claim is refused while the holder is alive: it renewed within
+  `ttl_ms`, did not release, and is not a dead process on this host.
+- **Fence.** The winner writes its epoch into every output table (an empty commit carrying the
+  transaction id `<stream>/writer_epoch`). Each data commit checks that the snapshot it commits
+  against holds its own epoch, and commits without retry, so any commit that landed after that
+  snapshot, such as a newer instance's fence, makes it fail and look again. A zombie therefore
+  never commits after a newer instance fenced the table.
+
+Renewal times are wall-clock milliseconds of the instances' hosts: keep `ttl_ms` well above the
+clock skew between hosts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
+
+from storage.tables import ALL_TABLES
+
+log = logging.getLogger(__name__)
+
+LEASE_TABLE = "_stream_leases"
+CLAIMS_SCHEMA = pa.schema(
+    [
+        pa.field("stream", pa.string()),
+        pa.field("epoch", pa.int64()),
+        pa.field("instance_id", pa.string()),
+        pa.field("host", pa.string()),
+        pa.field("pid", pa.int64()),
+        pa.field("claimed_at_ms", pa.int64()),
+    ]
+)
+# Renewals are empty commits: keep their log short. Claims are rare and keep their rows.
+LEASE_TABLE_CONFIGURATION: dict[str, str | None] = {
+    "delta.logRetentionDuration": "interval 1 days",
+    "delta.checkpointInterval": "100",
+}
+COMMIT_ATTEMPTS = 20
+
+
+class StreamLeaseHeldError(RuntimeError):
+    """Another live instance runs this stream."""
+
+
+class FencedError(RuntimeError):
+    """A newer instance claimed this stream: this one must not write anything more."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One instance's claim on a stream, as recorded in the lease table."""
+
+    stream: str
+    epoch: int
+    instance_id: str
+    host: str
+    pid: int
+    claimed_at_ms: int
+
+    def describe(self) -> str:
+        return f"instance {self.instance_id} (pid {self.pid} on {self.host}, epoch {self.epoch})"
+
+
+def fence_app_id(stream: str) -> str:
+    return f"{stream}/writer_epoch"
+
+
+def check_fence(table: DeltaTable, stream: str, epoch: int) -> None:
+    """Raise unless `table`'s snapshot is fenced with exactly `epoch`."""
+    fenced_with = table.transaction_version(fence_app_id(stream))
+    if fenced_with != epoch:
+        raise FencedError(
+            f"stream {stream!r}: {table.table_uri} is fenced by writer epoch {fenced_with}, this "
+            f"instance holds epoch {epoch}; a newer instance took the stream over, so this one "
+            "stops without writing"
+        )
+
+
+class WriterLease:
+    """This instance's lease on `stream` in the lake at `lake_root`."""
+
+    def __init__(
+        self,
+        lake_root: str,
+        storage_options: dict[str, str] | None,
+        stream: str,
+        ttl_ms: int,
+        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self.lake_root = lake_root.rstrip("/")
+        self.storage_options = storage_options
+        self.stream = stream
+        self.ttl_ms = ttl_ms
+        self.clock_ms = clock_ms
+        self.instance_id = uuid.uuid4().hex[:12]
+        self.epoch: int | None = None
+        self.lost: FencedError | None = None
+
+    @property
+    def table_uri(self) -> str:
+        return f"{self.lake_root}/{LEASE_TABLE}"
+
+    def __repr__(self) -> str:
+        return f"WriterLease({self.stream!r}, epoch={self.epoch})"
+
+    # -- claim, renew, release -----------------------------------------------------------
+
+    def acquire(self) -> int:
+        """Claim the stream and fence every output table; raise if a live instance holds it."""
+        DeltaTable.create(
+            self.table_uri,
+            CLAIMS_SCHEMA,
+            mode="ignore",
+            configuration=LEASE_TABLE_CONFIGURATION,
+            storage_options=self.storage_options,
+        )
+        for _ in range(COMMIT_ATTEMPTS):
+            table = self._open()
+            current = table.transaction_version(self._epoch_id)
+            self._refuse_if_alive(table, current)
+            epoch = (current or 0) + 1
+            claim = pa.Table.from_pylist(
+                [
+                    {
+                        "stream": self.stream,
+                        "epoch": epoch,
+                        "instance_id": self.instance_id,
+                        "host": socket.gethostname(),
+                        "pid": os.getpid(),
+                        "claimed_at_ms": self.clock_ms(),
+                    }
+                ],
+                schema=CLAIMS_SCHEMA,
+            )
+            try:
+                write_deltalake(
+                    table,
+                    claim,
+                    mode="append",
+                    commit_properties=self._conditional(
+                        Transaction(self._epoch_id, epoch), self._renewal()
+                    ),
+                )
+            except CommitFailedError:
+                continue  # the lease table moved since we read it: look again
+            self.epoch = epoch
+            log.info(
+                "stream %r claimed by instance %s, epoch %d", self.stream, self.instance_id, epoch
+            )
+            self._fence_output_tables(epoch)
+            return epoch
+        raise StreamLeaseHeldError(
+            f"stream {self.stream!r}: could not claim {self.table_uri} in {COMMIT_ATTEMPTS} "
+            "attempts; other instances keep claiming it"
+        )
+
+    def renew(self) -> None:
+        """Prove this instance is alive; raise FencedError if it lost the stream."""
+        self._commit_while_held(self._renewal())
+
+    def release(self) -> None:
+        """Let the next instance start at once; a no-op if the stream was lost or never held."""
+        if self.epoch is None or self.lost is not None:
+            return
+        try:
+            self._commit_while_held(Transaction(self._released_id, self.epoch))
+        except FencedError:
+            return
+        log.info("stream %r released by instance %s", self.stream, self.instance_id)
+
+    def keep_alive(self, is_running: Callable[[], bool], on_lost: Callable[[], None]) -> None:
+        """Renew every ttl/3 in a daemon thread while `is_running()`; call `on_lost` if fenced."""
+
+        def renew_while_running() -> None:
+            while is_running():
+                time.sleep(self.ttl_ms / 3_000)
+                if not is_running():
+                    return
+                try:
+                    self.renew()
+                except FencedError as error:
+                    log.error("%s", error)
+                    on_lost()
+                    return
+                except Exception:
+                    # An unreachable lake: keep trying; a newer instance takes over after the TTL.
+                    log.exception("stream %r: renewing the lease failed; retrying", self.stream)
+
+        threading.Thread(target=renew_while_running, name="writer-lease", daemon=True).start()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    @property
+    def _epoch_id(self) -> str:
+        return f"{self.stream}/epoch"
+
+    @property
+    def _renewed_id(self) -> str:
+        return f"{self.stream}/renewed_at_ms"
+
+    @property
+    def _released_id(self) -> str:
+        return f"{self.stream}/released_epoch"
+
+    def _open(self) -> DeltaTable:
+        return DeltaTable(self.table_uri, storage_options=self.storage_options)
+
+    def _renewal(self) -> Transaction:
+        return Transaction(self._renewed_id, self.clock_ms())
+
+    @staticmethod
+    def _conditional(*transactions: Transaction) -> CommitProperties:
+        # No retry: a commit must fail if anything landed after the snapshot it was checked on.
+        return CommitProperties(app_transactions=list(transactions), max_commit_retries=0)
+
+    def _commit_while_held(self, transaction: Transaction) -> None:
+        for _ in range(COMMIT_ATTEMPTS):
+            table = self._open()
+            holder = table.transaction_version(self._epoch_id)
+            if holder != self.epoch:
+                self.lost = FencedError(
+                    f"stream {self.stream!r}: instance {self.instance_id} lost its lease (epoch "
+                    f"{self.epoch}); {self._holder_description(table, holder)} took it over"
+                )
+                raise self.lost
+            try:
+                table.create_write_transaction(
+                    [],
+                    mode="append",
+                    schema=CLAIMS_SCHEMA,
+                    commit_properties=self._conditional(transaction),
+                )
+                return
+            except CommitFailedError:
+                continue
+        raise RuntimeError(f"stream {self.stream!r}: the lease table keeps changing; retry")
+
+    def _refuse_if_alive(self, table: DeltaTable, epoch: int | None) -> None:
+        if epoch is None or table.transaction_version(self._released_id) == epoch:
+            return
+        renewed_at_ms = table.transaction_version(self._renewed_id) or 0
+        silent_ms = self.clock_ms() - renewed_at_ms
+        holder = self._claim(table, epoch)
+        if silent_ms > self.ttl_ms:
+            log.warning(
+                "stream %r: taking over from %s, silent for %.1fs",
+                self.stream,
+                holder.describe() if holder else f"epoch {epoch}",
+                silent_ms / 1000,
+            )
+            return
+        if (
+            holder is not None
+            and holder.host == socket.gethostname()
+            and not _process_exists(holder.pid)
+        ):
+            log.warning("stream %r: taking over from dead %s", self.stream, holder.describe())
+            return
+        raise StreamLeaseHeldError(
+            f"stream {self.stream!r} is already running: "
+            f"{self._holder_description(table, epoch)} renewed its lease {silent_ms / 1000:.1f}s "
+            f"ago in {self.table_uri}. Stop it first, or wait until its lease expires "
+            f"({self.ttl_ms / 1000:.0f}s without renewal)."
+        )
+
+    def _claim(self, table: DeltaTable, epoch: int) -> Claim | None:
+        rows = table.to_pyarrow_table(
+            filters=[("stream", "=", self.stream), ("epoch", "=", epoch)]
+        ).to_pylist()
+        return Claim(**rows[0]) if rows else None
+
+    def _holder_description(self, table: DeltaTable, epoch: int | None) -> str:
+        holder = self._claim(table, epoch) if epoch is not None else None
+        return holder.describe() if holder else f"epoch {epoch}"
+
+    def _fence_output_tables(self, epoch: int) -> None:
+        for spec in ALL_TABLES:
+            uri = f"{self.lake_root}/{spec.name}"
+            for _ in range(COMMIT_ATTEMPTS):
+                table = DeltaTable(uri, storage_options=self.storage_options)
+                fenced_with = table.transaction_version(fence_app_id(self.stream)) or 0
+                if fenced_with > epoch:
+                    raise FencedError(
+                        f"stream {self.stream!r}: {uri} is fenced by a newer epoch "
+                        f"{fenced_with} than this instance's {epoch}"
+                    )
+                try:
+                    table.create_write_transaction(
+                        [],
+                        mode="append",
+                        schema=spec.schema,
+                        partition_by=list(spec.partition_by),
+                        commit_properties=self._conditional(
+                            Transaction(fence_app_id(self.stream), epoch)
+                        ),
+                    )
+                    break
+                except CommitFailedError:
+                    continue
+            else:
+                raise RuntimeError(f"stream {self.stream!r}: {uri} keeps changing; retry")
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True

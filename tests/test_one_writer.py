@@ -1,0 +1,165 @@
+"""One writer per stream, with the real stream: a second instance and a zombie instance.
+
+Each instance is a real `tenant-windows run` process. The zombie is paused with SIGSTOP by the
+fault hook just before a Delta commit, as a long GC pause or a frozen VM would, and resumed
+after a newer instance has taken the stream over and finished.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from infra.faults import PAUSE_AT_ENV, CrashPoint
+from infra.load_generator import LoadSpec, generate
+from storage.tables import ALL_TABLES
+from storage.writer_lease import LEASE_TABLE
+from tests.harness import Pipeline, record
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[1]
+T0_MS = 1_767_225_600_000
+LEASE_TTL = {"TW_STREAM__LEASE_TTL": "3s"}
+
+
+@contextmanager
+def _instance(pipeline: Pipeline, *extra: str, **environ: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A `tenant-windows run` process, killed on the way out if it is still running."""
+    log_path = pipeline.workdir / f"instance-{time.monotonic_ns()}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            pipeline.cli_run(*extra),
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=pipeline.process_environ(**environ),
+        )
+        process.log_path = log_path  # type: ignore[attr-defined]
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)  # a paused process cannot act on SIGKILL late
+                process.kill()
+                process.wait(timeout=30)
+
+
+def _log(process: subprocess.Popen[bytes]) -> str:
+    path: Path = process.log_path  # type: ignore[attr-defined]
+    return path.read_text(errors="replace")
+
+
+def _wait_until(
+    what: str, done: Callable[[], bool], process: subprocess.Popen[bytes], timeout_s: float
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if process.poll() is not None:
+            raise AssertionError(
+                f"the instance exited ({process.returncode}):\n{_log(process)[-3000:]}"
+            )
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.3)
+
+
+def _is_paused(pid: int) -> bool:
+    # Field 3 of /proc/PID/stat is the state; "T" is stopped by a signal.
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
+
+
+def _table_versions(pipeline: Pipeline) -> dict[str, int]:
+    return {spec.name: pipeline.lake.open(spec).version() for spec in ALL_TABLES}
+
+
+def test_a_second_instance_of_a_running_stream_fails_fast_and_writes_nothing(
+    kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
+) -> None:
+    pipeline = Pipeline.create(kafka, tmp_path, conf_dir, trigger_interval="500ms")
+    produced = [record("acme", "web", T0_MS + i * 1_000) for i in range(20)]
+    pipeline.produce(produced)
+    with _instance(pipeline) as first:
+        _wait_until(
+            "the first instance's events",
+            lambda: (
+                (tmp_path / "lake" / "events").exists()
+                and len(pipeline.table("events")) == len(produced)
+            ),
+            first,
+            timeout_s=180,
+        )
+        second_checkpoint = tmp_path / "second-checkpoint"
+        second = subprocess.run(
+            pipeline.cli_run("--checkpoint-dir", str(second_checkpoint)),
+            cwd=ROOT,
+            capture_output=True,
+            env=pipeline.process_environ(),
+            timeout=180,
+            check=False,
+        )
+        stderr = second.stderr.decode()
+        assert second.returncode == 2, stderr[-3000:]
+        assert "stream 'test-stream' is already running" in stderr
+        assert f"pid {first.pid}" in stderr
+        assert not second_checkpoint.exists(), "the refused instance wrote a checkpoint"
+        claims = DeltaTable(str(tmp_path / "lake" / LEASE_TABLE)).to_pandas()
+        assert list(claims["pid"]) == [first.pid], "the refused instance recorded a claim"
+
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=120) == 0, _log(first)[-3000:]
+
+    # A clean stop released the stream: the next instance starts at once and resumes.
+    pipeline.produce([record("acme", "web", T0_MS + 60_000)])
+    pipeline.run_available_now(spark)
+    assert len(pipeline.table("events")) == len(produced) + 1
+
+
+def test_a_zombie_instance_cannot_commit_after_a_newer_one_took_over(
+    kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
+) -> None:
+    pipeline = Pipeline.create(
+        kafka, tmp_path, conf_dir, partitions=2, max_offsets_per_trigger=60, environ=LEASE_TTL
+    )
+    registry = pipeline.registry()
+    spec = LoadSpec(count=240, late_share=0.1, malformed_share=0.05, jitter=30_000, seed=11)
+    pipeline.produce_samples(generate(spec, {n: s.event_time for n, s in registry.sources.items()}))
+
+    pause_at = {PAUSE_AT_ENV: f"{CrashPoint.BEFORE_DELTA_COMMIT}@1"}
+    with _instance(pipeline, "--available-now", **pause_at) as zombie:
+        _wait_until(
+            "the pause before batch 1's commit", lambda: _is_paused(zombie.pid), zombie, 180
+        )
+        time.sleep(3.5)  # silent for longer than the lease TTL: it may be taken over
+
+        pipeline.run_available_now(spark)
+        after_takeover = _table_versions(pipeline)
+        consumed = _consumed(pipeline)
+
+        zombie.send_signal(signal.SIGCONT)
+        code = zombie.wait(timeout=120)
+        zombie_log = _log(zombie)
+
+    assert code == 1, zombie_log[-3000:]
+    assert re.search(r"took (the stream|it) over", zombie_log), zombie_log[-3000:]
+    assert _table_versions(pipeline) == after_takeover, "the zombie committed after the take-over"
+    assert sorted(consumed) == sorted(pipeline.produced_coordinates()), "lost or duplicated"
+
+
+def _consumed(pipeline: Pipeline) -> list[tuple[int, int]]:
+    """(partition, offset) of every record in events, late_events and quarantine."""
+    return [
+        (int(row.partition), int(row.offset))
+        for name in ("events", "late_events", "quarantine")
+        for row in pipeline.table(name)[["partition", "offset"]].itertuples()
+    ]

@@ -1,0 +1,170 @@
+"""One writer per stream, at the lake level: claims, renewals, take-overs and fencing.
+
+These use real Delta tables and real processes, without Spark; `test_one_writer.py` runs the
+real stream.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from datetime import date
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from storage.delta_lake import DeltaLake
+from storage.tables import ALL_TABLES, QUARANTINE
+from storage.writer_lease import (
+    LEASE_TABLE,
+    FencedError,
+    StreamLeaseHeldError,
+    WriterLease,
+    fence_app_id,
+)
+from tenants.settings import StreamSettings
+
+STREAM = "orders"
+TTL_MS = 30_000
+
+
+def _lake(tmp_path: Path) -> DeltaLake:
+    lake = DeltaLake(str(tmp_path / "lake"))
+    lake.ensure_tables()
+    return lake
+
+
+def _lease(lake: DeltaLake, clock_ms: int | None = None) -> WriterLease:
+    lease = lake.writer_lease(StreamSettings(name=STREAM, lease_ttl=f"{TTL_MS}ms"))
+    if clock_ms is not None:
+        lease.clock_ms = lambda: clock_ms
+    return lease
+
+
+def _one_row() -> pa.Table:
+    row: dict[str, object] = {field.name: None for field in QUARANTINE.schema}
+    row |= {"reason": "not_json", "ingest_date": date(2026, 1, 1), "partition": 0, "offset": 1}
+    return pa.Table.from_pylist([row], schema=QUARANTINE.schema)
+
+
+def _versions(lake: DeltaLake) -> dict[str, int]:
+    tables = {spec.name: lake.open(spec).version() for spec in ALL_TABLES}
+    tables[LEASE_TABLE] = DeltaTable(f"{lake.root}/{LEASE_TABLE}").version()
+    return tables
+
+
+def test_a_claim_fences_every_output_table_with_its_epoch(tmp_path: Path) -> None:
+    lake = _lake(tmp_path)
+    assert _lease(lake).acquire() == 1
+    for spec in ALL_TABLES:
+        assert lake.open(spec).transaction_version(fence_app_id(STREAM)) == 1, spec.name
+
+
+def test_a_second_instance_is_refused_while_the_first_is_alive_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    lake = _lake(tmp_path)
+    first = _lease(lake)
+    first.acquire()
+    before = _versions(lake)
+
+    with pytest.raises(StreamLeaseHeldError) as refused:
+        _lease(lake).acquire()
+
+    message = str(refused.value)
+    assert f"stream {STREAM!r} is already running" in message
+    assert first.instance_id in message and "pid" in message
+    assert _versions(lake) == before
+
+
+def test_a_released_stream_can_be_claimed_at_once(tmp_path: Path) -> None:
+    lake = _lake(tmp_path)
+    first = _lease(lake)
+    first.acquire()
+    first.renew()
+    first.release()
+    assert _lease(lake).acquire() == 2
+
+
+def test_a_silent_holder_is_taken_over_and_then_fenced_out(tmp_path: Path) -> None:
+    lake = _lake(tmp_path)
+    zombie = _lease(lake)
+    zombie_epoch = zombie.acquire()
+    later = zombie.clock_ms() + TTL_MS + 1
+    successor = _lease(lake, clock_ms=later)
+    assert successor.acquire() == zombie_epoch + 1
+
+    with pytest.raises(FencedError, match="lost its lease"):
+        zombie.renew()
+    before = lake.open(QUARANTINE).version()
+    with pytest.raises(FencedError, match="a newer instance took the stream over"):
+        lake.append_batch(QUARANTINE, _one_row(), STREAM, batch_id=0, writer_epoch=zombie_epoch)
+    assert lake.open(QUARANTINE).version() == before
+    zombie.release()  # a lost lease is not released: that would free the successor's claim
+    with pytest.raises(StreamLeaseHeldError):
+        _lease(lake).acquire()
+
+    assert lake.append_batch(QUARANTINE, _one_row(), STREAM, 0, successor.epoch or 0)
+    assert not lake.append_batch(QUARANTINE, _one_row(), STREAM, 0, successor.epoch or 0)
+    assert lake.open(QUARANTINE).to_pyarrow_table().num_rows == 1
+
+
+def test_a_zombie_commit_on_a_snapshot_older_than_the_new_fence_fails(tmp_path: Path) -> None:
+    lake = _lake(tmp_path)
+    zombie = _lease(lake)
+    zombie_epoch = zombie.acquire()
+    # The zombie checked its fence on this snapshot, then paused before committing.
+    snapshot = lake.open(QUARANTINE)
+    _lease(lake, clock_ms=zombie.clock_ms() + TTL_MS + 1).acquire()
+
+    lake.open = lambda spec: snapshot if spec is QUARANTINE else DeltaLake.open(lake, spec)  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="kept changing"):
+        lake.append_batch(QUARANTINE, _one_row(), STREAM, batch_id=0, writer_epoch=zombie_epoch)
+    assert DeltaLake(lake.root).open(QUARANTINE).to_pyarrow_table().num_rows == 0
+
+
+def test_of_two_racing_claimers_exactly_one_wins(tmp_path: Path) -> None:
+    lake = _lake(tmp_path)
+    claimers = [_lease(lake) for _ in range(2)]
+    start = threading.Barrier(len(claimers), timeout=30)
+    outcomes: list[str] = []
+
+    def claim(lease: WriterLease) -> None:
+        start.wait()
+        try:
+            lease.acquire()
+            outcomes.append("claimed")
+        except StreamLeaseHeldError:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=claim, args=(lease,)) for lease in claimers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(outcomes) == ["claimed", "refused"]
+
+
+def test_the_claim_of_a_process_that_died_on_this_host_is_taken_over_at_once(
+    tmp_path: Path,
+) -> None:
+    lake = _lake(tmp_path)
+    dies_holding = (
+        "import os, signal, sys\n"
+        "from storage.delta_lake import DeltaLake\n"
+        "from tenants.settings import StreamSettings\n"
+        f"DeltaLake(sys.argv[1]).writer_lease(StreamSettings(name={STREAM!r})).acquire()\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", dies_holding, lake.root],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == -9, done.stderr.decode()[-2000:]
+    assert _lease(lake).acquire() == 2
