@@ -9,7 +9,7 @@ from __future__ import annotations
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from storage.s3 import storage_options
+from storage.s3 import reaching, storage_options
 from storage.tables import ALL_TABLES, TableSpec
 from tenants.settings import LakeSettings
 
@@ -37,16 +37,18 @@ class DeltaLake:
     def ensure_tables(self) -> None:
         """Create every table that does not exist yet, so readers always find all of them."""
         for spec in ALL_TABLES:
-            DeltaTable.create(
-                self.table_uri(spec),
-                spec.schema,
-                mode="ignore",
-                partition_by=list(spec.partition_by),
-                storage_options=self.storage_options,
-            )
+            with reaching(self.root, self.storage_options):
+                DeltaTable.create(
+                    self.table_uri(spec),
+                    spec.schema,
+                    mode="ignore",
+                    partition_by=list(spec.partition_by),
+                    storage_options=self.storage_options,
+                )
 
     def open(self, spec: TableSpec) -> DeltaTable:
-        return DeltaTable(self.table_uri(spec), storage_options=self.storage_options)
+        with reaching(self.root, self.storage_options):
+            return DeltaTable(self.table_uri(spec), storage_options=self.storage_options)
 
     def committed_batch(self, spec: TableSpec, app_id: str) -> int | None:
         """The highest batch id `app_id` has committed to the table, if any."""
@@ -72,13 +74,14 @@ class DeltaLake:
         }
 
     def append(self, spec: TableSpec, rows: pa.Table, app_id: str, batch_id: int) -> None:
-        write_deltalake(
-            self.table_uri(spec),
-            rows,
-            mode="append",
-            partition_by=list(spec.partition_by),
-            storage_options=self.storage_options,
-            commit_properties=CommitProperties(
-                app_transactions=[Transaction(app_id=app_id, version=batch_id)]
-            ),
-        )
+        with reaching(self.root, self.storage_options):
+            write_deltalake(
+                self.table_uri(spec),
+                rows,
+                mode="append",
+                partition_by=list(spec.partition_by),
+                storage_options=self.storage_options,
+                commit_properties=CommitProperties(
+                    app_transactions=[Transaction(app_id=app_id, version=batch_id)]
+                ),
+            )

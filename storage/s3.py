@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import yaml
 from pydantic import SecretStr
 
@@ -51,3 +55,33 @@ def _keys(s3: S3Settings) -> tuple[SecretStr | None, SecretStr | None]:
     if missing:
         raise ConfigError(s3.secrets_file, [(key, "missing") for key in missing])
     return SecretStr(str(loaded["access_key_id"])), SecretStr(str(loaded["secret_access_key"]))
+
+
+class LakeUnavailableError(OSError):
+    """The store behind an `s3://` lake root failed a request, after the bounded retries."""
+
+
+# delta-rs colours its error chain for terminals; logs and alerts want plain text.
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@contextmanager
+def reaching(root: str, options: dict[str, str] | None) -> Iterator[None]:
+    """Turn delta-rs's I/O errors on an S3 lake into one line naming the lake and endpoint.
+
+    delta-rs reports "Generic S3 error" with a multi-line chain; the operator needs which lake,
+    at which endpoint, and the innermost cause. Only the root, the endpoint and that cause are
+    quoted, never the options themselves (they may hold keys).
+    """
+    try:
+        yield
+    except OSError as error:
+        if options is None or isinstance(error, LakeUnavailableError):
+            raise
+        lines = [line.strip(" ↳") for line in _ANSI.sub("", str(error)).splitlines()]
+        cause = next((line for line in reversed(lines) if line), type(error).__name__)
+        endpoint = options.get("AWS_ENDPOINT_URL", f"AWS S3 ({options.get('AWS_REGION')})")
+        raise LakeUnavailableError(
+            f"the lake {root} is unreachable at {endpoint}: {cause} (after retries); "
+            "the stream resumes from its checkpoint once the store is back"
+        ) from error
