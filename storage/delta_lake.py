@@ -13,7 +13,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from infra.faults import CrashPoint, crash_if_requested
-from storage.s3 import storage_options
+from storage.s3 import reaching, storage_options
 from storage.tables import ALL_TABLES, TableSpec
 from storage.writer_lease import COMMIT_ATTEMPTS, WriterLease, check_fence
 from tenants.settings import LakeSettings, StreamSettings
@@ -44,16 +44,18 @@ class DeltaLake:
     def ensure_tables(self) -> None:
         """Create every table that does not exist yet, so readers always find all of them."""
         for spec in ALL_TABLES:
-            DeltaTable.create(
-                self.table_uri(spec),
-                spec.schema,
-                mode="ignore",
-                partition_by=list(spec.partition_by),
-                storage_options=self.storage_options,
-            )
+            with reaching(self.root, self.storage_options):
+                DeltaTable.create(
+                    self.table_uri(spec),
+                    spec.schema,
+                    mode="ignore",
+                    partition_by=list(spec.partition_by),
+                    storage_options=self.storage_options,
+                )
 
     def open(self, spec: TableSpec) -> DeltaTable:
-        return DeltaTable(self.table_uri(spec), storage_options=self.storage_options)
+        with reaching(self.root, self.storage_options):
+            return DeltaTable(self.table_uri(spec), storage_options=self.storage_options)
 
     def writer_lease(self, stream: StreamSettings) -> WriterLease:
         return WriterLease(self.root, self.storage_options, stream.name, stream.lease_ttl_ms)
@@ -98,16 +100,17 @@ class DeltaLake:
                 return False
             crash_if_requested(CrashPoint.BEFORE_DELTA_COMMIT, batch_id)
             try:
-                write_deltalake(
-                    table,
-                    rows,
-                    mode="append",
-                    partition_by=list(spec.partition_by),
-                    commit_properties=CommitProperties(
-                        app_transactions=[Transaction(app_id=app_id, version=batch_id)],
-                        max_commit_retries=0,
-                    ),
-                )
+                with reaching(self.root, self.storage_options):
+                    write_deltalake(
+                        table,
+                        rows,
+                        mode="append",
+                        partition_by=list(spec.partition_by),
+                        commit_properties=CommitProperties(
+                            app_transactions=[Transaction(app_id=app_id, version=batch_id)],
+                            max_commit_retries=0,
+                        ),
+                    )
                 return True
             except CommitFailedError:
                 log.info(

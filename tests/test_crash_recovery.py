@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,19 +16,16 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from infra.faults import CRASH_AT_ENV, CrashPoint
+from infra.faults import CrashPoint
 from infra.load_generator import LoadSpec, generate
-from storage.tables import ALL_TABLES
 from tenants.registry import load_registry
+from tests.crash_helpers import assert_same_tables, crash_and_recover, snapshot
 from tests.harness import Pipeline
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[1]
 BATCH_SIZE = 150
 RECORDS = 600  # four batches
-# Batch timestamps of the batches after a crash differ from the clean run's: not comparable.
-WALL_CLOCK_COLUMNS = {"processing_time", "last_record_processing_time"}
 RANDOM_CRASHES = int(os.environ.get("TENANT_WINDOWS_RANDOM_CRASHES", "3"))
 
 
@@ -51,7 +46,7 @@ def clean_tables(
 ) -> dict[str, pd.DataFrame]:
     pipeline = _pipeline(kafka, conf_dir, tmp_path_factory.mktemp("clean"), dataset)
     pipeline.run_available_now(spark)
-    return _snapshot(pipeline)
+    return snapshot(pipeline)
 
 
 def _pipeline(kafka: Any, conf_dir: Path, workdir: Path, topic: str) -> Pipeline:
@@ -59,36 +54,6 @@ def _pipeline(kafka: Any, conf_dir: Path, workdir: Path, topic: str) -> Pipeline
     return Pipeline(
         kafka, workdir, conf_dir, topic, partitions=2, max_offsets_per_trigger=BATCH_SIZE
     )
-
-
-def _snapshot(pipeline: Pipeline) -> dict[str, pd.DataFrame]:
-    tables = {}
-    for spec in ALL_TABLES:
-        frame = pipeline.table(spec.name)
-        frame = frame.drop(columns=[c for c in frame.columns if c in WALL_CLOCK_COLUMNS])
-        # A multiset of rows: sort by every column, as text so maps and lists compare too.
-        as_text = frame.astype(str)
-        tables[spec.name] = as_text.sort_values(list(as_text.columns)).reset_index(drop=True)
-    return tables
-
-
-def _run_until_crash(pipeline: Pipeline, crash_at: str) -> int:
-    command = pipeline.cli_run("--available-now")
-    log_path = pipeline.workdir / "crashed-run.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=pipeline.process_environ(**{CRASH_AT_ENV: crash_at}),
-            start_new_session=True,  # its own process group: the fault hook kills just that
-        )
-        try:
-            return process.wait(timeout=240)
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
 
 
 def _crash_and_recover(
@@ -101,20 +66,7 @@ def _crash_and_recover(
     before_restart: Callable[[Pipeline], None] | None = None,
 ) -> dict[str, pd.DataFrame]:
     pipeline = _pipeline(kafka, conf_dir, workdir, topic)
-    code = _run_until_crash(pipeline, crash_at)
-    assert code == -signal.SIGKILL, (
-        f"expected a SIGKILL at {crash_at}, got exit code {code}:\n"
-        + (pipeline.workdir / "crashed-run.log").read_text()[-3000:]
-    )
-    if before_restart is not None:
-        before_restart(pipeline)
-    pipeline.run_available_now(spark)
-    return _snapshot(pipeline)
-
-
-def _assert_same_tables(actual: dict[str, pd.DataFrame], expected: dict[str, pd.DataFrame]) -> None:
-    for name, frame in expected.items():
-        pd.testing.assert_frame_equal(actual[name], frame, obj=f"table {name}")
+    return crash_and_recover(pipeline, spark, crash_at, before_restart)
 
 
 @pytest.mark.parametrize(
@@ -137,7 +89,7 @@ def test_a_crash_at_a_named_point_leaves_the_same_output_after_restart(
     crash_at: str,
 ) -> None:
     recovered = _crash_and_recover(kafka, spark, conf_dir, dataset, tmp_path, crash_at)
-    _assert_same_tables(recovered, clean_tables)
+    assert_same_tables(recovered, clean_tables)
 
 
 def test_a_half_written_checkpoint_file_is_ignored_on_restart(
@@ -163,7 +115,7 @@ def test_a_half_written_checkpoint_file_is_ignored_on_restart(
         f"{CrashPoint.AFTER_DELTA_COMMITS}@1",
         before_restart=leave_half_written_offsets,
     )
-    _assert_same_tables(recovered, clean_tables)
+    assert_same_tables(recovered, clean_tables)
 
 
 @pytest.mark.crash_matrix
@@ -189,6 +141,6 @@ def test_random_crashes_leave_the_same_output_after_restart(
             kafka, spark, conf_dir, dataset, tmp_path / f"run-{run}", crash_at
         )
         try:
-            _assert_same_tables(recovered, clean_tables)
+            assert_same_tables(recovered, clean_tables)
         except AssertionError as error:
             raise AssertionError(f"after a crash at {crash_at}: {error}") from error

