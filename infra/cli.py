@@ -18,6 +18,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from infra import faults
+from storage.s3 import LakeUnavailableError
 from storage.writer_lease import StreamLeaseHeldError
 from streaming.checkpoint_identity import CheckpointMismatchError
 from tenants.models import parse_duration_ms
@@ -50,6 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StreamLeaseHeldError as error:
         print(f"not starting: {error}", file=sys.stderr)
         return 2
+    except LakeUnavailableError as error:
+        print(f"{error}", file=sys.stderr)
+        return 1
 
 
 def _parser() -> argparse.ArgumentParser:
