@@ -65,7 +65,8 @@ def _port_accepts_connections(port: int) -> bool:
 class LocalKafka:
     """A single-node Kafka broker (noida-db) bound to 127.0.0.1, stopped cleanly with SIGTERM.
 
-    Use as a context manager, or call `start()` and `stop()` yourself.
+    Use as a context manager, or call `start()` and `stop()` yourself; after `stop()`, `start()`
+    runs it again on the same port with the same data (a broker outage in tests).
     """
 
     def __init__(self, data_dir: Path, port: int | None = None) -> None:
@@ -185,9 +186,19 @@ class LocalKafka:
                 process.kill()
                 process.wait(timeout=_STOP_GRACE_S)
         self._process = None
+        self.pid = None
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+
+    def restart(self) -> LocalKafka:
+        """Stop, then start on the same port and data dir: topics and records persist.
+
+        noida-db writes its data on a clean stop and reads it back at start; a broker that was
+        SIGKILLed loses its last seconds instead.
+        """
+        self.stop()
+        return self.start()
 
     def __enter__(self) -> LocalKafka:
         return self.start()

@@ -12,11 +12,12 @@ without a broker or Spark.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import pyarrow as pa
 from kafka import KafkaConsumer, TopicPartition
@@ -45,12 +46,20 @@ from infra.faults import CrashPoint, crash_if_requested
 
 SOURCE_NAME = "tw_kafka"
 
+_T = TypeVar("_T")
+
 # Kafka's own markers in `startingOffsets` JSON, as in Spark's Kafka source.
 EARLIEST = -2
 LATEST = -1
 
 DEFAULT_STARTING_OFFSETS = "latest"  # Spark's default for streaming queries
 DEFAULT_POLL_TIMEOUT_MS = 120_000
+# The driver's budget for one offset lookup, retries included; as long as pollTimeoutMs, so a
+# broker outage stops the query after about the same time whether it hits planning or reading.
+DEFAULT_FETCH_OFFSET_TIMEOUT_MS = 120_000
+DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS = 500
+# kafka-python's own default; a lookup never gets more than what is left of its budget.
+DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 ARROW_BATCH_ROWS = 10_000
 
 KAFKA_SCHEMA = StructType(
@@ -153,7 +162,12 @@ def _optional_positive_int(options: Mapping[str, str], name: str) -> int | None:
 
 @dataclass(frozen=True)
 class KafkaSourceOptions:
-    """The validated reader options (names as in Spark's Kafka source, plus pollTimeoutMs)."""
+    """The validated reader options: Spark's Kafka source names, plus `fetchOffset.timeoutMs`.
+
+    `pollTimeoutMs` bounds an executor read without progress; `fetchOffset.timeoutMs` bounds a
+    driver-side offset lookup, retried every `fetchOffset.retryIntervalMs` meanwhile. Past
+    either, the query fails with a `KafkaUnavailableError` instead of waiting forever.
+    """
 
     bootstrap_servers: str
     topic: str
@@ -161,6 +175,8 @@ class KafkaSourceOptions:
     max_offsets_per_trigger: int | None
     poll_timeout_ms: int
     request_timeout_ms: int | None
+    fetch_offset_timeout_ms: int = DEFAULT_FETCH_OFFSET_TIMEOUT_MS
+    fetch_offset_retry_interval_ms: int = DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> KafkaSourceOptions:
@@ -179,6 +195,8 @@ class KafkaSourceOptions:
         if not topic or "," in topic:
             raise ValueError(f"option subscribe must name exactly one topic; got {topic!r}")
         poll_timeout_ms = _optional_positive_int(lowered, "pollTimeoutMs")
+        fetch_timeout_ms = _optional_positive_int(lowered, "fetchOffset.timeoutMs")
+        retry_interval_ms = _optional_positive_int(lowered, "fetchOffset.retryIntervalMs")
         return cls(
             bootstrap_servers=servers,
             topic=topic,
@@ -186,6 +204,10 @@ class KafkaSourceOptions:
             max_offsets_per_trigger=_optional_positive_int(lowered, "maxOffsetsPerTrigger"),
             poll_timeout_ms=poll_timeout_ms or DEFAULT_POLL_TIMEOUT_MS,
             request_timeout_ms=_optional_positive_int(lowered, "kafka.request.timeout.ms"),
+            fetch_offset_timeout_ms=fetch_timeout_ms or DEFAULT_FETCH_OFFSET_TIMEOUT_MS,
+            fetch_offset_retry_interval_ms=(
+                retry_interval_ms or DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS
+            ),
         )
 
 
@@ -312,6 +334,35 @@ def advance_offsets(
     return normalise_offsets({key: offset + steps[key] for key, offset in start.items()})
 
 
+class BrokerBehindError(Exception):
+    """The broker's offsets are behind what the checkpoint already planned."""
+
+
+def check_not_behind(known: Mapping[str, int], latest: Mapping[str, int], *, topic: str) -> None:
+    """Raise `BrokerBehindError` unless every partition in `known` is in `latest`, at or past it.
+
+    A restarting or failing-over broker can briefly list fewer partitions or lower end offsets
+    (Spark's Kafka source retries those too). Planning from such an answer would stall the
+    partition or, if it stays that way, hide lost data, so it is retried and then fails.
+    """
+    known = normalise_offsets(known)
+    latest = normalise_offsets(latest)
+    missing = [key for key in known if key not in latest]
+    if missing:
+        raise BrokerBehindError(
+            f"partitions {missing} of {topic} are in the checkpoint but the broker does not list "
+            "them: the topic was probably deleted or recreated; start the query from a new "
+            "checkpoint"
+        )
+    for key, offset in known.items():
+        if latest[key] < offset:
+            raise BrokerBehindError(
+                f"the end offset of {topic}/{key} went back from at least {offset} to "
+                f"{latest[key]}: the topic was probably deleted and recreated, or data was lost; "
+                "start the query from a new checkpoint"
+            )
+
+
 def register_new_partitions(
     offsets: Mapping[str, int], new_partition_beginnings: Mapping[str, int]
 ) -> dict[str, int]:
@@ -358,8 +409,15 @@ def max_rows_of(limit: ReadLimit) -> int | None:
 # ---------------------------------------------------------------------------------------------
 
 
+class KafkaUnavailableError(TimeoutError):
+    """The broker did not answer within the source's time budget; the query should fail."""
+
+
 def consumer_config(
-    bootstrap_servers: str, request_timeout_ms: int | None, client_id: str
+    bootstrap_servers: str,
+    request_timeout_ms: int | None,
+    client_id: str,
+    bootstrap_timeout_ms: int | None = None,
 ) -> dict[str, Any]:
     """kafka-python settings for a consumer that never joins a group or commits."""
     config: dict[str, Any] = {
@@ -375,6 +433,10 @@ def consumer_config(
     }
     if request_timeout_ms is not None:
         config["request_timeout_ms"] = request_timeout_ms
+    if bootstrap_timeout_ms is not None:
+        # Creating a consumer blocks until a broker answers; unbounded it would outlast the
+        # caller's own deadline when the broker is down.
+        config["bootstrap_timeout_ms"] = max(bootstrap_timeout_ms, 1)
     return config
 
 
@@ -413,37 +475,48 @@ class KafkaInputPartition(InputPartition):
 
 
 def read_partition(split: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
-    """Yield the records of `split` as Arrow batches of at most ARROW_BATCH_ROWS rows.
+    """Yield every record of `split` as Arrow batches of at most ARROW_BATCH_ROWS rows, or fail.
 
     Completion is judged by the consumer's position, not by counting records: offsets can
     have gaps (transaction markers, compaction). `poll_timeout_ms` bounds the time without any
-    progress, so a large range may take longer overall but a stuck read fails.
+    progress, connecting included, so a large range may take longer overall but a read against
+    an unreachable broker fails. A read never ends early: returning fewer records than the
+    range holds would lose them for good, because Spark commits the planned offsets.
     """
     where = (
         f"{split.topic}/{split.partition} offsets [{split.start_offset}, {split.end_offset}) "
-        f"from {split.bootstrap_servers}"
+        f"from bootstrap servers {split.bootstrap_servers}"
     )
     topic_partition = TopicPartition(split.topic, split.partition)
-    consumer = KafkaConsumer(
-        **consumer_config(
-            split.bootstrap_servers,
-            split.request_timeout_ms,
-            client_id=f"{SOURCE_NAME}-reader-{split.topic}-{split.partition}",
-        ),
-        max_poll_records=ARROW_BATCH_ROWS,
-    )
+    # One deadline from the start: connecting to a broker that is down counts as no progress.
+    progress_deadline = time.monotonic() + split.poll_timeout_ms / 1000
+    try:
+        consumer = KafkaConsumer(
+            **consumer_config(
+                split.bootstrap_servers,
+                split.request_timeout_ms,
+                client_id=f"{SOURCE_NAME}-reader-{split.topic}-{split.partition}",
+                bootstrap_timeout_ms=split.poll_timeout_ms,
+            ),
+            max_poll_records=ARROW_BATCH_ROWS,
+        )
+    except KafkaError as error:
+        raise KafkaUnavailableError(
+            f"reading {where}: no broker answered within pollTimeoutMs "
+            f"({split.poll_timeout_ms} ms): {error!r}"
+        ) from error
     try:
         consumer.assign([topic_partition])
         consumer.seek(topic_partition, split.start_offset)
         position = split.start_offset
         pending: list[Any] = []
-        progress_deadline = time.monotonic() + split.poll_timeout_ms / 1000
         while position < split.end_offset:
             remaining_ms = int((progress_deadline - time.monotonic()) * 1000)
             if remaining_ms <= 0:
-                raise TimeoutError(
+                raise KafkaUnavailableError(
                     f"reading {where}: no progress for {split.poll_timeout_ms} ms "
-                    f"(stuck at offset {position}); raise pollTimeoutMs or check the broker"
+                    f"(stuck at offset {position}); the broker is unreachable or no longer has "
+                    "the range; raise pollTimeoutMs or check the broker"
                 )
             try:
                 polled = consumer.poll(timeout_ms=min(remaining_ms, 1_000))
@@ -499,19 +572,65 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- broker lookups (driver) ----------------------------------------------------------
 
-    def _driver_consumer(self) -> KafkaConsumer:
+    def _driver_consumer(self, budget_ms: int) -> KafkaConsumer:
         if self._consumer is None:
             self._consumer = KafkaConsumer(
                 **consumer_config(
                     self.options.bootstrap_servers,
                     self.options.request_timeout_ms,
                     client_id=f"{SOURCE_NAME}-planner-{self.options.topic}",
+                    bootstrap_timeout_ms=budget_ms,
                 )
             )
         return self._consumer
 
-    def _topic_partitions(self) -> list[TopicPartition]:
-        consumer = self._driver_consumer()
+    def _drop_driver_consumer(self) -> None:
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            # Closing a client of a broker that is gone may fail; it is dropped either way.
+            with contextlib.suppress(KafkaError):
+                consumer.close(autocommit=False)
+
+    def _ask_broker(self, what: str, lookup: Callable[[KafkaConsumer, int], _T]) -> _T:
+        """`lookup(consumer, timeout_ms)`, retried until it succeeds or fetchOffset.timeoutMs ends.
+
+        A broker that restarts or fails over is unreachable for a while, and may briefly answer
+        with metadata or offsets behind what it had: both are retried. Past the budget the
+        query fails, so an outage never hangs it and a stale answer is never planned from.
+        """
+        options = self.options
+        deadline = time.monotonic() + options.fetch_offset_timeout_ms / 1000
+        request_timeout_ms = options.request_timeout_ms or DEFAULT_REQUEST_TIMEOUT_MS
+        attempts = 0
+        while True:
+            attempts += 1
+            remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
+            try:
+                consumer = self._driver_consumer(remaining_ms)
+                return lookup(consumer, min(request_timeout_ms, remaining_ms))
+            except KafkaError as error:
+                last_error: Exception = error
+                # A new client after a failure bootstraps afresh instead of trusting the
+                # connections and metadata it had before the outage.
+                self._drop_driver_consumer()
+            except BrokerBehindError as error:
+                last_error = error
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                break
+            time.sleep(min(options.fetch_offset_retry_interval_ms / 1000, remaining_s))
+        if isinstance(last_error, BrokerBehindError):
+            raise ValueError(
+                f"{last_error} (still so after {options.fetch_offset_timeout_ms} ms of retries)"
+            ) from None
+        raise KafkaUnavailableError(
+            f"{SOURCE_NAME}: {what} of topic {options.topic!r} from bootstrap servers "
+            f"{options.bootstrap_servers} kept failing for {options.fetch_offset_timeout_ms} ms "
+            f"(fetchOffset.timeoutMs, {attempts} attempts); last error: {last_error!r}. The query "
+            "stops; once the broker is reachable, restart it: it resumes from its checkpoint."
+        ) from last_error
+
+    def _topic_partitions(self, consumer: KafkaConsumer) -> list[TopicPartition]:
         # topics() always refreshes metadata, so a topic that was created or grew is seen;
         # partitions_for_topic alone would answer from a cache that is minutes old.
         if self.options.topic not in consumer.topics():
@@ -519,18 +638,29 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         partitions = consumer.partitions_for_topic(self.options.topic)
         return [TopicPartition(self.options.topic, p) for p in sorted(partitions)]
 
+    @staticmethod
     def _broker_offsets(
-        self, which: Literal["beginning", "end"], partitions: Sequence[TopicPartition]
+        consumer: KafkaConsumer,
+        which: Literal["beginning", "end"],
+        partitions: Sequence[TopicPartition],
+        timeout_ms: int,
     ) -> dict[int, int]:
         if not partitions:
             return {}
-        consumer = self._driver_consumer()
         lookup = consumer.beginning_offsets if which == "beginning" else consumer.end_offsets
-        found = lookup(list(partitions), timeout_ms=self.options.request_timeout_ms)
+        found = lookup(list(partitions), timeout_ms=timeout_ms)
         return {tp.partition: int(offset) for tp, offset in found.items()}
 
-    def _end_offsets(self) -> dict[str, int]:
-        return normalise_offsets(self._broker_offsets("end", self._topic_partitions()))
+    def _end_offsets(self, known: Mapping[str, int]) -> dict[str, int]:
+        """The end offset of every partition, none behind `known` (offsets already planned)."""
+
+        def lookup(consumer: KafkaConsumer, timeout_ms: int) -> dict[str, int]:
+            partitions = self._topic_partitions(consumer)
+            ends = normalise_offsets(self._broker_offsets(consumer, "end", partitions, timeout_ms))
+            check_not_behind(known, ends, topic=self.options.topic)
+            return ends
+
+        return self._ask_broker("fetching end offsets", lookup)
 
     # -- DataSourceStreamReader -----------------------------------------------------------
 
@@ -541,12 +671,19 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # checkpoint; a Python source cannot, so a query stopped before its first batch
         # resolves it again on restart.
         if self._initial_offset is None:
-            partitions = self._topic_partitions()
+
+            def lookup(
+                consumer: KafkaConsumer, timeout_ms: int
+            ) -> tuple[dict[int, int], dict[int, int]]:
+                partitions = self._topic_partitions(consumer)
+                return (
+                    self._broker_offsets(consumer, "beginning", partitions, timeout_ms),
+                    self._broker_offsets(consumer, "end", partitions, timeout_ms),
+                )
+
+            beginning, end = self._ask_broker("fetching starting offsets", lookup)
             self._initial_offset = resolve_starting_offsets(
-                self.options.starting_offsets,
-                self.options.topic,
-                beginning=self._broker_offsets("beginning", partitions),
-                end=self._broker_offsets("end", partitions),
+                self.options.starting_offsets, self.options.topic, beginning=beginning, end=end
             )
         return dict(self._initial_offset)
 
@@ -557,19 +694,29 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
         # AvailableNow must not chase records produced after the query started.
-        self._available_now_end = self._end_offsets()
+        self._available_now_end = self._end_offsets({})
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:  # noqa: N802
         if self._available_now_end is not None:
             latest = self._available_now_end
+            # Fixed when the query started: a stale answer then cannot be retried away now.
+            try:
+                check_not_behind(start, latest, topic=self.options.topic)
+            except BrokerBehindError as error:
+                raise ValueError(str(error)) from None
         else:
-            latest = self._end_offsets()
+            latest = self._end_offsets(start)
         self._latest_seen = latest
         end = advance_offsets(start, latest, max_rows_of(limit), topic=self.options.topic)
         new_keys = [key for key in latest if key not in start]
         if new_keys:
             new_partitions = [TopicPartition(self.options.topic, int(k)) for k in new_keys]
-            beginnings = self._broker_offsets("beginning", new_partitions)
+            beginnings = self._ask_broker(
+                "fetching beginning offsets of new partitions",
+                lambda consumer, timeout_ms: self._broker_offsets(
+                    consumer, "beginning", new_partitions, timeout_ms
+                ),
+            )
             end = register_new_partitions(end, normalise_offsets(beginnings))
         return end
 
@@ -604,9 +751,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return None
 
     def stop(self) -> None:
-        if self._consumer is not None:
-            consumer, self._consumer = self._consumer, None
-            consumer.close(autocommit=False)
+        self._drop_driver_consumer()
 
 
 class KafkaDataSource(DataSource):

@@ -33,6 +33,9 @@ def read_kafka(spark: SparkSession, settings: AppSettings) -> DataFrame:
         .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
         .option("subscribe", kafka.topic)
         .option("startingOffsets", kafka.starting_offsets)
+        # Executors: the longest read without progress; the driver: the longest offset lookup.
+        .option("pollTimeoutMs", str(kafka.broker_timeout_ms))
+        .option("fetchOffset.timeoutMs", str(kafka.broker_timeout_ms))
     )
     if kafka.max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(kafka.max_offsets_per_trigger))

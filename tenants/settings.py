@@ -43,6 +43,13 @@ class KafkaSettings(_Frozen):
         description="`tw_kafka` is this project's Python reader; "
         "`kafka` is Spark's own connector, where its jar exists.",
     )
+    broker_timeout_ms: PositiveDurationMs = Field(
+        default=120_000,
+        alias="broker_timeout",
+        description="How long the stream waits for an unreachable broker (offset lookups, "
+        "reads without progress) before the query fails with an error naming the bootstrap "
+        "servers; restarted once the broker is back, it resumes from its checkpoint.",
+    )
 
 
 class S3Settings(_Frozen):

@@ -13,10 +13,12 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, Read
 from streaming.kafka_source import (
     EARLIEST,
     LATEST,
+    BrokerBehindError,
     KafkaSourceOptions,
     KafkaStreamReader,
     StartingOffsets,
     advance_offsets,
+    check_not_behind,
     max_rows_of,
     normalise_offsets,
     parse_starting_offsets,
@@ -132,6 +134,28 @@ def test_advance_offsets_fails_loudly_when_offsets_go_backwards() -> None:
         advance_offsets({"0": 50}, {"0": 10}, None, topic="t")
 
 
+def test_check_not_behind_accepts_new_partitions_and_growth() -> None:
+    check_not_behind({"0": 4}, {"0": 4, "1": 0}, topic="t")
+    check_not_behind({"0": 4, "1": 2}, {"0": 9, "1": 2}, topic="t")
+    check_not_behind({}, {}, topic="t")
+
+
+@pytest.mark.parametrize(
+    ("latest", "message"),
+    [
+        ({"0": 6}, r"partitions \['1'\] of t are in the checkpoint but the broker does not list"),
+        ({"0": 3, "1": 2}, r"t/0 went back from at least 4 to 3"),
+        ({}, r"partitions \['0', '1'\] of t"),
+    ],
+)
+def test_check_not_behind_rejects_a_broker_behind_the_checkpoint(
+    latest: dict[str, int], message: str
+) -> None:
+    # A restarting broker can answer like this for a moment; the reader retries, then fails.
+    with pytest.raises(BrokerBehindError, match=message):
+        check_not_behind({"0": 4, "1": 2}, latest, topic="t")
+
+
 def test_repeated_budgets_drain_every_partition_exactly() -> None:
     latest = {"0": 1234, "1": 17, "2": 999}
     offsets = {"0": 0, "1": 0, "2": 0}
@@ -245,6 +269,8 @@ def test_options_use_spark_names_case_insensitively() -> None:
             "maxOffsetsPerTrigger": "500",
             "pollTimeoutMs": "1000",
             "kafka.request.timeout.ms": "5000",
+            "FETCHOFFSET.timeoutMs": "7000",
+            "fetchOffset.retryIntervalMs": "50",
         }
     )
     assert options == KafkaSourceOptions(
@@ -254,6 +280,8 @@ def test_options_use_spark_names_case_insensitively() -> None:
         max_offsets_per_trigger=500,
         poll_timeout_ms=1000,
         request_timeout_ms=5000,
+        fetch_offset_timeout_ms=7000,
+        fetch_offset_retry_interval_ms=50,
     )
 
 
@@ -263,6 +291,9 @@ def test_options_defaults() -> None:
     assert options.max_offsets_per_trigger is None
     assert options.poll_timeout_ms == 120_000
     assert options.request_timeout_ms is None
+    # A broker outage fails a read or an offset lookup after about the same time.
+    assert options.fetch_offset_timeout_ms == 120_000
+    assert options.fetch_offset_retry_interval_ms == 500
 
 
 @pytest.mark.parametrize(
@@ -274,6 +305,7 @@ def test_options_defaults() -> None:
         ({"subscribePattern": "e.*"}, "not supported"),
         ({"maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger must be a positive integer"),
         ({"maxOffsetsPerTrigger": "lots"}, "maxOffsetsPerTrigger must be a positive integer"),
+        ({"fetchOffset.timeoutMs": "-1"}, "fetchOffset.timeoutMs must be a positive integer"),
         ({"startingOffsets": '{"events": '}, "startingOffsets must be"),
     ],
 )
