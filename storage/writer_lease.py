@@ -184,6 +184,15 @@ class WriterLease:
             self._commit_while_held(Transaction(self._released_id, self.epoch))
         except FencedError:
             return
+        except Exception as error:  # a stop must not fail because the lake is down
+            log.warning(
+                "stream %r: could not release the lease (%s); the next instance takes over once "
+                "this process has exited or after %.0fs",
+                self.stream,
+                error,
+                self.ttl_ms / 1000,
+            )
+            return
         log.info("stream %r released by instance %s", self.stream, self.instance_id)
 
     def keep_alive(self, is_running: Callable[[], bool], on_lost: Callable[[], None]) -> None:

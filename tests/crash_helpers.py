@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -34,6 +35,23 @@ def snapshot(pipeline: Pipeline) -> dict[str, pd.DataFrame]:
         as_text = frame.astype(str)
         tables[spec.name] = as_text.sort_values(list(as_text.columns)).reset_index(drop=True)
     return tables
+
+
+def table_versions(pipeline: Pipeline) -> dict[str, int]:
+    lake = pipeline.lake
+    return {spec.name: lake.open(spec).version() for spec in ALL_TABLES}
+
+
+def assert_every_record_landed_once(pipeline: Pipeline) -> None:
+    """Each produced (partition, offset) is in exactly one row of events, late_events or
+    quarantine (the sample config's windows are tumbling: one window per record)."""
+    landed: Counter[tuple[int, int]] = Counter()
+    for name in ("events", "late_events", "quarantine"):
+        frame = pipeline.table(name)
+        landed.update(zip(frame["partition"].astype(int), frame["offset"].astype(int), strict=True))
+    duplicated = {coordinates: n for coordinates, n in landed.items() if n > 1}
+    assert not duplicated, f"records landed more than once: {sorted(duplicated)[:10]}"
+    assert set(landed) == pipeline.produced_coordinates()
 
 
 def assert_same_tables(actual: dict[str, pd.DataFrame], expected: dict[str, pd.DataFrame]) -> None:

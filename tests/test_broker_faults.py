@@ -27,7 +27,6 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from infra.load_generator import LoadSpec, generate
 from infra.local_stack import LocalKafka
-from storage.tables import ALL_TABLES
 from streaming.kafka_source import (
     KafkaInputPartition,
     KafkaSourceOptions,
@@ -37,6 +36,7 @@ from streaming.kafka_source import (
 )
 from streaming.query import start_stream
 from tenants.registry import load_registry
+from tests.crash_helpers import assert_every_record_landed_once, assert_same_tables, snapshot
 from tests.harness import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -133,7 +133,8 @@ def _run_until_drained(
     after_batch: Callable[[Any], None] | None = None,
 ) -> Any:
     """Run the continuous stream until its last batch ends at `ends`; `after_batch` once, after batch 1."""
-    query = start_stream(spark, pipeline.settings, pipeline.lake)
+    stream = start_stream(spark, pipeline.settings, pipeline.lake)
+    query = stream.query
     try:
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         pending = after_batch
@@ -148,36 +149,7 @@ def _run_until_drained(
         assert query.exception() is None
         return query
     finally:
-        query.stop()
-
-
-def _snapshot(pipeline: Pipeline) -> dict[str, pd.DataFrame]:
-    tables = {}
-    for spec in ALL_TABLES:
-        frame = pipeline.table(spec.name)
-        frame = frame.drop(columns=[c for c in frame.columns if c in WALL_CLOCK_COLUMNS])
-        as_text = frame.astype(str)  # a multiset of rows; as text so maps and lists compare
-        tables[spec.name] = as_text.sort_values(list(as_text.columns)).reset_index(drop=True)
-    return tables
-
-
-def _assert_every_record_once(pipeline: Pipeline, dataset: Dataset) -> None:
-    landed: list[set[tuple[int, int]]] = []
-    for name in ("events", "late_events", "quarantine"):
-        frame = pipeline.table(name)
-        # The sample config has tumbling windows only: one row per record in its table.
-        duplicated = frame[frame.duplicated(["partition", "offset"], keep=False)]
-        assert duplicated.empty, (
-            f"{name} holds records twice: {duplicated[['partition', 'offset']][:5]}"
-        )
-        landed.append(set(zip(frame["partition"], frame["offset"], strict=True)))
-    assert sum(len(part) for part in landed) == len(set.union(*landed)), "a record in two tables"
-    assert set.union(*landed) == dataset.coordinates
-
-
-def _assert_same_tables(actual: dict[str, pd.DataFrame], expected: dict[str, pd.DataFrame]) -> None:
-    for name, frame in expected.items():
-        pd.testing.assert_frame_equal(actual[name], frame, obj=f"table {name}")
+        stream.stop()
 
 
 @pytest.fixture(scope="module")
@@ -190,8 +162,8 @@ def clean_tables(
 ) -> dict[str, pd.DataFrame]:
     pipeline = _pipeline(broker, conf_dir, tmp_path_factory.mktemp("clean"), dataset.topic, "30s")
     _run_until_drained(spark, pipeline, dataset.ends)
-    _assert_every_record_once(pipeline, dataset)
-    return _snapshot(pipeline)
+    assert_every_record_landed_once(pipeline)
+    return snapshot(pipeline)
 
 
 def _started(progress: dict[str, Any]) -> float:
@@ -356,8 +328,8 @@ def test_a_short_outage_is_waited_out_and_the_stream_resumes(
         outage,
         [(p["batchId"], p["timestamp"], p["durationMs"]) for p in query.recentProgress],
     )
-    _assert_every_record_once(pipeline, dataset)
-    _assert_same_tables(_snapshot(pipeline), clean_tables)
+    assert_every_record_landed_once(pipeline)
+    assert_same_tables(snapshot(pipeline), clean_tables)
 
 
 def test_a_long_outage_fails_the_query_clearly_and_a_restart_resumes(
@@ -370,7 +342,8 @@ def test_a_long_outage_fails_the_query_clearly_and_a_restart_resumes(
 ) -> None:
     timeout_s = 4
     pipeline = _pipeline(broker, conf_dir, tmp_path, dataset.topic, f"{timeout_s}s")
-    query = start_stream(spark, pipeline.settings, pipeline.lake)
+    stream = start_stream(spark, pipeline.settings, pipeline.lake)
+    query = stream.query
     try:
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while (query.lastProgress or {}).get("batchId", -1) < 1:
@@ -383,21 +356,22 @@ def test_a_long_outage_fails_the_query_clearly_and_a_restart_resumes(
         _await_failure(query, timeout_s + 30)
         failed_after = time.monotonic() - stopped
     finally:
-        query.stop()
+        stream.stop()
     assert failed_after < timeout_s + 15
     message = str(query.exception())
     assert broker.bootstrap_servers in message, message[-2000:]
     assert "KafkaUnavailableError" in message, message[-2000:]
 
     # Restarted while the broker is still down, it fails the same way rather than hang.
-    query = start_stream(spark, pipeline.settings, pipeline.lake)
+    stream = start_stream(spark, pipeline.settings, pipeline.lake)
+    query = stream.query
     try:
         _await_failure(query, timeout_s + 30)
     finally:
-        query.stop()
+        stream.stop()
     assert broker.bootstrap_servers in str(query.exception())
 
     broker.start()
     _run_until_drained(spark, pipeline, dataset.ends)
-    _assert_every_record_once(pipeline, dataset)
-    _assert_same_tables(_snapshot(pipeline), clean_tables)
+    assert_every_record_landed_once(pipeline)
+    assert_same_tables(snapshot(pipeline), clean_tables)

@@ -7,7 +7,6 @@ be stopped and started again on the same data, as a real store goes down and com
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,11 +21,13 @@ from infra.seaweedfs import LocalSeaweedFS
 from storage.tables import ALL_TABLES
 from tenants.registry import load_registry
 from tests.crash_helpers import (
+    assert_every_record_landed_once,
     assert_same_tables,
     crash_and_recover,
     run_process,
     snapshot,
     start_process,
+    table_versions,
     wait_or_kill,
 )
 from tests.harness import Pipeline
@@ -83,23 +84,6 @@ def s3_pipeline(
 def committed_batches(pipeline: Pipeline) -> dict[str, int | None]:
     lake = pipeline.lake
     return {spec.name: lake.committed_batch(spec, pipeline.stream_name) for spec in ALL_TABLES}
-
-
-def table_versions(pipeline: Pipeline) -> dict[str, int]:
-    lake = pipeline.lake
-    return {spec.name: lake.open(spec).version() for spec in ALL_TABLES}
-
-
-def assert_every_record_landed_once(pipeline: Pipeline) -> None:
-    """Each produced (partition, offset) is in exactly one row of events, late_events or
-    quarantine (the sample config's windows are tumbling: one window per record)."""
-    landed: Counter[tuple[int, int]] = Counter()
-    for name in ("events", "late_events", "quarantine"):
-        frame = pipeline.table(name)
-        landed.update(zip(frame["partition"].astype(int), frame["offset"].astype(int), strict=True))
-    duplicated = {coordinates: n for coordinates, n in landed.items() if n > 1}
-    assert not duplicated, f"records landed more than once: {sorted(duplicated)[:10]}"
-    assert set(landed) == pipeline.produced_coordinates()
 
 
 def test_a_crash_between_table_commits_on_seaweedfs_recovers_to_the_clean_output(
