@@ -9,18 +9,15 @@ from __future__ import annotations
 import importlib.resources
 import socket
 import stat
-import subprocess
 import time
 from pathlib import Path
-from types import TracebackType
-from typing import IO
 
 from kafka import KafkaAdminClient
 from kafka.errors import TopicAlreadyExistsError
 
+from infra.local_process import LocalProcess, log_tail
+
 _READY_DEADLINE_S = 20.0
-_STOP_GRACE_S = 10.0
-_LOG_TAIL_CHARS = 4_000
 _ADMIN_TIMEOUT_MS = 10_000
 # Short, so one slow probe cannot eat most of the start-up deadline.
 _PROBE_TIMEOUT_MS = 2_000
@@ -47,13 +44,6 @@ def noida_binary() -> Path:
     return binary
 
 
-def _tail(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")[-_LOG_TAIL_CHARS:]
-    except OSError as error:
-        return f"<log {path} unreadable: {error}>"
-
-
 def _port_accepts_connections(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -62,20 +52,19 @@ def _port_accepts_connections(port: int) -> bool:
         return False
 
 
-class LocalKafka:
+class LocalKafka(LocalProcess):
     """A single-node Kafka broker (noida-db) bound to 127.0.0.1, stopped cleanly with SIGTERM.
 
     Use as a context manager, or call `start()` and `stop()` yourself; after `stop()`, `start()`
-    runs it again on the same port with the same data (a broker outage in tests).
+    runs it again on the same port with the same data (a broker outage in tests): noida-db
+    writes its data on a clean stop and reads it back at start, while a broker that was
+    SIGKILLed loses its last seconds.
     """
 
     def __init__(self, data_dir: Path, port: int | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.port = port if port is not None else find_free_loopback_port()
-        self.log_path = self.data_dir / "noida-db.log"
-        self.pid: int | None = None
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log_file: IO[bytes] | None = None
+        super().__init__(self.data_dir / "noida-db.log")
 
     @property
     def bootstrap_servers(self) -> str:
@@ -83,8 +72,6 @@ class LocalKafka:
 
     def start(self) -> LocalKafka:
         """Launch the broker and wait until it answers metadata requests."""
-        if self._process is not None:
-            raise RuntimeError(f"LocalKafka already started (pid {self.pid})")
         # Another listener on the port would answer the readiness probe in our broker's place.
         if _port_accepts_connections(self.port):
             raise RuntimeError(f"port {self.port} on 127.0.0.1 is already in use")
@@ -101,21 +88,7 @@ class LocalKafka:
             "--kafka-port",
             str(self.port),
         ]
-        self._log_file = self.log_path.open("ab")
-        self._process = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            # Its own session, so a Ctrl-C aimed at the test run does not race our SIGTERM.
-            start_new_session=True,
-        )
-        self.pid = self._process.pid
-        try:
-            self._wait_until_ready()
-        except BaseException:
-            self.stop()
-            raise
+        self._launch(command)
         return self
 
     def _wait_until_ready(self) -> None:
@@ -123,11 +96,11 @@ class LocalKafka:
         deadline = time.monotonic() + _READY_DEADLINE_S
         last_error: Exception | None = None
         while time.monotonic() < deadline:
-            exit_code = self._process.poll()
+            exit_code = self._exit_code()
             if exit_code is not None:
                 raise RuntimeError(
                     f"noida-db exited with code {exit_code} before it was ready "
-                    f"(port {self.port}); log tail:\n{_tail(self.log_path)}"
+                    f"(port {self.port}); log tail:\n{log_tail(self.log_path)}"
                 )
             # A plain TCP probe first: a client against a closed port spends seconds retrying.
             if _port_accepts_connections(self.port):
@@ -137,12 +110,12 @@ class LocalKafka:
                     last_error = error
                 else:
                     # Still alive: the answer came from our broker, not one it lost a race to.
-                    if self._process.poll() is None:
+                    if self._exit_code() is None:
                         return
             time.sleep(0.1)
         raise RuntimeError(
             f"noida-db did not answer on {self.bootstrap_servers} within {_READY_DEADLINE_S:.0f} s "
-            f"(last error: {last_error!r}); log tail:\n{_tail(self.log_path)}"
+            f"(last error: {last_error!r}); log tail:\n{log_tail(self.log_path)}"
         )
 
     def _admin(self, timeout_ms: int = _ADMIN_TIMEOUT_MS) -> KafkaAdminClient:
@@ -173,40 +146,3 @@ class LocalKafka:
             pass
         finally:
             admin.close()
-
-    def stop(self) -> None:
-        """SIGTERM (noida-db persists its data on a clean stop), SIGKILL after 10 s. Idempotent."""
-        process = self._process
-        if process is not None:
-            # Popen's terminate/kill signal our child's PID only, and skip one that has exited.
-            process.terminate()
-            try:
-                process.wait(timeout=_STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=_STOP_GRACE_S)
-        self._process = None
-        self.pid = None
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
-
-    def restart(self) -> LocalKafka:
-        """Stop, then start on the same port and data dir: topics and records persist.
-
-        noida-db writes its data on a clean stop and reads it back at start; a broker that was
-        SIGKILLed loses its last seconds instead.
-        """
-        self.stop()
-        return self.start()
-
-    def __enter__(self) -> LocalKafka:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -10,23 +10,19 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import IO
 
 import boto3
 from botocore.config import Config
 from pydantic import SecretStr
 
+from infra.local_process import LocalProcess, log_tail
+
 _READY_DEADLINE_S = 60.0
-_STOP_GRACE_S = 10.0
-_LOG_TAIL_CHARS = 4_000
 _PORT_ATTEMPTS = 200
 # `weed mini` dials some gRPC ports as "HTTP port + 10000" whatever `-*.port.grpc` says (its
 # worker does so for the admin server), so every component gets that pair, both free.
@@ -74,35 +70,6 @@ def _free_port_pairs(count: int) -> list[int]:
     raise RuntimeError(f"found no {count} free loopback port pairs in {_PORT_ATTEMPTS} tries")
 
 
-def _tail(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")[-_LOG_TAIL_CHARS:]
-    except OSError as error:
-        return f"<log {path} unreadable: {error}>"
-
-
-def _descendants(pid: int) -> list[int]:
-    """PIDs of `pid`'s children, grandchildren, ... from /proc (empty where there is none)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            # The command name in field 2 may hold spaces: the parent PID follows its ')'.
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(parent, []).append(int(entry.name))
-    found: list[int] = []
-    pending = [pid]
-    while pending:
-        for child in children.get(pending.pop(), []):
-            found.append(child)
-            pending.append(child)
-    return found
-
-
 @dataclass(frozen=True)
 class SeaweedPorts:
     """HTTP ports; each component's gRPC port is its HTTP port + 10000."""
@@ -122,7 +89,7 @@ class SeaweedPorts:
         return http + [port + _GRPC_OFFSET for port in http]
 
 
-class LocalSeaweedFS:
+class LocalSeaweedFS(LocalProcess):
     """`weed mini` bound to 127.0.0.1 with one bucket and one key pair, data in `data_dir`.
 
     `stop()` then `start()` again serves the same data on the same ports. Use as a context
@@ -142,10 +109,7 @@ class LocalSeaweedFS:
         self.access_key_id = access_key_id
         self.secret_access_key = secret_access_key
         self.ports = ports if ports is not None else SeaweedPorts.pick()
-        self.log_path = self.data_dir.parent / f"{self.data_dir.name}-weed.log"
-        self.pid: int | None = None
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log_file: IO[bytes] | None = None
+        super().__init__(self.data_dir.parent / f"{self.data_dir.name}-weed.log")
 
     def __repr__(self) -> str:
         return f"LocalSeaweedFS({self.endpoint_url!r}, bucket={self.bucket!r})"
@@ -153,10 +117,6 @@ class LocalSeaweedFS:
     @property
     def endpoint_url(self) -> str:
         return f"http://127.0.0.1:{self.ports.s3}"
-
-    @property
-    def is_running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
 
     def _command(self) -> list[str]:
         ports = self.ports
@@ -194,30 +154,12 @@ class LocalSeaweedFS:
 
     def start(self) -> LocalSeaweedFS:
         """Launch `weed mini` and wait until its S3 API answers for the bucket, signed."""
-        if self._process is not None:
-            raise RuntimeError(f"LocalSeaweedFS already started (pid {self.pid})")
         busy = [port for port in self.ports.all() if not _port_free(port)]
         if busy:
             # Another server on our S3 port would answer the readiness probe in our place.
             raise RuntimeError(f"ports {busy} on 127.0.0.1 are already in use")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._log_file = self.log_path.open("ab")
-        self._process = subprocess.Popen(
-            self._command(),
-            cwd=self.data_dir,
-            env=self._environment(),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            # Its own session: a Ctrl-C aimed at the test run does not race our SIGTERM.
-            start_new_session=True,
-        )
-        self.pid = self._process.pid
-        try:
-            self._wait_until_ready()
-        except BaseException:
-            self.stop()
-            raise
+        self._launch(self._command(), cwd=self.data_dir, env=self._environment())
         return self
 
     def s3_client(self, timeout_s: float = 10.0) -> object:
@@ -241,11 +183,11 @@ class LocalSeaweedFS:
         deadline = time.monotonic() + _READY_DEADLINE_S
         last_error: Exception | None = None
         while time.monotonic() < deadline:
-            exit_code = self._process.poll()
+            exit_code = self._exit_code()
             if exit_code is not None:
                 raise RuntimeError(
                     f"weed mini exited with code {exit_code} before it was ready "
-                    f"({self.endpoint_url}); log tail:\n{_tail(self.log_path)}"
+                    f"({self.endpoint_url}); log tail:\n{log_tail(self.log_path)}"
                 )
             try:
                 client.head_bucket(Bucket=self.bucket)  # type: ignore[attr-defined]
@@ -253,60 +195,18 @@ class LocalSeaweedFS:
                 last_error = error
             else:
                 # Still alive: the answer came from our server, not one it lost a race to.
-                if self._process.poll() is None:
+                if self._exit_code() is None:
                     return
             time.sleep(0.2)
         raise RuntimeError(
             f"weed mini did not serve bucket {self.bucket!r} on {self.endpoint_url} within "
             f"{_READY_DEADLINE_S:.0f} s (last error: {last_error!r}); "
-            f"log tail:\n{_tail(self.log_path)}"
+            f"log tail:\n{log_tail(self.log_path)}"
         )
 
-    def stop(self, kill: bool = False) -> None:
-        """SIGTERM (or SIGKILL with `kill`), SIGKILL after 10 s; also to its children. Idempotent.
-
-        Only PIDs this object started, or their descendants, are signalled.
-        """
-        process = self._process
-        if process is not None:
-            family = _descendants(process.pid) if process.poll() is None else []
-            if kill:
-                process.kill()
-            else:
-                process.terminate()
-            try:
-                process.wait(timeout=_STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=_STOP_GRACE_S)
-            for pid in family:
-                try:
-                    # Still in the group we created: not a reused PID of another process.
-                    if os.getpgid(pid) == process.pid:
-                        os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            self._remove_stale_sockets()
-        self._process = None
-        self.pid = None
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
-
-    def _remove_stale_sockets(self) -> None:
+    def _after_stop(self) -> None:
         # A killed weed leaves /tmp/seaweedfs-<component>-grpc-<port>.sock behind; these are
         # named after our own ports, and our process is gone, so nobody else serves them.
         for name in _GRPC_SOCKET_NAMES:
             port = getattr(self.ports, name) + _GRPC_OFFSET
             Path(f"/tmp/seaweedfs-{name}-grpc-{port}.sock").unlink(missing_ok=True)
-
-    def __enter__(self) -> LocalSeaweedFS:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -1,0 +1,144 @@
+"""A local server this program starts and stops itself: the shell shared by the broker and S3.
+
+It runs in its own session with its output in a log file, is ready only when its subclass's
+probe says so, and is stopped by the PIDs it started (and their descendants), never by name.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
+
+_STOP_GRACE_S = 10.0
+_LOG_TAIL_CHARS = 4_000
+
+
+def log_tail(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")[-_LOG_TAIL_CHARS:]
+    except OSError as error:
+        return f"<log {path} unreadable: {error}>"
+
+
+def descendants(pid: int) -> list[int]:
+    """PIDs of `pid`'s children, grandchildren, ... from /proc (empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # The command name in field 2 may hold spaces: the parent PID follows its ')'.
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            found.append(child)
+            pending.append(child)
+    return found
+
+
+class LocalProcess:
+    """Subclasses give `start()` a command and implement `_wait_until_ready()`."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self.pid: int | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log_file: IO[bytes] | None = None
+
+    @property
+    def is_running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def _launch(
+        self, command: list[str], cwd: Path | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
+        if self._process is not None:
+            raise RuntimeError(f"{type(self).__name__} already started (pid {self.pid})")
+        self._log_file = self.log_path.open("ab")
+        self._process = subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            # Its own session, so a Ctrl-C aimed at the test run does not race our SIGTERM.
+            start_new_session=True,
+        )
+        self.pid = self._process.pid
+        try:
+            self._wait_until_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_until_ready(self) -> None:
+        raise NotImplementedError
+
+    def _exit_code(self) -> int | None:
+        assert self._process is not None
+        return self._process.poll()
+
+    def stop(self, kill: bool = False) -> None:
+        """SIGTERM (or SIGKILL with `kill`), SIGKILL after 10 s; also to its children. Idempotent.
+
+        Only PIDs this object started, or their descendants, are signalled.
+        """
+        process = self._process
+        if process is not None:
+            family = descendants(process.pid) if process.poll() is None else []
+            if kill:
+                process.kill()
+            else:
+                process.terminate()
+            try:
+                process.wait(timeout=_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=_STOP_GRACE_S)
+            for pid in family:
+                try:
+                    # Still in the session we created: not a reused PID of another process.
+                    if os.getpgid(pid) == process.pid:
+                        os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self._after_stop()
+        self._process = None
+        self.pid = None
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def _after_stop(self) -> None:
+        """Clean up what the stopped process leaves behind; nothing by default."""
+
+    def restart(self) -> Self:
+        """Stop, then start again with the same ports and data."""
+        self.stop()
+        return self.start()
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
