@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -48,7 +49,12 @@ def descendants(pid: int) -> list[int]:
 
 
 class LocalProcess:
-    """Subclasses give `start()` a command and implement `_wait_until_ready()`."""
+    """Subclasses give `_launch()` a command and implement `_probe()`."""
+
+    name = "server"
+    """For messages: what runs."""
+    ready_deadline_s = 30.0
+    probe_interval_s = 0.1
 
     def __init__(self, log_path: Path) -> None:
         self.log_path = log_path
@@ -83,8 +89,38 @@ class LocalProcess:
             self.stop()
             raise
 
-    def _wait_until_ready(self) -> None:
+    def _probe(self) -> None:
+        """Return when the server answers as its users need; raise while it does not."""
         raise NotImplementedError
+
+    @property
+    def address(self) -> str:
+        """For messages: where it listens."""
+        raise NotImplementedError
+
+    def _wait_until_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_deadline_s
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            exit_code = self._exit_code()
+            if exit_code is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with code {exit_code} before it was ready "
+                    f"({self.address}); log tail:\n{log_tail(self.log_path)}"
+                )
+            try:
+                self._probe()
+            except Exception as error:  # any failure means "not ready yet"
+                last_error = error
+            else:
+                # Still alive: the answer came from our server, not one it lost a race to.
+                if self._exit_code() is None:
+                    return
+            time.sleep(self.probe_interval_s)
+        raise RuntimeError(
+            f"{self.name} did not answer on {self.address} within {self.ready_deadline_s:.0f} s "
+            f"(last error: {last_error!r}); log tail:\n{log_tail(self.log_path)}"
+        )
 
     def _exit_code(self) -> int | None:
         assert self._process is not None

@@ -9,15 +9,13 @@ from __future__ import annotations
 import importlib.resources
 import socket
 import stat
-import time
 from pathlib import Path
 
 from kafka import KafkaAdminClient
 from kafka.errors import TopicAlreadyExistsError
 
-from infra.local_process import LocalProcess, log_tail
+from infra.local_process import LocalProcess
 
-_READY_DEADLINE_S = 20.0
 _ADMIN_TIMEOUT_MS = 10_000
 # Short, so one slow probe cannot eat most of the start-up deadline.
 _PROBE_TIMEOUT_MS = 2_000
@@ -61,6 +59,9 @@ class LocalKafka(LocalProcess):
     SIGKILLed loses its last seconds.
     """
 
+    name = "noida-db"
+    ready_deadline_s = 20.0
+
     def __init__(self, data_dir: Path, port: int | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.port = port if port is not None else find_free_loopback_port()
@@ -69,6 +70,10 @@ class LocalKafka(LocalProcess):
     @property
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def address(self) -> str:
+        return self.bootstrap_servers
 
     def start(self) -> LocalKafka:
         """Launch the broker and wait until it answers metadata requests."""
@@ -91,32 +96,11 @@ class LocalKafka(LocalProcess):
         self._launch(command)
         return self
 
-    def _wait_until_ready(self) -> None:
-        assert self._process is not None
-        deadline = time.monotonic() + _READY_DEADLINE_S
-        last_error: Exception | None = None
-        while time.monotonic() < deadline:
-            exit_code = self._exit_code()
-            if exit_code is not None:
-                raise RuntimeError(
-                    f"noida-db exited with code {exit_code} before it was ready "
-                    f"(port {self.port}); log tail:\n{log_tail(self.log_path)}"
-                )
-            # A plain TCP probe first: a client against a closed port spends seconds retrying.
-            if _port_accepts_connections(self.port):
-                try:
-                    self._list_topics()
-                except Exception as error:  # any failure means "not ready yet"
-                    last_error = error
-                else:
-                    # Still alive: the answer came from our broker, not one it lost a race to.
-                    if self._exit_code() is None:
-                        return
-            time.sleep(0.1)
-        raise RuntimeError(
-            f"noida-db did not answer on {self.bootstrap_servers} within {_READY_DEADLINE_S:.0f} s "
-            f"(last error: {last_error!r}); log tail:\n{log_tail(self.log_path)}"
-        )
+    def _probe(self) -> None:
+        # A plain TCP probe first: a client against a closed port spends seconds retrying.
+        if not _port_accepts_connections(self.port):
+            raise ConnectionRefusedError(f"nothing listens on port {self.port} yet")
+        self._list_topics()
 
     def _admin(self, timeout_ms: int = _ADMIN_TIMEOUT_MS) -> KafkaAdminClient:
         return KafkaAdminClient(

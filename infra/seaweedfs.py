@@ -12,7 +12,6 @@ import random
 import shutil
 import socket
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,9 +19,8 @@ import boto3
 from botocore.config import Config
 from pydantic import SecretStr
 
-from infra.local_process import LocalProcess, log_tail
+from infra.local_process import LocalProcess
 
-_READY_DEADLINE_S = 60.0
 _PORT_ATTEMPTS = 200
 # `weed mini` dials some gRPC ports as "HTTP port + 10000" whatever `-*.port.grpc` says (its
 # worker does so for the admin server), so every component gets that pair, both free.
@@ -96,6 +94,10 @@ class LocalSeaweedFS(LocalProcess):
     manager, or call `start()` and `stop()` yourself.
     """
 
+    name = "weed mini"
+    ready_deadline_s = 60.0
+    probe_interval_s = 0.2
+
     def __init__(
         self,
         data_dir: Path,
@@ -117,6 +119,10 @@ class LocalSeaweedFS(LocalProcess):
     @property
     def endpoint_url(self) -> str:
         return f"http://127.0.0.1:{self.ports.s3}"
+
+    @property
+    def address(self) -> str:
+        return f"{self.endpoint_url}, bucket {self.bucket!r}"
 
     def _command(self) -> list[str]:
         ports = self.ports
@@ -177,32 +183,8 @@ class LocalSeaweedFS(LocalProcess):
             ),
         )
 
-    def _wait_until_ready(self) -> None:
-        assert self._process is not None
-        client = self.s3_client(timeout_s=2.0)
-        deadline = time.monotonic() + _READY_DEADLINE_S
-        last_error: Exception | None = None
-        while time.monotonic() < deadline:
-            exit_code = self._exit_code()
-            if exit_code is not None:
-                raise RuntimeError(
-                    f"weed mini exited with code {exit_code} before it was ready "
-                    f"({self.endpoint_url}); log tail:\n{log_tail(self.log_path)}"
-                )
-            try:
-                client.head_bucket(Bucket=self.bucket)  # type: ignore[attr-defined]
-            except Exception as error:  # any failure means "not ready yet"
-                last_error = error
-            else:
-                # Still alive: the answer came from our server, not one it lost a race to.
-                if self._exit_code() is None:
-                    return
-            time.sleep(0.2)
-        raise RuntimeError(
-            f"weed mini did not serve bucket {self.bucket!r} on {self.endpoint_url} within "
-            f"{_READY_DEADLINE_S:.0f} s (last error: {last_error!r}); "
-            f"log tail:\n{log_tail(self.log_path)}"
-        )
+    def _probe(self) -> None:
+        self.s3_client(timeout_s=2.0).head_bucket(Bucket=self.bucket)  # type: ignore[attr-defined]
 
     def _after_stop(self) -> None:
         # A killed weed leaves /tmp/seaweedfs-<component>-grpc-<port>.sock behind; these are
