@@ -119,6 +119,8 @@ def test_a_half_written_checkpoint_file_is_ignored_on_restart(
 
 
 @pytest.mark.crash_matrix
+# Each crash-and-restart takes about a minute on a loaded 2-CPU machine.
+@pytest.mark.timeout(300 + 120 * RANDOM_CRASHES)
 def test_random_crashes_leave_the_same_output_after_restart(
     kafka: Any,
     spark: Any,
