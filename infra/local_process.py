@@ -26,6 +26,19 @@ def log_tail(path: Path) -> str:
         return f"<log {path} unreadable: {error}>"
 
 
+def _stat_after_name(stat_path: Path) -> list[str]:
+    """Fields 3 on of /proc/PID/stat: state, parent PID, ...
+
+    The command name in field 2 may hold spaces and parentheses: the rest follows its last ')'.
+    """
+    return stat_path.read_text().rsplit(")", 1)[1].split()
+
+
+def process_state(pid: int) -> str:
+    """The one-letter state of a process, e.g. "T" when a signal stopped it."""
+    return _stat_after_name(Path(f"/proc/{pid}/stat"))[0]
+
+
 def descendants(pid: int) -> list[int]:
     """PIDs of `pid`'s children, grandchildren, ... from /proc (empty where there is none)."""
     children: dict[int, list[int]] = {}
@@ -33,11 +46,9 @@ def descendants(pid: int) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            # The command name in field 2 may hold spaces: the parent PID follows its ')'.
-            stat = (entry / "stat").read_text()
+            parent = int(_stat_after_name(entry / "stat")[1])
         except OSError:
             continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
         children.setdefault(parent, []).append(int(entry.name))
     found: list[int] = []
     pending = [pid]

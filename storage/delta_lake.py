@@ -6,19 +6,14 @@ same atomic commit as its data, so "was batch N committed to table T?" has an ex
 
 from __future__ import annotations
 
-import logging
-
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError
+from deltalake import DeltaTable, Transaction, write_deltalake
 
 from infra.faults import CrashPoint, crash_if_requested
 from storage.s3 import reaching, storage_options
 from storage.tables import ALL_TABLES, TableSpec
-from storage.writer_lease import COMMIT_ATTEMPTS, WriterLease, check_fence
+from storage.writer_lease import WriterLease, check_fence, commit_without_conflict, conditional
 from tenants.settings import LakeSettings, StreamSettings
-
-log = logging.getLogger(__name__)
 
 
 class DeltaLake:
@@ -58,7 +53,7 @@ class DeltaLake:
             return DeltaTable(self.table_uri(spec), storage_options=self.storage_options)
 
     def writer_lease(self, stream: StreamSettings) -> WriterLease:
-        return WriterLease(self.root, self.storage_options, stream.name, stream.lease_ttl_ms)
+        return WriterLease(self, stream.name, stream.lease_ttl_ms)
 
     def committed_batch(self, spec: TableSpec, app_id: str) -> int | None:
         """The highest batch id `app_id` has committed to the table, if any."""
@@ -92,31 +87,22 @@ class DeltaLake:
         the commit use one snapshot, and the commit fails if anything landed after it, so a
         newer instance's fence can never be slipped past. Returns whether it committed.
         """
-        for _ in range(COMMIT_ATTEMPTS):
+
+        def attempt() -> bool:
             table = self.open(spec)
             check_fence(table, app_id, writer_epoch)
             committed = table.transaction_version(app_id)
             if committed is not None and committed >= batch_id:
                 return False
             crash_if_requested(CrashPoint.BEFORE_DELTA_COMMIT, batch_id)
-            try:
-                with reaching(self.root, self.storage_options):
-                    write_deltalake(
-                        table,
-                        rows,
-                        mode="append",
-                        partition_by=list(spec.partition_by),
-                        commit_properties=CommitProperties(
-                            app_transactions=[Transaction(app_id=app_id, version=batch_id)],
-                            max_commit_retries=0,
-                        ),
-                    )
-                return True
-            except CommitFailedError:
-                log.info(
-                    "%s changed while committing batch %d; checking again", spec.name, batch_id
+            with reaching(self.root, self.storage_options):
+                write_deltalake(
+                    table,
+                    rows,
+                    mode="append",
+                    partition_by=list(spec.partition_by),
+                    commit_properties=conditional(Transaction(app_id=app_id, version=batch_id)),
                 )
-        raise RuntimeError(
-            f"{self.table_uri(spec)} kept changing during {COMMIT_ATTEMPTS} attempts to commit "
-            f"batch {batch_id}; the batch will be retried"
-        )
+            return True
+
+        return commit_without_conflict(f"{self.table_uri(spec)}, batch {batch_id}", attempt)

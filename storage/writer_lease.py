@@ -27,15 +27,22 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import TYPE_CHECKING, TypeVar
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from storage.tables import ALL_TABLES
+from storage.s3 import reaching
+from storage.tables import ALL_TABLES, TableSpec
+
+if TYPE_CHECKING:  # DeltaLake commits through this module's fence and conditional commits
+    from storage.delta_lake import DeltaLake
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 LEASE_TABLE = "_stream_leases"
 CLAIMS_SCHEMA = pa.schema(
@@ -94,19 +101,43 @@ def check_fence(table: DeltaTable, stream: str, epoch: int) -> None:
         )
 
 
+def conditional(*transactions: Transaction) -> CommitProperties:
+    """Commit properties without retry: the commit fails if anything landed after its snapshot."""
+    return CommitProperties(app_transactions=list(transactions), max_commit_retries=0)
+
+
+def commit_without_conflict(
+    what: str, attempt: Callable[[], _T], exhausted: type[Exception] = RuntimeError
+) -> _T:
+    """Run `attempt` until its conditional commit lands with no other commit in between.
+
+    `attempt` loads a fresh snapshot, checks it, and commits with `conditional()`; a commit that
+    landed after that snapshot fails it with CommitFailedError, and it runs again, checks
+    included. After COMMIT_ATTEMPTS such failures, `exhausted` is raised.
+    """
+    for _ in range(COMMIT_ATTEMPTS):
+        try:
+            return attempt()
+        except CommitFailedError:
+            log.info("%s: another commit landed first; checking again", what)
+    raise exhausted(f"{what}: the table kept changing during {COMMIT_ATTEMPTS} attempts; retry")
+
+
+def _describe(claim: Claim | None, epoch: int | None) -> str:
+    return claim.describe() if claim else f"epoch {epoch}"
+
+
 class WriterLease:
-    """This instance's lease on `stream` in the lake at `lake_root`."""
+    """This instance's lease on `stream` in `lake`."""
 
     def __init__(
         self,
-        lake_root: str,
-        storage_options: dict[str, str] | None,
+        lake: DeltaLake,
         stream: str,
         ttl_ms: int,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
-        self.lake_root = lake_root.rstrip("/")
-        self.storage_options = storage_options
+        self.lake = lake
         self.stream = stream
         self.ttl_ms = ttl_ms
         self.clock_ms = clock_ms
@@ -116,7 +147,7 @@ class WriterLease:
 
     @property
     def table_uri(self) -> str:
-        return f"{self.lake_root}/{LEASE_TABLE}"
+        return f"{self.lake.root}/{LEASE_TABLE}"
 
     def __repr__(self) -> str:
         return f"WriterLease({self.stream!r}, epoch={self.epoch})"
@@ -125,52 +156,27 @@ class WriterLease:
 
     def acquire(self) -> int:
         """Claim the stream and fence every output table; raise if a live instance holds it."""
-        DeltaTable.create(
-            self.table_uri,
-            CLAIMS_SCHEMA,
-            mode="ignore",
-            configuration=LEASE_TABLE_CONFIGURATION,
-            storage_options=self.storage_options,
-        )
-        for _ in range(COMMIT_ATTEMPTS):
-            table = self._open()
-            current = table.transaction_version(self._epoch_id)
-            self._refuse_if_alive(table, current)
-            epoch = (current or 0) + 1
-            claim = pa.Table.from_pylist(
-                [
-                    {
-                        "stream": self.stream,
-                        "epoch": epoch,
-                        "instance_id": self.instance_id,
-                        "host": socket.gethostname(),
-                        "pid": os.getpid(),
-                        "claimed_at_ms": self.clock_ms(),
-                    }
-                ],
-                schema=CLAIMS_SCHEMA,
+        with reaching(self.lake.root, self.lake.storage_options):
+            DeltaTable.create(
+                self.table_uri,
+                CLAIMS_SCHEMA,
+                mode="ignore",
+                configuration=LEASE_TABLE_CONFIGURATION,
+                storage_options=self.lake.storage_options,
             )
-            try:
-                write_deltalake(
-                    table,
-                    claim,
-                    mode="append",
-                    commit_properties=self._conditional(
-                        Transaction(self._epoch_id, epoch), self._renewal()
-                    ),
-                )
-            except CommitFailedError:
-                continue  # the lease table moved since we read it: look again
-            self.epoch = epoch
-            log.info(
-                "stream %r claimed by instance %s, epoch %d", self.stream, self.instance_id, epoch
-            )
-            self._fence_output_tables(epoch)
-            return epoch
-        raise StreamLeaseHeldError(
-            f"stream {self.stream!r}: could not claim {self.table_uri} in {COMMIT_ATTEMPTS} "
-            "attempts; other instances keep claiming it"
+        epoch = commit_without_conflict(
+            f"stream {self.stream!r}: claiming {self.table_uri}",
+            self._claim_once,
+            exhausted=StreamLeaseHeldError,
         )
+        self.epoch = epoch
+        log.info("stream %r claimed by instance %s, epoch %d", self.stream, self.instance_id, epoch)
+        for spec in ALL_TABLES:
+            commit_without_conflict(
+                f"stream {self.stream!r}: fencing {self.lake.table_uri(spec)}",
+                partial(self._fence_once, spec, epoch),
+            )
+        return epoch
 
     def renew(self) -> None:
         """Prove this instance is alive; raise FencedError if it lost the stream."""
@@ -230,37 +236,64 @@ class WriterLease:
         return f"{self.stream}/released_epoch"
 
     def _open(self) -> DeltaTable:
-        return DeltaTable(self.table_uri, storage_options=self.storage_options)
+        with reaching(self.lake.root, self.lake.storage_options):
+            return DeltaTable(self.table_uri, storage_options=self.lake.storage_options)
 
     def _renewal(self) -> Transaction:
         return Transaction(self._renewed_id, self.clock_ms())
 
-    @staticmethod
-    def _conditional(*transactions: Transaction) -> CommitProperties:
-        # No retry: a commit must fail if anything landed after the snapshot it was checked on.
-        return CommitProperties(app_transactions=list(transactions), max_commit_retries=0)
+    def _claim_once(self) -> int:
+        table = self._open()
+        current = table.transaction_version(self._epoch_id)
+        self._refuse_if_alive(table, current)
+        epoch = (current or 0) + 1
+        claim = Claim(
+            stream=self.stream,
+            epoch=epoch,
+            instance_id=self.instance_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            claimed_at_ms=self.clock_ms(),
+        )
+        write_deltalake(
+            table,
+            pa.Table.from_pylist([asdict(claim)], schema=CLAIMS_SCHEMA),
+            mode="append",
+            commit_properties=conditional(Transaction(self._epoch_id, epoch), self._renewal()),
+        )
+        return epoch
+
+    def _fence_once(self, spec: TableSpec, epoch: int) -> None:
+        table = self.lake.open(spec)
+        fenced_with = table.transaction_version(fence_app_id(self.stream)) or 0
+        if fenced_with > epoch:
+            raise FencedError(
+                f"stream {self.stream!r}: {table.table_uri} is fenced by a newer epoch "
+                f"{fenced_with} than this instance's {epoch}"
+            )
+        table.create_write_transaction(
+            [],
+            mode="append",
+            schema=spec.schema,
+            partition_by=list(spec.partition_by),
+            commit_properties=conditional(Transaction(fence_app_id(self.stream), epoch)),
+        )
 
     def _commit_while_held(self, transaction: Transaction) -> None:
-        for _ in range(COMMIT_ATTEMPTS):
+        def attempt() -> None:
             table = self._open()
             holder = table.transaction_version(self._epoch_id)
             if holder != self.epoch:
                 self.lost = FencedError(
                     f"stream {self.stream!r}: instance {self.instance_id} lost its lease (epoch "
-                    f"{self.epoch}); {self._holder_description(table, holder)} took it over"
+                    f"{self.epoch}); {_describe(self._claim(table, holder), holder)} took it over"
                 )
                 raise self.lost
-            try:
-                table.create_write_transaction(
-                    [],
-                    mode="append",
-                    schema=CLAIMS_SCHEMA,
-                    commit_properties=self._conditional(transaction),
-                )
-                return
-            except CommitFailedError:
-                continue
-        raise RuntimeError(f"stream {self.stream!r}: the lease table keeps changing; retry")
+            table.create_write_transaction(
+                [], mode="append", schema=CLAIMS_SCHEMA, commit_properties=conditional(transaction)
+            )
+
+        commit_without_conflict(f"stream {self.stream!r}: {self.table_uri}", attempt)
 
     def _refuse_if_alive(self, table: DeltaTable, epoch: int | None) -> None:
         if epoch is None or table.transaction_version(self._released_id) == epoch:
@@ -272,7 +305,7 @@ class WriterLease:
             log.warning(
                 "stream %r: taking over from %s, silent for %.1fs",
                 self.stream,
-                holder.describe() if holder else f"epoch {epoch}",
+                _describe(holder, epoch),
                 silent_ms / 1000,
             )
             return
@@ -284,48 +317,18 @@ class WriterLease:
             log.warning("stream %r: taking over from dead %s", self.stream, holder.describe())
             return
         raise StreamLeaseHeldError(
-            f"stream {self.stream!r} is already running: "
-            f"{self._holder_description(table, epoch)} renewed its lease {silent_ms / 1000:.1f}s "
-            f"ago in {self.table_uri}. Stop it first, or wait until its lease expires "
-            f"({self.ttl_ms / 1000:.0f}s without renewal)."
+            f"stream {self.stream!r} is already running: {_describe(holder, epoch)} renewed its "
+            f"lease {silent_ms / 1000:.1f}s ago in {self.table_uri}. Stop it first, or wait until "
+            f"its lease expires ({self.ttl_ms / 1000:.0f}s without renewal)."
         )
 
-    def _claim(self, table: DeltaTable, epoch: int) -> Claim | None:
+    def _claim(self, table: DeltaTable, epoch: int | None) -> Claim | None:
+        if epoch is None:
+            return None
         rows = table.to_pyarrow_table(
             filters=[("stream", "=", self.stream), ("epoch", "=", epoch)]
         ).to_pylist()
         return Claim(**rows[0]) if rows else None
-
-    def _holder_description(self, table: DeltaTable, epoch: int | None) -> str:
-        holder = self._claim(table, epoch) if epoch is not None else None
-        return holder.describe() if holder else f"epoch {epoch}"
-
-    def _fence_output_tables(self, epoch: int) -> None:
-        for spec in ALL_TABLES:
-            uri = f"{self.lake_root}/{spec.name}"
-            for _ in range(COMMIT_ATTEMPTS):
-                table = DeltaTable(uri, storage_options=self.storage_options)
-                fenced_with = table.transaction_version(fence_app_id(self.stream)) or 0
-                if fenced_with > epoch:
-                    raise FencedError(
-                        f"stream {self.stream!r}: {uri} is fenced by a newer epoch "
-                        f"{fenced_with} than this instance's {epoch}"
-                    )
-                try:
-                    table.create_write_transaction(
-                        [],
-                        mode="append",
-                        schema=spec.schema,
-                        partition_by=list(spec.partition_by),
-                        commit_properties=self._conditional(
-                            Transaction(fence_app_id(self.stream), epoch)
-                        ),
-                    )
-                    break
-                except CommitFailedError:
-                    continue
-            else:
-                raise RuntimeError(f"stream {self.stream!r}: {uri} keeps changing; retry")
 
 
 def _process_exists(pid: int) -> bool:

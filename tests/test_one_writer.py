@@ -23,6 +23,7 @@ from deltalake import DeltaTable
 
 from infra.faults import PAUSE_AT_ENV, CrashPoint
 from infra.load_generator import LoadSpec, generate
+from infra.local_process import process_state
 from storage.writer_lease import LEASE_TABLE
 from tests.crash_helpers import (
     ROOT,
@@ -70,12 +71,6 @@ def _wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(0.3)
-
-
-def _is_paused(pid: int) -> bool:
-    # Field 3 of /proc/PID/stat is the state; "T" is stopped by a signal.
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] == "T"
 
 
 def test_a_second_instance_of_a_running_stream_fails_fast_and_writes_nothing(
@@ -133,7 +128,10 @@ def test_a_zombie_instance_cannot_commit_after_a_newer_one_took_over(
     pause_at = {PAUSE_AT_ENV: f"{CrashPoint.BEFORE_DELTA_COMMIT}@1"}
     with _instance(pipeline, available_now=True, **pause_at) as zombie:
         _wait_until(
-            "the pause before batch 1's commit", lambda: _is_paused(zombie.pid), zombie, 180
+            "the pause before batch 1's commit",
+            lambda: process_state(zombie.pid) == "T",
+            zombie,
+            180,
         )
         time.sleep(3.5)  # silent for longer than the lease TTL: it may be taken over
 
