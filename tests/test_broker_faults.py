@@ -241,12 +241,18 @@ def test_driver_lookups_wait_out_a_short_outage_and_fail_clearly_on_a_long_one(
         impatient.stop()
 
 
-def test_an_executor_read_waits_for_a_restarted_broker_and_returns_the_whole_range(
-    broker: LocalKafka, tmp_path: Path
-) -> None:
+def _topic_of_20_records(broker: LocalKafka, tmp_path: Path) -> str:
+    """A one-partition topic holding values b"0" .. b"19" at offsets 0 .. 19."""
     topic = f"read-{tmp_path.name}"
     broker.create_topic(topic, 1)
     _produce(broker, topic, [(None, b"%d" % i) for i in range(20)])
+    return topic
+
+
+def test_an_executor_read_waits_for_a_restarted_broker_and_returns_the_whole_range(
+    broker: LocalKafka, tmp_path: Path
+) -> None:
+    topic = _topic_of_20_records(broker, tmp_path)
     # The planned range ends past what the broker has, so the read is mid-range, connected
     # and waiting, when the broker goes away; the rest arrives only after the restart.
     split = KafkaInputPartition(topic, 0, 0, 30, broker.bootstrap_servers, 15_000, None)
@@ -267,9 +273,7 @@ def test_an_executor_read_waits_for_a_restarted_broker_and_returns_the_whole_ran
 def test_an_executor_read_fails_rather_than_return_part_of_its_range(
     broker: LocalKafka, tmp_path: Path
 ) -> None:
-    topic = f"read-{tmp_path.name}"
-    broker.create_topic(topic, 1)
-    _produce(broker, topic, [(None, b"%d" % i) for i in range(20)])
+    topic = _topic_of_20_records(broker, tmp_path)
     split = KafkaInputPartition(topic, 0, 5, 30, broker.bootstrap_servers, 3_000, None)
     thread = _later(1.0, broker.stop)
     started = time.monotonic()
