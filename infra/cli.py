@@ -5,22 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from infra import faults
 from storage.s3 import LakeUnavailableError
 from storage.writer_lease import StreamLeaseHeldError
 from streaming.checkpoint_identity import CheckpointMismatchError
+from streaming.hooks import NO_FAULTS, FaultHook
 from tenants.models import parse_duration_ms
 from tenants.registry import ConfigError, load_registry
 from tenants.settings import AppSettings, load_settings
@@ -29,9 +25,11 @@ log = logging.getLogger("tenant_windows")
 DEFAULT_APP_CONFIG = Path("conf/app.yaml")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, fault_hook: FaultHook = NO_FAULTS) -> int:
+    """Parse `argv` and run its command; `fault_hook` is for the recovery tests."""
     parser = _parser()
     args = parser.parse_args(argv)
+    args.fault_hook = fault_hook
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -159,42 +157,9 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from storage.delta_lake import DeltaLake
-    from streaming.query import start_stream
-    from streaming.session import build_spark
+    from streaming.app import run_stream
 
-    faults.arm()
-    settings = settings_from(args)
-    load_registry(settings.conf_dir)  # refuse an invalid config before Spark starts
-    spark = build_spark(settings.stream.name, args.master, settings.stream.shuffle_partitions)
-    stream = start_stream(
-        spark, settings, DeltaLake.from_settings(settings.lake), args.available_now
-    )
-    query = stream.query
-
-    # The handler only sets a flag: stopping the query inside it would interrupt the py4j
-    # call the main thread is blocked in.
-    stop_requested = threading.Event()
-
-    def request_stop(signum: int, _frame: FrameType | None) -> None:
-        log.info("signal %d: stopping the stream", signum)
-        stop_requested.set()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-    try:
-        while query.isActive and not stop_requested.is_set():
-            query.awaitTermination(timeout=1)
-    except StreamingQueryException as failure:
-        log.error("the stream failed: %s", failure)
-        return 1
-    finally:
-        stream.stop()
-        spark.stop()
-    if stream.lease.lost is not None:
-        log.error("the stream stopped: %s", stream.lease.lost)
-        return 1
-    return 0
+    return run_stream(settings_from(args), args.master, args.available_now, args.fault_hook)
 
 
 def _sql(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from infra.load_generator import LoadSpec, generate, send
 from infra.local_stack import LocalKafka
 from storage.delta_lake import DeltaLake
 from storage.views import register_views
-from streaming.query import start_stream
+from streaming.app import StreamApp
 from streaming.session import build_spark
 from tenants.registry import load_registry
 from tenants.settings import load_settings
@@ -83,7 +83,7 @@ def run_demo(workdir: Path, count: int) -> int:
         )
         try:
             lake = DeltaLake.from_settings(settings.lake)
-            stream = start_stream(spark, settings, lake, available_now=True)
+            stream = StreamApp(settings, lake).start(spark, True)
             finished = stream.query.awaitTermination(timeout=600)
             stream.stop()
             if not finished:

@@ -6,10 +6,11 @@ same atomic commit as its data, so "was batch N committed to table T?" has an ex
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pyarrow as pa
 from deltalake import DeltaTable, Transaction, write_deltalake
 
-from infra.faults import CrashPoint, crash_if_requested
 from storage.s3 import reaching, storage_options
 from storage.tables import ALL_TABLES, TableSpec
 from storage.writer_lease import WriterLease, check_fence, commit_without_conflict, conditional
@@ -79,13 +80,20 @@ class DeltaLake:
         }
 
     def append_batch(
-        self, spec: TableSpec, rows: pa.Table, app_id: str, batch_id: int, writer_epoch: int
+        self,
+        spec: TableSpec,
+        rows: pa.Table,
+        app_id: str,
+        batch_id: int,
+        writer_epoch: int,
+        before_commit: Callable[[], None] = lambda: None,
     ) -> bool:
         """Append `rows` as batch `batch_id` of `app_id`, unless the table already holds it.
 
         Only while the table is fenced with `writer_epoch` (see `writer_lease`): the check and
         the commit use one snapshot, and the commit fails if anything landed after it, so a
-        newer instance's fence can never be slipped past. Returns whether it committed.
+        newer instance's fence can never be slipped past. `before_commit` runs after those checks,
+        right before the commit. Returns whether it committed.
         """
 
         def attempt() -> bool:
@@ -94,7 +102,7 @@ class DeltaLake:
             committed = table.transaction_version(app_id)
             if committed is not None and committed >= batch_id:
                 return False
-            crash_if_requested(CrashPoint.BEFORE_DELTA_COMMIT, batch_id)
+            before_commit()
             with reaching(self.root, self.storage_options):
                 write_deltalake(
                     table,

@@ -201,14 +201,16 @@ class WriterLease:
             return
         log.info("stream %r released by instance %s", self.stream, self.instance_id)
 
-    def keep_alive(self, is_running: Callable[[], bool], on_lost: Callable[[], None]) -> None:
-        """Renew every ttl/3 in a daemon thread while `is_running()`; call `on_lost` if fenced."""
+    def keep_alive(
+        self, stopping: threading.Event, on_lost: Callable[[], None]
+    ) -> threading.Thread:
+        """Renew every ttl/3 in a thread until `stopping` is set; call `on_lost` if fenced.
 
-        def renew_while_running() -> None:
-            while is_running():
-                time.sleep(self.ttl_ms / 3_000)
-                if not is_running():
-                    return
+        The caller owns the thread: set `stopping`, then join it.
+        """
+
+        def renew_until_stopped() -> None:
+            while not stopping.wait(self.ttl_ms / 3_000):
                 try:
                     self.renew()
                 except FencedError as error:
@@ -219,7 +221,9 @@ class WriterLease:
                     # An unreachable lake: keep trying; a newer instance takes over after the TTL.
                     log.exception("stream %r: renewing the lease failed; retrying", self.stream)
 
-        threading.Thread(target=renew_while_running, name="writer-lease", daemon=True).start()
+        thread = threading.Thread(target=renew_until_stopped, name="writer-lease", daemon=True)
+        thread.start()
+        return thread
 
     # -- internals ---------------------------------------------------------------------------
 

@@ -42,7 +42,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from infra.faults import CrashPoint, crash_if_requested
+from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
 
 SOURCE_NAME = "tw_kafka"
 
@@ -474,7 +474,9 @@ class KafkaInputPartition(InputPartition):
     request_timeout_ms: int | None
 
 
-def read_partition(split: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
+def read_partition(
+    split: KafkaInputPartition, fault_hook: FaultHook = NO_FAULTS
+) -> Iterator[pa.RecordBatch]:
     """Yield every record of `split` as Arrow batches of at most ARROW_BATCH_ROWS rows, or fail.
 
     Completion is judged by the consumer's position, not by counting records: offsets can
@@ -524,7 +526,7 @@ def read_partition(split: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
                     if split.start_offset <= record.offset < split.end_offset:
                         pending.append(record)
                 new_position = consumer.position(topic_partition, timeout_ms=remaining_ms)
-                crash_if_requested(CrashPoint.KAFKA_READ, split.start_offset, split.end_offset - 1)
+                fault_hook.reached(FaultPoint.KAFKA_READ, split.start_offset, split.end_offset - 1)
             except KafkaError as error:
                 raise RuntimeError(f"reading {where} failed: {error!r}") from error
             if new_position is not None and new_position > position:
@@ -551,8 +553,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     The camelCase method names are Spark's API (hence the `noqa: N802`).
     """
 
-    def __init__(self, options: KafkaSourceOptions) -> None:
+    def __init__(self, options: KafkaSourceOptions, fault_hook: FaultHook = NO_FAULTS) -> None:
         self.options = options
+        self.fault_hook = fault_hook
         # The driver-side consumer is created on first use: this object is also pickled to
         # executors, which never plan and must not open connections.
         self._consumer: KafkaConsumer | None = None
@@ -742,7 +745,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, KafkaInputPartition):
             raise TypeError(f"expected a KafkaInputPartition, got {type(partition).__name__}")
-        return read_partition(partition)
+        return read_partition(partition, self.fault_hook)
 
     def commit(self, end: dict[str, int]) -> None:
         # Nothing to do: the offsets live in Spark's checkpoint, which is the only truth a
@@ -757,6 +760,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 class KafkaDataSource(DataSource):
     """`spark.readStream.format("tw_kafka")`: one Kafka topic, Spark Kafka source columns."""
 
+    fault_hook: FaultHook = NO_FAULTS
+
     @classmethod
     def name(cls) -> str:
         return SOURCE_NAME
@@ -770,9 +775,19 @@ class KafkaDataSource(DataSource):
                 f"{SOURCE_NAME} has a fixed schema ({KAFKA_SCHEMA.simpleString()}); "
                 f"got {schema.simpleString()}"
             )
-        return KafkaStreamReader(KafkaSourceOptions.from_options(self.options))
+        return KafkaStreamReader(KafkaSourceOptions.from_options(self.options), self.fault_hook)
 
 
-def register(spark: SparkSession) -> None:
-    """Make `format("tw_kafka")` available in `spark`."""
-    spark.dataSource.register(KafkaDataSource)
+def register(spark: SparkSession, fault_hook: FaultHook = NO_FAULTS) -> None:
+    """Make `format("tw_kafka")` available in `spark`, reading with `fault_hook` installed."""
+    if fault_hook is NO_FAULTS:
+        spark.dataSource.register(KafkaDataSource)
+        return
+
+    # Spark builds the source from its class alone (options are strings), so the hook travels
+    # as a class attribute of a local subclass, which cloudpickle ships by value.
+    class HookedKafkaDataSource(KafkaDataSource):
+        pass
+
+    HookedKafkaDataSource.fault_hook = fault_hook
+    spark.dataSource.register(HookedKafkaDataSource)

@@ -27,7 +27,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from infra.faults import CrashPoint, crash_if_requested
+from storage.tables import EVENTS, LATE_EVENTS, QUARANTINE, TENANT_STATUS, WINDOWS
+from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
 from streaming.parsing import QuarantineReason
 from streaming.windowing import (
     Assignment,
@@ -41,11 +42,12 @@ from streaming.windowing import (
 from tenants.config_store import ConfigSnapshots
 from tenants.models import WindowRules
 
-KIND_EVENTS = "events"
-KIND_WINDOWS = "windows"
-KIND_LATE = "late_events"
-KIND_QUARANTINE = "quarantine"
-KIND_STATUS = "tenant_status"
+# `kind` names the table a union row belongs to: the table specs are the one source of truth.
+KIND_EVENTS = EVENTS.name
+KIND_WINDOWS = WINDOWS.name
+KIND_LATE = LATE_EVENTS.name
+KIND_QUARANTINE = QUARANTINE.name
+KIND_STATUS = TENANT_STATUS.name
 
 _OUTPUT_FIELDS: list[tuple[str, DataType]] = [
     ("kind", StringType()),
@@ -107,7 +109,9 @@ class _StoredState:
     quarantined_records: int
 
 
-def make_key_processor(snapshots: ConfigSnapshots) -> KeyProcessor:
+def make_key_processor(
+    snapshots: ConfigSnapshots, fault_hook: FaultHook = NO_FAULTS
+) -> KeyProcessor:
     def process(
         key: Any, frames: Iterable[pd.DataFrame], state: GroupState
     ) -> Iterator[pd.DataFrame]:
@@ -126,7 +130,7 @@ def make_key_processor(snapshots: ConfigSnapshots) -> KeyProcessor:
         batch = batch.sort_values(["partition", "offset"], kind="stable", ignore_index=True)
         if not batch.empty:
             offsets = batch["offset"]
-            crash_if_requested(CrashPoint.STATE_FUNCTION, int(offsets.min()), int(offsets.max()))
+            fault_hook.reached(FaultPoint.STATE_FUNCTION, int(offsets.min()), int(offsets.max()))
         if resolved is None:
             _reject(batch, batch["reason"].isna(), QuarantineReason.UNKNOWN_SOURCE, "no rules")
         else:

@@ -13,7 +13,6 @@ import hashlib
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,14 +126,15 @@ class ConfigWatcher:
             log.exception("tenant config could not be read; the stream keeps its last good config")
             return None
 
-    def watch(self, is_running: Callable[[], bool], interval_s: float) -> threading.Thread:
-        """Poll in a daemon thread while `is_running()`, so a change is in force from the next
-        micro-batch rather than from the one after it."""
+    def watch(
+        self, stopping: threading.Event, interval_s: float, clock_ms: Callable[[], int]
+    ) -> threading.Thread:
+        """Poll in a thread until `stopping` is set, so a change is in force from the next
+        micro-batch rather than from the one after it. The caller joins the thread."""
 
         def poll() -> None:
-            while is_running():
-                self.refresh(time.time_ns() // 1_000_000)
-                time.sleep(interval_s)
+            while not stopping.wait(interval_s):
+                self.refresh(clock_ms())
 
         thread = threading.Thread(target=poll, name="tenant-config-watcher", daemon=True)
         thread.start()

@@ -9,13 +9,12 @@ import os
 import signal
 import subprocess
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import pandas as pd
 
-from infra.faults import CRASH_AT_ENV
 from storage.tables import ALL_TABLES
 from tests.harness import Pipeline
 
@@ -64,10 +63,13 @@ def start_process(
     log: IO[bytes],
     environ: dict[str, str] | None = None,
     available_now: bool = True,
+    fault: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
-    """Start `tenant-windows run` in its own process group, output to `log`."""
+    """Start `tenant-windows run` in its own process group, output to `log`; `fault` installs
+    a fault hook (see `Pipeline.cli_run`)."""
+    extra = ["--available-now"] if available_now else []
     return subprocess.Popen(
-        pipeline.cli_run("--available-now") if available_now else pipeline.cli_run(),
+        pipeline.cli_run(*extra, fault=fault),
         cwd=ROOT,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -92,10 +94,11 @@ def run_process(
     log_path: Path,
     environ: dict[str, str] | None = None,
     timeout_s: float = RUN_TIMEOUT_S,
+    fault: Sequence[str] = (),
 ) -> int:
     """Run `tenant-windows run --available-now` to its end; its exit code (-9: SIGKILL)."""
     with log_path.open("wb") as log:
-        return wait_or_kill(start_process(pipeline, log, environ), timeout_s)
+        return wait_or_kill(start_process(pipeline, log, environ, fault=fault), timeout_s)
 
 
 def crash_and_recover(
@@ -106,7 +109,7 @@ def crash_and_recover(
 ) -> dict[str, pd.DataFrame]:
     """Run until the fault hook kills the run at `crash_at`, restart in `spark`, snapshot."""
     log_path = pipeline.workdir / "crashed-run.log"
-    code = run_process(pipeline, log_path, {CRASH_AT_ENV: crash_at})
+    code = run_process(pipeline, log_path, fault=["--crash-at", crash_at])
     assert code == -signal.SIGKILL, (
         f"expected a SIGKILL at {crash_at}, got exit code {code}:\n" + log_path.read_text()[-3000:]
     )

@@ -6,7 +6,7 @@ import itertools
 import json
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,11 +19,12 @@ from infra.load_generator import SampleRecord
 from infra.local_stack import LocalKafka
 from storage.delta_lake import DeltaLake
 from storage.tables import ALL_TABLES
-from streaming.query import start_stream
+from streaming.app import StreamApp
 from tenants.registry import TenantRegistry, load_registry
 from tenants.settings import AppSettings, load_settings
 
 _topic_numbers = itertools.count()
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -72,14 +73,17 @@ class Pipeline:
     def lake(self) -> DeltaLake:
         return DeltaLake.from_settings(self.settings.lake)
 
-    def cli_run(self, *extra: str) -> list[str]:
+    def cli_run(self, *extra: str, fault: Sequence[str] = ()) -> list[str]:
         """The `tenant-windows run` command line of this stream, to start it as its own process.
 
-        Start it with `process_environ()`, which carries the `TW_*` variables.
+        `fault` (e.g. `["--crash-at", "batch_start@1"]`) runs it through `tests.fault_hooks`
+        with that hook installed. Start it with `process_environ()`, which carries the `TW_*`
+        variables.
         """
         settings = self.settings
+        program = ["tests.fault_hooks", *fault, "--"] if fault else ["infra.cli"]
         command = [
-            sys.executable, "-m", "infra.cli", "run",
+            sys.executable, "-m", *program, "run",
             "--bootstrap-servers", settings.kafka.bootstrap_servers,
             "--topic", settings.kafka.topic,
             "--lake-root", settings.lake.root,
@@ -94,7 +98,9 @@ class Pipeline:
         return [*command, *extra]
 
     def process_environ(self, **extra: str) -> dict[str, str]:
-        return {**os.environ, **self.environ, **extra}
+        # The checkout on the path: Python workers unpickle the fault hooks from `tests`.
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        return {**os.environ, "PYTHONPATH": path, **self.environ, **extra}
 
     def registry(self) -> TenantRegistry:
         return load_registry(self.conf_dir)
@@ -131,7 +137,7 @@ class Pipeline:
         return {(tp.partition, offset) for tp in partitions for offset in range(ends[tp])}
 
     def run_available_now(self, spark: Any, timeout_s: float = 240) -> None:
-        stream = start_stream(spark, self.settings, self.lake, available_now=True)
+        stream = StreamApp(self.settings, self.lake).start(spark, True)
         try:
             finished = stream.query.awaitTermination(timeout=timeout_s)
             assert finished, f"the query did not finish within {timeout_s}s"

@@ -27,6 +27,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from infra.load_generator import LoadSpec, generate
 from infra.local_stack import LocalKafka
+from streaming.app import StreamApp
 from streaming.kafka_source import (
     KafkaInputPartition,
     KafkaSourceOptions,
@@ -34,7 +35,6 @@ from streaming.kafka_source import (
     KafkaUnavailableError,
     read_partition,
 )
-from streaming.query import start_stream
 from tenants.registry import load_registry
 from tests.crash_helpers import assert_every_record_landed_once, assert_same_tables, snapshot
 from tests.harness import Pipeline
@@ -133,7 +133,7 @@ def _run_until_drained(
     after_batch: Callable[[Any], None] | None = None,
 ) -> Any:
     """Run the continuous stream until its last batch ends at `ends`; `after_batch` once, after batch 1."""
-    stream = start_stream(spark, pipeline.settings, pipeline.lake)
+    stream = StreamApp(pipeline.settings, pipeline.lake).start(spark)
     query = stream.query
     try:
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
@@ -346,7 +346,7 @@ def test_a_long_outage_fails_the_query_clearly_and_a_restart_resumes(
 ) -> None:
     timeout_s = 4
     pipeline = _pipeline(broker, conf_dir, tmp_path, dataset.topic, f"{timeout_s}s")
-    stream = start_stream(spark, pipeline.settings, pipeline.lake)
+    stream = StreamApp(pipeline.settings, pipeline.lake).start(spark)
     query = stream.query
     try:
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
@@ -367,7 +367,7 @@ def test_a_long_outage_fails_the_query_clearly_and_a_restart_resumes(
     assert "KafkaUnavailableError" in message, message[-2000:]
 
     # Restarted while the broker is still down, it fails the same way rather than hang.
-    stream = start_stream(spark, pipeline.settings, pipeline.lake)
+    stream = StreamApp(pipeline.settings, pipeline.lake).start(spark)
     query = stream.query
     try:
         _await_failure(query, timeout_s + 30)

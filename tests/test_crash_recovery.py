@@ -16,8 +16,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from infra.faults import CrashPoint
 from infra.load_generator import LoadSpec, generate
+from streaming.hooks import FaultPoint
 from tenants.registry import load_registry
 from tests.crash_helpers import assert_same_tables, crash_and_recover, snapshot
 from tests.harness import Pipeline
@@ -72,11 +72,11 @@ def _crash_and_recover(
 @pytest.mark.parametrize(
     "crash_at",
     [
-        f"{CrashPoint.KAFKA_READ}@{BATCH_SIZE // 2 + 10}",
-        f"{CrashPoint.STATE_FUNCTION}@{BATCH_SIZE // 2 + 10}",
-        f"{CrashPoint.BATCH_START}@1",
-        f"{CrashPoint.BETWEEN_TABLE_COMMITS}@1",
-        f"{CrashPoint.AFTER_DELTA_COMMITS}@2",
+        f"{FaultPoint.KAFKA_READ}@{BATCH_SIZE // 2 + 10}",
+        f"{FaultPoint.STATE_FUNCTION}@{BATCH_SIZE // 2 + 10}",
+        f"{FaultPoint.BATCH_START}@1",
+        f"{FaultPoint.BETWEEN_TABLE_COMMITS}@1",
+        f"{FaultPoint.AFTER_DELTA_COMMITS}@2",
     ],
 )
 def test_a_crash_at_a_named_point_leaves_the_same_output_after_restart(
@@ -112,7 +112,7 @@ def test_a_half_written_checkpoint_file_is_ignored_on_restart(
         conf_dir,
         dataset,
         tmp_path,
-        f"{CrashPoint.AFTER_DELTA_COMMITS}@1",
+        f"{FaultPoint.AFTER_DELTA_COMMITS}@1",
         before_restart=leave_half_written_offsets,
     )
     assert_same_tables(recovered, clean_tables)
@@ -133,8 +133,8 @@ def test_random_crashes_leave_the_same_output_after_restart(
     batches = RECORDS // BATCH_SIZE
     rng = random.Random(int(os.environ.get("TENANT_WINDOWS_RANDOM_CRASH_SEED", "20261122")))
     for run in range(RANDOM_CRASHES):
-        point = rng.choice(list(CrashPoint))
-        if point in (CrashPoint.KAFKA_READ, CrashPoint.STATE_FUNCTION):
+        point = rng.choice(list(FaultPoint))
+        if point in (FaultPoint.KAFKA_READ, FaultPoint.STATE_FUNCTION):
             position = rng.randrange(0, RECORDS // 2)  # an offset in one of two partitions
         else:
             position = rng.randrange(0, batches)

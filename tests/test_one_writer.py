@@ -12,7 +12,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from subprocess import Popen
@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from infra.faults import PAUSE_AT_ENV, CrashPoint
 from infra.load_generator import LoadSpec, generate
 from infra.local_process import process_state
 from storage.writer_lease import LEASE_TABLE
+from streaming.hooks import FaultPoint
 from tests.crash_helpers import (
     ROOT,
     assert_every_record_landed_once,
@@ -40,11 +40,13 @@ LEASE_TTL = {"TW_STREAM__LEASE_TTL": "3s"}
 
 
 @contextmanager
-def _instance(pipeline: Pipeline, available_now: bool, **environ: str) -> Iterator[Popen[bytes]]:
+def _instance(
+    pipeline: Pipeline, available_now: bool, fault: Sequence[str] = ()
+) -> Iterator[Popen[bytes]]:
     """A `tenant-windows run` process, killed on the way out if it is still running."""
     log_path = pipeline.workdir / f"instance-{time.monotonic_ns()}.log"
     with log_path.open("wb") as log:
-        process = start_process(pipeline, log, environ, available_now)
+        process = start_process(pipeline, log, available_now=available_now, fault=fault)
         process.log_path = log_path  # type: ignore[attr-defined]
         try:
             yield process
@@ -125,8 +127,8 @@ def test_a_zombie_instance_cannot_commit_after_a_newer_one_took_over(
     spec = LoadSpec(count=240, late_share=0.1, malformed_share=0.05, jitter=30_000, seed=11)
     pipeline.produce_samples(generate(spec, {n: s.event_time for n, s in registry.sources.items()}))
 
-    pause_at = {PAUSE_AT_ENV: f"{CrashPoint.BEFORE_DELTA_COMMIT}@1"}
-    with _instance(pipeline, available_now=True, **pause_at) as zombie:
+    pause_at = ["--pause-at", f"{FaultPoint.BEFORE_DELTA_COMMIT}@1"]
+    with _instance(pipeline, available_now=True, fault=pause_at) as zombie:
         _wait_until(
             "the pause before batch 1's commit",
             lambda: process_state(zombie.pid) == "T",

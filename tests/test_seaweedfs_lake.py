@@ -15,10 +15,10 @@ import pandas as pd
 import pytest
 from pydantic import SecretStr
 
-from infra.faults import CrashPoint
 from infra.load_generator import LoadSpec, SampleRecord, generate
 from infra.seaweedfs import LocalSeaweedFS
 from storage.tables import ALL_TABLES
+from streaming.hooks import FaultPoint
 from tenants.registry import load_registry
 from tests.crash_helpers import (
     assert_every_record_landed_once,
@@ -110,7 +110,7 @@ def test_a_crash_between_table_commits_on_seaweedfs_recovers_to_the_clean_output
     recovered = crash_and_recover(
         crashed,
         spark,
-        f"{CrashPoint.BETWEEN_TABLE_COMMITS}@1",
+        f"{FaultPoint.BETWEEN_TABLE_COMMITS}@1",
         before_restart=the_crash_left_batch_1_in_some_tables_only,
     )
 

@@ -22,7 +22,7 @@ from kafka import KafkaProducer
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 
-from streaming.query import start_stream
+from streaming.app import StreamApp
 from tests.harness import Pipeline, record
 
 pytestmark = pytest.mark.integration
@@ -134,7 +134,7 @@ class Running:
 
     def __init__(self, spark: Any, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
-        self.stream = start_stream(spark, pipeline.settings, pipeline.lake, available_now=False)
+        self.stream = StreamApp(pipeline.settings, pipeline.lake).start(spark, False)
         self.query = self.stream.query
 
     def assert_healthy(self) -> None:

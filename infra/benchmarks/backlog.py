@@ -21,7 +21,7 @@ from pathlib import Path
 from infra.load_generator import LoadSpec, generate, send
 from infra.local_stack import LocalKafka
 from storage.delta_lake import DeltaLake
-from streaming.query import start_stream
+from streaming.app import StreamApp
 from streaming.session import build_spark
 from tenants.registry import load_registry
 from tenants.settings import load_settings
@@ -97,7 +97,7 @@ def _run(settings: object, max_offsets: int) -> None:
     sampler = threading.Thread(target=sample_memory, daemon=True)
     sampler.start()
     started = time.monotonic()
-    stream = start_stream(spark, settings, DeltaLake.from_settings(settings.lake), True)
+    stream = StreamApp(settings, DeltaLake.from_settings(settings.lake)).start(spark, True)
     query = stream.query
     while query.isActive:
         query.awaitTermination(timeout=1)

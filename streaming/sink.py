@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 from pyspark.sql import DataFrame
 
-from infra.faults import CrashPoint, crash_if_requested
 from storage.delta_lake import DeltaLake
 from storage.tables import ALL_TABLES, TableSpec, rows_for_table
+from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
 
 log = logging.getLogger(__name__)
 
@@ -29,14 +29,16 @@ class MicroBatchSink:
         app_id: str,
         writer_epoch: int,
         after_batch: Callable[[int], None] | None = None,
+        fault_hook: FaultHook = NO_FAULTS,
     ) -> None:
         self.lake = lake
         self.app_id = app_id
         self.writer_epoch = writer_epoch
         self.after_batch = after_batch
+        self.fault_hook = fault_hook
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
-        crash_if_requested(CrashPoint.BATCH_START, batch_id)
+        self.fault_hook.reached(FaultPoint.BATCH_START, batch_id)
         pending = [spec for spec in ALL_TABLES if not self._holds(spec, batch_id)]
         if not pending:
             # The plan must still run: it commits this batch's state store version, and Spark
@@ -55,10 +57,19 @@ class MicroBatchSink:
         for spec in pending:
             rows = rows_for_table(batch, spec, batch_id)
             if rows.num_rows > 0:
-                self.lake.append_batch(spec, rows, self.app_id, batch_id, self.writer_epoch)
-                crash_if_requested(CrashPoint.BETWEEN_TABLE_COMMITS, batch_id)
+                self.lake.append_batch(
+                    spec,
+                    rows,
+                    self.app_id,
+                    batch_id,
+                    self.writer_epoch,
+                    before_commit=lambda: self.fault_hook.reached(
+                        FaultPoint.BEFORE_DELTA_COMMIT, batch_id
+                    ),
+                )
+                self.fault_hook.reached(FaultPoint.BETWEEN_TABLE_COMMITS, batch_id)
             written[spec.name] = rows.num_rows
-        crash_if_requested(CrashPoint.AFTER_DELTA_COMMITS, batch_id)
+        self.fault_hook.reached(FaultPoint.AFTER_DELTA_COMMITS, batch_id)
         log.info(
             "batch %d: %d rows in %.2fs %s",
             batch_id,

@@ -1,0 +1,182 @@
+"""The composition root: config -> Kafka source -> keyed state -> sink -> Delta, under a lease.
+
+`StreamApp` is the one place that wires the application and owns its lifecycle: it checks the
+checkpoint, creates the tables, claims the writer lease, publishes the tenant config, starts
+the query, and runs the two background threads (lease renewal, config watcher). `stop()` stops
+all of it and joins the threads. `run_stream` is what `tenant-windows run` calls.
+
+Lifecycle, in the order the methods run:
+- `start(spark)`: everything above; raises before any write if the checkpoint belongs to
+  another stream or a live instance holds the lease.
+- the query runs; between micro-batches the config is re-read and published.
+- `stop()`: idempotent; the query stops, the threads end, the lease is released.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from types import FrameType
+
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
+
+from storage.delta_lake import DeltaLake
+from storage.writer_lease import FencedError, WriterLease
+from streaming.checkpoint_identity import StreamIdentity, check_checkpoint, claim_checkpoint
+from streaming.hooks import NO_FAULTS, FaultHook
+from streaming.query import start_query
+from streaming.session import build_spark
+from streaming.sink import MicroBatchSink
+from tenants.config_store import ConfigSnapshots, ConfigWatcher
+from tenants.registry import load_registry
+from tenants.settings import AppSettings
+
+log = logging.getLogger(__name__)
+
+CONFIG_POLL_INTERVAL_S = 1.0
+
+
+class StreamApp:
+    """One instance of the stream named in `settings`."""
+
+    def __init__(
+        self,
+        settings: AppSettings,
+        lake: DeltaLake | None = None,
+        fault_hook: FaultHook = NO_FAULTS,
+    ) -> None:
+        self.settings = settings
+        self.lake = lake or DeltaLake.from_settings(settings.lake)
+        self.fault_hook = fault_hook
+        self.identity = StreamIdentity(
+            stream_name=settings.stream.name,
+            topic=settings.kafka.topic,
+            lake_root=settings.lake.root,
+        )
+        self.snapshots = ConfigSnapshots(
+            f"{settings.stream.checkpoint_dir.rstrip('/')}/tenant_config"
+        )
+        self.lease: WriterLease = self.lake.writer_lease(settings.stream)
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._query: StreamingQuery | None = None
+
+    @property
+    def query(self) -> StreamingQuery:
+        if self._query is None:
+            raise RuntimeError("the stream has not been started")
+        return self._query
+
+    @property
+    def lost(self) -> FencedError | None:
+        """Why this instance lost the stream to a newer one, if it did."""
+        return self.lease.lost
+
+    def start(self, spark: SparkSession, available_now: bool = False) -> StreamApp:
+        """Claim the stream and start its query; `conf/` must be valid now, and is re-read later."""
+        # A foreign checkpoint, and then a second instance of the stream, stop before any write.
+        check_checkpoint(self.settings.stream.checkpoint_dir, self.identity)
+        self.lake.ensure_tables()
+        writer_epoch = self.lease.acquire()
+        try:
+            self._query = self._start_query(spark, writer_epoch, available_now)
+        except BaseException:
+            self.lease.release()
+            raise
+        self._threads.append(
+            self.lease.keep_alive(self._stopping, on_lost=self._stop_query_after_loss)
+        )
+        return self
+
+    def stop(self) -> None:
+        """Stop the query and every thread, then release the stream for the next instance."""
+        self._stopping.set()
+        if self._query is not None:
+            self._query.stop()
+        for thread in self._threads:
+            thread.join()
+        self._threads.clear()
+        self.lease.release()
+
+    def _start_query(
+        self, spark: SparkSession, writer_epoch: int, available_now: bool
+    ) -> StreamingQuery:
+        settings = self.settings
+        claim_checkpoint(settings.stream.checkpoint_dir, self.identity)
+        registry = load_registry(settings.conf_dir)  # an invalid config at start is fatal
+        first_start = self.snapshots.latest_fingerprint() is None
+        self.snapshots.publish(registry, effective_from_ms=0 if first_start else _now_ms())
+        watcher = ConfigWatcher(settings.conf_dir, self.snapshots)
+        watcher.refresh(_now_ms())
+        sink = MicroBatchSink(
+            self.lake,
+            app_id=settings.stream.name,
+            writer_epoch=writer_epoch,
+            # Checked again right after each batch's commits, so a change is in force from the
+            # next micro-batch.
+            after_batch=lambda _batch_id: _refresh(watcher),
+            fault_hook=self.fault_hook,
+        )
+        query = start_query(spark, settings, self.snapshots, sink, available_now, self.fault_hook)
+        self._threads.append(
+            watcher.watch(self._stopping, interval_s=CONFIG_POLL_INTERVAL_S, clock_ms=_now_ms)
+        )
+        return query
+
+    def _stop_query_after_loss(self) -> None:
+        # Called from the lease thread: only stop the query; `stop()` joins that thread.
+        if self._query is not None:
+            self._query.stop()
+
+
+def run_stream(
+    settings: AppSettings,
+    master: str | None = None,
+    available_now: bool = False,
+    fault_hook: FaultHook = NO_FAULTS,
+) -> int:
+    """Run the stream until it ends, fails or gets SIGTERM/SIGINT; the process's exit code."""
+    load_registry(settings.conf_dir)  # refuse an invalid config before Spark starts
+    spark = build_spark(settings.stream.name, master, settings.stream.shuffle_partitions)
+    app = StreamApp(settings, fault_hook=fault_hook)
+    # The handler only sets a flag: stopping the query inside it would interrupt the py4j call
+    # the main thread is blocked in.
+    stop_requested = threading.Event()
+
+    def request_stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: stopping the stream", signum)
+        stop_requested.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        app.start(spark, available_now)
+        query = app.query
+        while query.isActive and not stop_requested.is_set():
+            query.awaitTermination(timeout=1)
+        # A query that ended by itself may have failed; awaitTermination raises if it did.
+        if not query.isActive:
+            query.awaitTermination()
+    except StreamingQueryException as failure:
+        log.error("the stream failed: %s", failure)
+        return 1
+    finally:
+        app.stop()
+        spark.stop()
+    if app.lost is not None:
+        log.error("the stream stopped: %s", app.lost)
+        return 1
+    return 0
+
+
+def _refresh(watcher: ConfigWatcher) -> None:
+    watcher.refresh(_now_ms())
+
+
+def _now_ms() -> int:
+    # Only stamps when a new tenant config takes effect; the data path uses batch timestamps.
+    return time.time_ns() // 1_000_000

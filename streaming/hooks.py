@@ -1,0 +1,43 @@
+"""Named points in the data path where an injected hook is called; a no-op unless one is given.
+
+The composition root passes a `FaultHook` down to every stage. Production passes `NO_FAULTS`,
+whose call does nothing; the crash tests pass a hook that kills or pauses the process at one
+point, as a lost machine or a long GC pause would. A hook is pickled to the executors with the
+stage that calls it, so it must be picklable and must not capture driver-only state.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Protocol
+
+
+class FaultPoint(StrEnum):
+    KAFKA_READ = "kafka_read"
+    """Executor, while reading a Kafka partition range; position: an offset in the range."""
+    STATE_FUNCTION = "state_function"
+    """Executor, inside the stateful function; position: an offset of the records it got."""
+    BATCH_START = "batch_start"
+    """Driver, in foreachBatch before anything is written; Spark's offset log holds the batch."""
+    BETWEEN_TABLE_COMMITS = "between_table_commits"
+    """Driver, after the first table's Delta commit and before the next one."""
+    BEFORE_DELTA_COMMIT = "before_delta_commit"
+    """Driver, after a table's fence and batch checks, before its Delta commit."""
+    AFTER_DELTA_COMMITS = "after_delta_commits"
+    """Driver, after every Delta commit, before Spark writes its commit log entry."""
+
+
+class FaultHook(Protocol):
+    def reached(self, point: FaultPoint, first: int, last: int | None = None) -> None:
+        """Called when `point` is reached for positions [first, last] (a batch id on the
+        driver, Kafka offsets on executors, which do not know the batch id)."""
+
+
+class NoFaults:
+    """The production hook: does nothing."""
+
+    def reached(self, point: FaultPoint, first: int, last: int | None = None) -> None:
+        return None
+
+
+NO_FAULTS: FaultHook = NoFaults()
