@@ -11,10 +11,10 @@ from collections.abc import Callable
 import pyarrow as pa
 from deltalake import DeltaTable, Transaction, write_deltalake
 
+from storage.commits import check_fence, commit_without_conflict, conditional
 from storage.s3 import reaching, storage_options
 from storage.tables import ALL_TABLES, TableSpec
-from storage.writer_lease import WriterLease, check_fence, commit_without_conflict, conditional
-from tenants.settings import LakeSettings, StreamSettings
+from tenants.settings import LakeSettings
 
 
 class DeltaLake:
@@ -53,9 +53,6 @@ class DeltaLake:
         with reaching(self.root, self.storage_options):
             return DeltaTable(self.table_uri(spec), storage_options=self.storage_options)
 
-    def writer_lease(self, stream: StreamSettings) -> WriterLease:
-        return WriterLease(self, stream.name, stream.lease_ttl_ms)
-
     def committed_batch(self, spec: TableSpec, app_id: str) -> int | None:
         """The highest batch id `app_id` has committed to the table, if any."""
         return self.open(spec).transaction_version(app_id)
@@ -90,8 +87,8 @@ class DeltaLake:
     ) -> bool:
         """Append `rows` as batch `batch_id` of `app_id`, unless the table already holds it.
 
-        Only while the table is fenced with `writer_epoch` (see `writer_lease`): the check and
-        the commit use one snapshot, and the commit fails if anything landed after it, so a
+        Only while the table is fenced with `writer_epoch` (see `storage.writer_lease`): the check
+        and the commit use one snapshot, and the commit fails if anything landed after it, so a
         newer instance's fence can never be slipped past. `before_commit` runs after those checks,
         right before the commit. Returns whether it committed.
         """

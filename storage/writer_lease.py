@@ -29,20 +29,22 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
-from typing import TYPE_CHECKING, TypeVar
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError
+from deltalake import DeltaTable, Transaction, write_deltalake
 
+from storage.commits import (
+    FencedError,
+    commit_without_conflict,
+    conditional,
+    fence_app_id,
+)
+from storage.delta_lake import DeltaLake
 from storage.s3 import reaching
 from storage.tables import ALL_TABLES, TableSpec
-
-if TYPE_CHECKING:  # DeltaLake commits through this module's fence and conditional commits
-    from storage.delta_lake import DeltaLake
+from tenants.settings import StreamSettings
 
 log = logging.getLogger(__name__)
-_T = TypeVar("_T")
 
 LEASE_TABLE = "_stream_leases"
 CLAIMS_SCHEMA = pa.schema(
@@ -60,15 +62,10 @@ LEASE_TABLE_CONFIGURATION: dict[str, str | None] = {
     "delta.logRetentionDuration": "interval 1 days",
     "delta.checkpointInterval": "100",
 }
-COMMIT_ATTEMPTS = 20
 
 
 class StreamLeaseHeldError(RuntimeError):
     """Another live instance runs this stream."""
-
-
-class FencedError(RuntimeError):
-    """A newer instance claimed this stream: this one must not write anything more."""
 
 
 @dataclass(frozen=True)
@@ -84,43 +81,6 @@ class Claim:
 
     def describe(self) -> str:
         return f"instance {self.instance_id} (pid {self.pid} on {self.host}, epoch {self.epoch})"
-
-
-def fence_app_id(stream: str) -> str:
-    return f"{stream}/writer_epoch"
-
-
-def check_fence(table: DeltaTable, stream: str, epoch: int) -> None:
-    """Raise unless `table`'s snapshot is fenced with exactly `epoch`."""
-    fenced_with = table.transaction_version(fence_app_id(stream))
-    if fenced_with != epoch:
-        raise FencedError(
-            f"stream {stream!r}: {table.table_uri} is fenced by writer epoch {fenced_with}, this "
-            f"instance holds epoch {epoch}; a newer instance took the stream over, so this one "
-            "stops without writing"
-        )
-
-
-def conditional(*transactions: Transaction) -> CommitProperties:
-    """Commit properties without retry: the commit fails if anything landed after its snapshot."""
-    return CommitProperties(app_transactions=list(transactions), max_commit_retries=0)
-
-
-def commit_without_conflict(
-    what: str, attempt: Callable[[], _T], exhausted: type[Exception] = RuntimeError
-) -> _T:
-    """Run `attempt` until its conditional commit lands with no other commit in between.
-
-    `attempt` loads a fresh snapshot, checks it, and commits with `conditional()`; a commit that
-    landed after that snapshot fails it with CommitFailedError, and it runs again, checks
-    included. After COMMIT_ATTEMPTS such failures, `exhausted` is raised.
-    """
-    for _ in range(COMMIT_ATTEMPTS):
-        try:
-            return attempt()
-        except CommitFailedError:
-            log.info("%s: another commit landed first; checking again", what)
-    raise exhausted(f"{what}: the table kept changing during {COMMIT_ATTEMPTS} attempts; retry")
 
 
 def _describe(claim: Claim | None, epoch: int | None) -> str:
@@ -144,6 +104,10 @@ class WriterLease:
         self.instance_id = uuid.uuid4().hex[:12]
         self.epoch: int | None = None
         self.lost: FencedError | None = None
+
+    @classmethod
+    def for_stream(cls, lake: DeltaLake, stream: StreamSettings) -> WriterLease:
+        return cls(lake, stream.name, stream.lease_ttl_ms)
 
     @property
     def table_uri(self) -> str:

@@ -24,8 +24,9 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
+from storage.commits import FencedError
 from storage.delta_lake import DeltaLake
-from storage.writer_lease import FencedError, WriterLease
+from storage.writer_lease import WriterLease
 from streaming.checkpoint_identity import StreamIdentity, check_checkpoint, claim_checkpoint
 from streaming.hooks import NO_FAULTS, FaultHook
 from streaming.query import start_query
@@ -60,7 +61,7 @@ class StreamApp:
         self.snapshots = ConfigSnapshots(
             f"{settings.stream.checkpoint_dir.rstrip('/')}/tenant_config"
         )
-        self.lease: WriterLease = self.lake.writer_lease(settings.stream)
+        self.lease: WriterLease = WriterLease.for_stream(self.lake, settings.stream)
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._query: StreamingQuery | None = None

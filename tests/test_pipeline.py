@@ -14,6 +14,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from infra.load_generator import LoadSpec, generate
 from storage.delta_lake import DeltaLake
 from storage.tables import ALL_TABLES
+from storage.writer_lease import WriterLease
 from streaming.kafka_source import register as register_kafka_source
 from streaming.keyed_state import OUTPUT_SCHEMA, output_frame
 from streaming.sink import MicroBatchSink
@@ -164,7 +165,7 @@ def test_the_sink_called_twice_for_one_batch_id_writes_once(spark: Any, tmp_path
         ),
         OUTPUT_SCHEMA,
     )
-    epoch = lake.writer_lease(StreamSettings(name="replay-test")).acquire()
+    epoch = WriterLease.for_stream(lake, StreamSettings(name="replay-test")).acquire()
     sink = MicroBatchSink(lake, app_id="replay-test", writer_epoch=epoch)
 
     def row_counts() -> dict[str, int]:

@@ -16,15 +16,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from storage.commits import FencedError, fence_app_id
 from storage.delta_lake import DeltaLake
 from storage.tables import ALL_TABLES, QUARANTINE
-from storage.writer_lease import (
-    LEASE_TABLE,
-    FencedError,
-    StreamLeaseHeldError,
-    WriterLease,
-    fence_app_id,
-)
+from storage.writer_lease import LEASE_TABLE, StreamLeaseHeldError, WriterLease
 from tenants.settings import StreamSettings
 
 STREAM = "orders"
@@ -38,7 +33,7 @@ def _lake(tmp_path: Path) -> DeltaLake:
 
 
 def _lease(lake: DeltaLake, clock_ms: int | None = None) -> WriterLease:
-    lease = lake.writer_lease(StreamSettings(name=STREAM, lease_ttl=f"{TTL_MS}ms"))
+    lease = WriterLease.for_stream(lake, StreamSettings(name=STREAM, lease_ttl=f"{TTL_MS}ms"))
     if clock_ms is not None:
         lease.clock_ms = lambda: clock_ms
     return lease
@@ -155,8 +150,9 @@ def test_the_claim_of_a_process_that_died_on_this_host_is_taken_over_at_once(
     dies_holding = (
         "import os, signal, sys\n"
         "from storage.delta_lake import DeltaLake\n"
+        "from storage.writer_lease import WriterLease\n"
         "from tenants.settings import StreamSettings\n"
-        f"DeltaLake(sys.argv[1]).writer_lease(StreamSettings(name={STREAM!r})).acquire()\n"
+        f"WriterLease.for_stream(DeltaLake(sys.argv[1]), StreamSettings(name={STREAM!r})).acquire()\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     done = subprocess.run(
