@@ -27,6 +27,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from storage.commits import FencedError
 from storage.delta_lake import DeltaLake
 from storage.writer_lease import WriterLease
+from streaming.bucket_state import STATE_LAYOUT
 from streaming.checkpoint_identity import StreamIdentity, check_checkpoint, claim_checkpoint
 from streaming.hooks import NO_FAULTS, FaultHook
 from streaming.query import start_query
@@ -57,6 +58,8 @@ class StreamApp:
             stream_name=settings.stream.name,
             topic=settings.kafka.topic,
             lake_root=settings.lake.root,
+            state_layout=STATE_LAYOUT,
+            state_buckets=settings.stream.state_buckets,
         )
         self.snapshots = ConfigSnapshots(
             f"{settings.stream.checkpoint_dir.rstrip('/')}/tenant_config"

@@ -24,6 +24,10 @@ class StreamIdentity(BaseModel):
     stream_name: str
     topic: str
     lake_root: str
+    state_layout: int = 1
+    """How window state is kept; checkpoints written before this field existed are layout 1."""
+    state_buckets: int | None = None
+    """How many hash buckets of keys the state has (layout 2 on)."""
 
 
 def check_checkpoint(checkpoint_dir: str, identity: StreamIdentity) -> None:
@@ -43,6 +47,19 @@ def check_checkpoint(checkpoint_dir: str, identity: StreamIdentity) -> None:
         raise CheckpointMismatchError(
             f"{path} is damaged ({error}); refusing to resume from it"
         ) from None
+    if recorded.state_layout != identity.state_layout:
+        raise CheckpointMismatchError(
+            f"checkpoint {folder} keeps its window state in layout {recorded.state_layout}; this "
+            f"version reads layout {identity.state_layout} only and would misread it. Keep "
+            "running the version that wrote it, or stop it and reprocess with this version into "
+            "a new checkpoint and lake (docs/operations.md, 'Reprocess from an offset')."
+        )
+    if recorded.state_buckets != identity.state_buckets:
+        raise CheckpointMismatchError(
+            f"checkpoint {folder} keeps its state in {recorded.state_buckets} buckets; this run "
+            f"asks for {identity.state_buckets}. The number is frozen in the checkpoint: set "
+            f"stream.state_buckets to {recorded.state_buckets}, or use a new --checkpoint-dir."
+        )
     if recorded != identity:
         differences = ", ".join(
             f"{name} {getattr(recorded, name)!r} (this run: {getattr(identity, name)!r})"

@@ -12,7 +12,13 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 
 from streaming import kafka_source
 from streaming.hooks import NO_FAULTS, FaultHook
-from streaming.keyed_state import OUTPUT_SCHEMA, STATE_SCHEMA, make_key_processor
+from streaming.keyed_state import (
+    BUCKET_COLUMN,
+    OUTPUT_SCHEMA,
+    STATE_SCHEMA,
+    bucket_expression,
+    make_bucket_processor,
+)
 from streaming.routing import KAFKA_COLUMNS_SQL, ROUTED_SCHEMA, make_router
 from streaming.sink import MicroBatchSink
 from tenants.config_store import ConfigSnapshots
@@ -49,12 +55,13 @@ def windowed_rows(
     routed = kafka_records.selectExpr(*KAFKA_COLUMNS_SQL).mapInPandas(
         make_router(snapshots, settings.stream.max_record_bytes), ROUTED_SCHEMA
     )
-    return routed.groupBy("tenant", "source").applyInPandasWithState(
-        make_key_processor(snapshots, fault_hook),
+    bucketed = routed.selectExpr("*", bucket_expression(settings.stream.state_buckets))
+    return bucketed.groupBy(BUCKET_COLUMN).applyInPandasWithState(
+        make_bucket_processor(snapshots, fault_hook),
         outputStructType=OUTPUT_SCHEMA,
         stateStructType=STATE_SCHEMA,
         outputMode="append",
-        # Idle keys are called back after their `idle_timeout` to advance their watermark.
+        # A bucket is called back when its first idle key's `idle_timeout` passes.
         timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
     )
 

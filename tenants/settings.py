@@ -92,6 +92,14 @@ class StreamSettings(_Frozen):
     shuffle_partitions: int = Field(
         default=4, gt=0, description="State partitions; frozen once a checkpoint exists."
     )
+    state_buckets: int = Field(
+        default=64,
+        gt=0,
+        description=(
+            "Keys are grouped into this many hash buckets of state, so Spark's per-group cost "
+            "does not grow with the number of tenants; frozen once a checkpoint exists."
+        ),
+    )
     max_record_bytes: int = Field(
         default=1_048_576, gt=0, description="Larger Kafka values are quarantined (`too_large`)."
     )
