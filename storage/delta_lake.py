@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import pyarrow as pa
-from deltalake import DeltaTable, Transaction, write_deltalake
+from deltalake import DeltaTable, Transaction
+from deltalake.transaction import AddAction, RemoveAction
 
 from storage.commits import check_fence, commit_without_conflict, conditional
+from storage.data_files import WrittenFile
 from storage.s3 import reaching, storage_options
 from storage.tables import ALL_TABLES, TableSpec
 from tenants.settings import LakeSettings
@@ -76,22 +77,34 @@ class DeltaLake:
             for spec in ALL_TABLES
         }
 
-    def append_batch(
+    def commit_files(
         self,
         spec: TableSpec,
-        rows: pa.Table,
+        files: list[WrittenFile],
         app_id: str,
         batch_id: int,
         writer_epoch: int,
         before_commit: Callable[[], None] = lambda: None,
     ) -> bool:
-        """Append `rows` as batch `batch_id` of `app_id`, unless the table already holds it.
+        """Commit `files` (written by executors) as batch `batch_id` of `app_id`, in one commit,
+        unless the table already holds that batch.
 
         Only while the table is fenced with `writer_epoch` (see `storage.writer_lease`): the check
         and the commit use one snapshot, and the commit fails if anything landed after it, so a
         newer instance's fence can never be slipped past. `before_commit` runs after those checks,
         right before the commit. Returns whether it committed.
         """
+        actions: list[AddAction | RemoveAction] = [
+            AddAction(
+                path=file.path,
+                size=file.size,
+                partition_values=file.partition_values,
+                modification_time=file.modification_time,
+                data_change=True,
+                stats=file.stats,
+            )
+            for file in files
+        ]
 
         def attempt() -> bool:
             table = self.open(spec)
@@ -101,11 +114,11 @@ class DeltaLake:
                 return False
             before_commit()
             with reaching(self.root, self.storage_options):
-                write_deltalake(
-                    table,
-                    rows,
+                table.create_write_transaction(
+                    actions,
                     mode="append",
-                    partition_by=list(spec.partition_by),
+                    schema=spec.schema,
+                    partition_by=list(spec.partition_by) or None,
                     commit_properties=conditional(Transaction(app_id=app_id, version=batch_id)),
                 )
             return True

@@ -159,7 +159,7 @@ def rows_for_table(batch: pa.Table, spec: TableSpec, batch_id: int) -> pa.Table:
     derived["window_date"] = pc.cast(derived["window_start"], pa.date32())
     # Ingest date comes from the Kafka timestamp, not the clock, so a replay lands identically.
     derived["ingest_date"] = pc.cast(derived["kafka_timestamp"], pa.date32())
-    if spec is EVENTS:
+    if spec.name == EVENTS.name:
         # Accepted values were decoded as UTF-8 JSON objects upstream, so this cast cannot fail.
         derived["payload"] = pc.cast(rows["value"], pa.string())
     columns = [

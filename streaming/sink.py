@@ -1,10 +1,13 @@
 """The `foreachBatch` target: one micro-batch's rows into every Delta table, exactly once.
 
-A table that already holds this stream's commit for the batch id is skipped, so a retried or
-replayed batch never duplicates output; a crash between two tables' commits is completed by the
-replay. Spark's commit log entry comes after this returns, so a batch is replayed until all of
-its tables are committed. Every commit is fenced with this instance's writer epoch, so an
-instance that lost the stream to a newer one fails its batch instead of writing.
+Executors write the batch's Parquet files (`storage.data_files`); the driver collects only one
+small row per file and commits each table's files in one Delta commit carrying the transaction
+id (stream, batch). A table that already holds this stream's commit for the batch id is
+skipped, so a retried or replayed batch never duplicates output; a crash between two tables'
+commits is completed by the replay. Spark's commit log entry comes after this returns, so a
+batch is replayed until all of its tables are committed. Every commit is fenced with this
+instance's writer epoch, so an instance that lost the stream to a newer one fails its batch
+instead of writing.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ import logging
 import time
 from collections.abc import Callable
 
+from pyspark import TaskContext
 from pyspark.sql import DataFrame
 
+from storage.data_files import WRITTEN_FILE_DDL, BatchFiles, WrittenFile, write_task_files
 from storage.delta_lake import DeltaLake
-from storage.tables import ALL_TABLES, TableSpec, rows_for_table
+from storage.tables import ALL_TABLES, TableSpec
 from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
 
 log = logging.getLogger(__name__)
@@ -52,14 +57,28 @@ class MicroBatchSink:
 
     def _commit(self, batch_df: DataFrame, batch_id: int, pending: list[TableSpec]) -> None:
         started = time.monotonic()
-        batch = batch_df.toArrow()
-        written: dict[str, int] = {}
+        target = BatchFiles(
+            root=self.lake.root,
+            storage_options=self.lake.storage_options,
+            stream=self.app_id,
+            writer_epoch=self.writer_epoch,
+            batch_id=batch_id,
+            table_names=tuple(spec.name for spec in pending),
+        )
+        # Only the file list reaches the driver, never the rows.
+        written = [
+            WrittenFile.from_row(row.asDict())
+            for row in batch_df.mapInArrow(
+                write_task_files(target, _task_partition), WRITTEN_FILE_DDL
+            ).collect()
+        ]
+        rows: dict[str, int] = {}
         for spec in pending:
-            rows = rows_for_table(batch, spec, batch_id)
-            if rows.num_rows > 0:
-                self.lake.append_batch(
+            files = [file for file in written if file.table_name == spec.name]
+            if files:
+                self.lake.commit_files(
                     spec,
-                    rows,
+                    files,
                     self.app_id,
                     batch_id,
                     self.writer_epoch,
@@ -68,14 +87,14 @@ class MicroBatchSink:
                     ),
                 )
                 self.fault_hook.reached(FaultPoint.BETWEEN_TABLE_COMMITS, batch_id)
-            written[spec.name] = rows.num_rows
+            rows[spec.name] = sum(file.num_records for file in files)
         self.fault_hook.reached(FaultPoint.AFTER_DELTA_COMMITS, batch_id)
         log.info(
-            "batch %d: %d rows in %.2fs %s",
+            "batch %d: %d files in %.2fs %s",
             batch_id,
-            batch.num_rows,
+            len(written),
             time.monotonic() - started,
-            " ".join(f"{name}={count}" for name, count in written.items()),
+            " ".join(f"{name}={count}" for name, count in rows.items()),
         )
 
     def _holds(self, spec: TableSpec, batch_id: int) -> bool:
@@ -83,3 +102,8 @@ class MicroBatchSink:
         # `batch_id` already holds it (a batch with no rows for a table commits nothing there).
         committed = self.lake.committed_batch(spec, self.app_id)
         return committed is not None and committed >= batch_id
+
+
+def _task_partition() -> int:
+    context = TaskContext.get()
+    return context.partitionId() if context is not None else 0

@@ -25,6 +25,8 @@ from tenants.settings import AppSettings, load_settings
 
 _topic_numbers = itertools.count()
 ROOT = Path(__file__).resolve().parents[1]
+# Few state buckets, so the tests' handful of keys share buckets as 10,000 tenants would.
+STATE_BUCKETS = 3
 
 
 @dataclass
@@ -66,6 +68,7 @@ class Pipeline:
                 "stream.checkpoint_dir": str(self.workdir / "checkpoint"),
                 "stream.name": self.stream_name,
                 "stream.trigger_interval": self.trigger_interval,
+                "stream.state_buckets": STATE_BUCKETS,
             },
         )
 
@@ -100,7 +103,8 @@ class Pipeline:
     def process_environ(self, **extra: str) -> dict[str, str]:
         # The checkout on the path: Python workers unpickle the fault hooks from `tests`.
         path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        return {**os.environ, "PYTHONPATH": path, **self.environ, **extra}
+        buckets = {"TW_STREAM__STATE_BUCKETS": str(STATE_BUCKETS)}
+        return {**os.environ, "PYTHONPATH": path, **buckets, **self.environ, **extra}
 
     def registry(self) -> TenantRegistry:
         return load_registry(self.conf_dir)

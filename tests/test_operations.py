@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from infra.cli import main
+from streaming.bucket_state import STATE_LAYOUT
 from streaming.checkpoint_identity import (
     IDENTITY_FILE,
     CheckpointMismatchError,
@@ -45,6 +46,27 @@ def test_a_checkpoint_of_another_stream_is_refused(
     with pytest.raises(CheckpointMismatchError, match="belongs to another stream") as refused:
         claim_checkpoint(str(tmp_path), IDENTITY.model_copy(update=changed))
     assert named in str(refused.value)
+
+
+def test_a_checkpoint_with_an_older_state_layout_is_refused_with_what_to_do(
+    tmp_path: Path,
+) -> None:
+    # What a checkpoint of the version that kept one state row per key recorded.
+    (tmp_path / IDENTITY_FILE).write_text(
+        json.dumps({"stream_name": "orders", "topic": "events", "lake_root": "/lake"})
+    )
+    current = IDENTITY.model_copy(update={"state_layout": STATE_LAYOUT, "state_buckets": 64})
+    with pytest.raises(CheckpointMismatchError, match="layout 1") as refused:
+        claim_checkpoint(str(tmp_path), current)
+    assert str(tmp_path) in str(refused.value)
+    assert "reprocess" in str(refused.value)
+
+
+def test_a_checkpoint_with_another_bucket_count_is_refused(tmp_path: Path) -> None:
+    written = IDENTITY.model_copy(update={"state_layout": STATE_LAYOUT, "state_buckets": 64})
+    claim_checkpoint(str(tmp_path), written)
+    with pytest.raises(CheckpointMismatchError, match=r"set stream\.state_buckets to 64"):
+        claim_checkpoint(str(tmp_path), written.model_copy(update={"state_buckets": 8}))
 
 
 def test_a_damaged_or_foreign_checkpoint_is_refused(tmp_path: Path) -> None:

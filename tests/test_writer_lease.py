@@ -9,17 +9,19 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from datetime import date
 from pathlib import Path
 
+import pandas as pd
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
 from storage.commits import FencedError, fence_app_id
+from storage.data_files import BatchFiles, WrittenFile, write_task_files
 from storage.delta_lake import DeltaLake
 from storage.tables import ALL_TABLES, QUARANTINE
 from storage.writer_lease import LEASE_TABLE, StreamLeaseHeldError, WriterLease
+from streaming.keyed_state import output_frame
 from tenants.settings import StreamSettings
 
 STREAM = "orders"
@@ -39,10 +41,26 @@ def _lease(lake: DeltaLake, clock_ms: int | None = None) -> WriterLease:
     return lease
 
 
-def _one_row() -> pa.Table:
-    row: dict[str, object] = {field.name: None for field in QUARANTINE.schema}
-    row |= {"reason": "not_json", "ingest_date": date(2026, 1, 1), "partition": 0, "offset": 1}
-    return pa.Table.from_pylist([row], schema=QUARANTINE.schema)
+def _commit_one_row(lake: DeltaLake, batch_id: int, writer_epoch: int) -> bool:
+    """Write one quarantine row as an executor would, then commit it as the driver does."""
+    union_row = output_frame(
+        pd.DataFrame(
+            {
+                "kind": ["quarantine"],
+                "reason": ["malformed_json"],
+                "partition": [0],
+                "offset": [1],
+                "kafka_timestamp_ms": [1_767_225_600_000],
+                "value": [b"{"],
+            }
+        )
+    )
+    target = BatchFiles(lake.root, None, STREAM, writer_epoch, batch_id, (QUARANTINE.name,))
+    written = write_task_files(target, lambda: 0)(
+        iter(pa.Table.from_pandas(union_row).to_batches())
+    )
+    files = [WrittenFile.from_row(row) for batch in written for row in batch.to_pylist()]
+    return lake.commit_files(QUARANTINE, files, STREAM, batch_id, writer_epoch)
 
 
 def _versions(lake: DeltaLake) -> dict[str, int]:
@@ -96,14 +114,14 @@ def test_a_silent_holder_is_taken_over_and_then_fenced_out(tmp_path: Path) -> No
         zombie.renew()
     before = lake.open(QUARANTINE).version()
     with pytest.raises(FencedError, match="a newer instance took the stream over"):
-        lake.append_batch(QUARANTINE, _one_row(), STREAM, batch_id=0, writer_epoch=zombie_epoch)
+        _commit_one_row(lake, batch_id=0, writer_epoch=zombie_epoch)
     assert lake.open(QUARANTINE).version() == before
     zombie.release()  # a lost lease is not released: that would free the successor's claim
     with pytest.raises(StreamLeaseHeldError):
         _lease(lake).acquire()
 
-    assert lake.append_batch(QUARANTINE, _one_row(), STREAM, 0, successor.epoch or 0)
-    assert not lake.append_batch(QUARANTINE, _one_row(), STREAM, 0, successor.epoch or 0)
+    assert _commit_one_row(lake, 0, successor.epoch or 0)
+    assert not _commit_one_row(lake, 0, successor.epoch or 0)
     assert lake.open(QUARANTINE).to_pyarrow_table().num_rows == 1
 
 
@@ -117,7 +135,7 @@ def test_a_zombie_commit_on_a_snapshot_older_than_the_new_fence_fails(tmp_path: 
 
     lake.open = lambda spec: snapshot if spec is QUARANTINE else DeltaLake.open(lake, spec)  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="kept changing"):
-        lake.append_batch(QUARANTINE, _one_row(), STREAM, batch_id=0, writer_epoch=zombie_epoch)
+        _commit_one_row(lake, batch_id=0, writer_epoch=zombie_epoch)
     assert DeltaLake(lake.root).open(QUARANTINE).to_pyarrow_table().num_rows == 0
 
 

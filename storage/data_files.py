@@ -1,0 +1,267 @@
+"""Executors write a micro-batch's Parquet data files; the driver only commits their paths.
+
+Collecting every batch on the driver bounded the stream by one process's memory and bandwidth.
+Instead, each executor task turns its union rows into the output tables' rows and writes one
+Parquet file per (table, partition) it holds, straight into the table's folder. It returns one
+small row per file (path, size, partition values, stats): all the driver needs to build the
+Delta `add` actions and commit them with the batch's transaction id (`DeltaLake.commit_files`).
+
+File names are derived from the stream, its writer epoch, the batch, the table and the Spark
+partition, so a retried task or batch of the same instance writes the same names, and an
+instance that took over (a new epoch) never overwrites a file an older one may have committed.
+Files of an attempt that was never committed are referenced by no version: `vacuum` removes
+them.
+
+Runs on executors: pyarrow and pyspark only.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import date, datetime
+from typing import Any
+from urllib.parse import quote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyarrow import fs
+
+from storage.tables import ALL_TABLES, TableSpec, rows_for_table
+
+WRITTEN_FILE_FIELDS = [
+    ("table_name", pa.string()),
+    ("path", pa.string()),
+    ("size", pa.int64()),
+    ("partition_values_json", pa.string()),
+    ("modification_time", pa.int64()),
+    ("stats", pa.string()),
+    ("num_records", pa.int64()),
+]
+WRITTEN_FILE_SCHEMA = pa.schema(WRITTEN_FILE_FIELDS)
+WRITTEN_FILE_DDL = ", ".join(
+    f"{name} {'STRING' if field_type == pa.string() else 'BIGINT'}"
+    for name, field_type in WRITTEN_FILE_FIELDS
+)
+_SPECS = {spec.name: spec for spec in ALL_TABLES}
+# Stats let readers skip files; min/max only for the types Delta compares without surprises.
+_STATS_TYPES = (pa.types.is_integer, pa.types.is_timestamp, pa.types.is_date)
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """One Parquet file an executor wrote, as the driver commits it."""
+
+    table_name: str
+    path: str
+    """Relative to the table's root, as Delta's `add` action wants it."""
+    size: int
+    partition_values: dict[str, str | None]
+    modification_time: int
+    stats: str
+    num_records: int
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> WrittenFile:
+        return cls(
+            table_name=row["table_name"],
+            path=row["path"],
+            size=int(row["size"]),
+            partition_values=json.loads(row["partition_values_json"]),
+            modification_time=int(row["modification_time"]),
+            stats=row["stats"],
+            num_records=int(row["num_records"]),
+        )
+
+
+@dataclass(frozen=True)
+class BatchFiles:
+    """Where and under which names one micro-batch's files go; pickled to the executors.
+
+    `storage_options` may hold S3 keys: they travel to the executors (which must reach the
+    lake) but are never printed.
+    """
+
+    root: str
+    storage_options: dict[str, str] | None
+    stream: str
+    writer_epoch: int
+    batch_id: int
+    table_names: tuple[str, ...]
+
+    def __repr__(self) -> str:
+        return f"BatchFiles({self.root!r}, batch {self.batch_id}, {self.table_names})"
+
+    def file_name(self, task_partition: int, table_name: str, partition_values: str) -> str:
+        # The partition's folder already tells the partition apart; the task partition tells
+        # apart the files two tasks write into one folder. A short digest keeps names bounded.
+        digest = uuid.uuid5(uuid.NAMESPACE_URL, f"{table_name}/{partition_values}").hex[:12]
+        return (
+            f"part-{self.stream}-e{self.writer_epoch}-b{self.batch_id:010d}-"
+            f"t{task_partition:05d}-{digest}.parquet"
+        )
+
+
+def write_task_files(
+    target: BatchFiles, task_partition: Callable[[], int]
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The `mapInArrow` function: union rows in, one row per written file out."""
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        received = [batch for batch in batches if batch.num_rows > 0]
+        if not received:
+            return
+        union = pa.Table.from_batches(received)
+        filesystem, base = filesystem_of(target.root, target.storage_options)
+        partition = task_partition()
+        written = [
+            file
+            for table_name in target.table_names
+            for file in _write_table(filesystem, base, target, partition, _SPECS[table_name], union)
+        ]
+        if written:
+            yield pa.RecordBatch.from_pylist(
+                [
+                    {
+                        "table_name": file.table_name,
+                        "path": file.path,
+                        "size": file.size,
+                        "partition_values_json": json.dumps(file.partition_values),
+                        "modification_time": file.modification_time,
+                        "stats": file.stats,
+                        "num_records": file.num_records,
+                    }
+                    for file in written
+                ],
+                schema=WRITTEN_FILE_SCHEMA,
+            )
+
+    return write
+
+
+def _write_table(
+    filesystem: fs.FileSystem,
+    base: str,
+    target: BatchFiles,
+    task_partition: int,
+    spec: TableSpec,
+    union: pa.Table,
+) -> Iterator[WrittenFile]:
+    rows = rows_for_table(union, spec, target.batch_id)
+    if rows.num_rows == 0:
+        return
+    for partition_values, part in _split_by_partition(rows, spec.partition_by):
+        folder = "/".join(
+            f"{column}={_escape(value)}" for column, value in partition_values.items()
+        )
+        name = target.file_name(task_partition, spec.name, folder)
+        relative = f"{folder}/{name}" if folder else name
+        data = part.drop_columns(list(spec.partition_by))
+        full_path = f"{base}/{spec.name}/{relative}"
+        filesystem.create_dir(full_path.rsplit("/", 1)[0], recursive=True)
+        pq.write_table(data, full_path, filesystem=filesystem, compression="zstd")
+        info = filesystem.get_file_info(full_path)
+        yield WrittenFile(
+            table_name=spec.name,
+            path=relative,
+            size=int(info.size or 0),
+            partition_values=partition_values,
+            modification_time=int(
+                info.mtime_ns // 1_000_000 if info.mtime_ns else time.time_ns() // 1_000_000
+            ),
+            stats=_stats(data),
+            num_records=data.num_rows,
+        )
+
+
+def _split_by_partition(
+    rows: pa.Table, partition_by: tuple[str, ...]
+) -> Iterator[tuple[dict[str, str | None], pa.Table]]:
+    if not partition_by:
+        yield {}, rows
+        return
+    keys = rows.select(list(partition_by))
+    # Group row indexes by their partition values, in one pass over plain values.
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    columns = [keys.column(column).to_pylist() for column in partition_by]
+    for index, values in enumerate(zip(*columns, strict=True)):
+        groups.setdefault(values, []).append(index)
+    for values, indexes in sorted(groups.items(), key=lambda item: str(item[0])):
+        partition_values = {
+            column: _partition_text(value)
+            for column, value in zip(partition_by, values, strict=True)
+        }
+        yield partition_values, rows.take(pa.array(indexes, pa.int64()))
+
+
+def _partition_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, date):
+        return value.isoformat()
+    return str(value)
+
+
+def _escape(value: str | None) -> str:
+    # Hive's convention, which Spark and Delta readers understand.
+    return "__HIVE_DEFAULT_PARTITION__" if value is None else quote(value, safe="-_.")
+
+
+def _stats(data: pa.Table) -> str:
+    min_values: dict[str, Any] = {}
+    max_values: dict[str, Any] = {}
+    null_count: dict[str, int] = {}
+    for field in data.schema:
+        column = data.column(field.name)
+        if pa.types.is_map(field.type) or pa.types.is_list(field.type):
+            continue
+        null_count[field.name] = column.null_count
+        if any(is_type(field.type) for is_type in _STATS_TYPES) and column.null_count < len(column):
+            bounds = pc.min_max(column)
+            min_values[field.name] = _stat_value(bounds["min"].as_py())
+            max_values[field.name] = _stat_value(bounds["max"].as_py())
+    return json.dumps(
+        {
+            "numRecords": data.num_rows,
+            "minValues": min_values,
+            "maxValues": max_values,
+            "nullCount": null_count,
+        }
+    )
+
+
+def _stat_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    if isinstance(value, date):
+        return value.isoformat()
+    return value
+
+
+def filesystem_of(
+    root: str, storage_options: Mapping[str, str] | None
+) -> tuple[fs.FileSystem, str]:
+    """A pyarrow filesystem and base path for the lake root (local, or `s3://` with the same
+    options delta-rs gets)."""
+    if not root.startswith("s3://"):
+        local = root.removeprefix("file://")
+        return fs.LocalFileSystem(), local.rstrip("/")
+    options = storage_options or {}
+    endpoint = options.get("AWS_ENDPOINT_URL")
+    scheme = "https"
+    if endpoint is not None and "://" in endpoint:
+        scheme, endpoint = endpoint.split("://", 1)
+    s3 = fs.S3FileSystem(
+        access_key=options.get("AWS_ACCESS_KEY_ID"),
+        secret_key=options.get("AWS_SECRET_ACCESS_KEY"),
+        region=options.get("AWS_REGION"),
+        endpoint_override=endpoint,
+        scheme=scheme,
+        connect_timeout=5,
+        request_timeout=20,
+    )
+    return s3, root.removeprefix("s3://").rstrip("/")

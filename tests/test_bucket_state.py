@@ -1,0 +1,55 @@
+"""The state of a bucket of keys: what goes in comes out, untouched keys keep their bytes."""
+
+from __future__ import annotations
+
+from streaming.bucket_state import BucketState
+from streaming.windowing import KeyState, RecordInput, advance
+from tenants.models import WindowRules
+
+RULES = WindowRules.model_validate(
+    {"window": {"kind": "tumbling", "size": "1m"}, "out_of_orderness": "10s"}
+)
+
+
+def _state_with_records(*event_times_ms: int) -> KeyState:
+    state = KeyState()
+    advance(state, [RecordInput(t) for t in event_times_ms], RULES, processing_time_ms=1_000)
+    return state
+
+
+def test_keys_round_trip_through_bytes_with_their_counters_and_deadlines() -> None:
+    bucket = BucketState()
+    acme = bucket.get(("acme", "web"))
+    acme.key_state = _state_with_records(5_000, 80_000)
+    acme.quarantined_records = 3
+    acme.idle_deadline_ms = 9_000
+    bucket.get(("globex", "web")).key_state = _state_with_records(1_000)
+
+    restored = BucketState.from_bytes(bucket.to_bytes())
+
+    assert restored.keys() == {("acme", "web"), ("globex", "web")}
+    acme_again = restored.get(("acme", "web"))
+    assert acme_again.key_state == acme.key_state
+    assert acme_again.key_state.watermark_ms == 70_000
+    assert (acme_again.quarantined_records, acme_again.idle_deadline_ms) == (3, 9_000)
+    assert restored.get(("globex", "web")).idle_deadline_ms is None
+
+
+def test_only_due_keys_are_idle_and_the_next_deadline_is_the_earliest() -> None:
+    bucket = BucketState()
+    for tenant, deadline in [("a", 5_000), ("b", 9_000), ("c", None)]:
+        bucket.get((tenant, "web")).idle_deadline_ms = deadline
+    restored = BucketState.from_bytes(bucket.to_bytes())
+    restored.get(("b", "web")).idle_deadline_ms = 4_000  # decoded and changed in this batch
+
+    assert restored.idle_keys(4_500) == [("b", "web")]
+    assert restored.idle_keys(5_000) == [("a", "web"), ("b", "web")]
+    assert restored.next_idle_deadline_ms() == 4_000
+
+
+def test_a_dropped_key_is_gone_and_an_empty_bucket_round_trips() -> None:
+    bucket = BucketState()
+    bucket.get(("acme", "web"))
+    bucket.drop(("acme", "web"))
+    assert len(BucketState.from_bytes(bucket.to_bytes())) == 0
+    assert len(BucketState.from_bytes(None)) == 0
