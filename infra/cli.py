@@ -108,6 +108,15 @@ def _parser() -> argparse.ArgumentParser:
     vacuum.add_argument("--dry-run", action="store_true", help="list the files, delete nothing")
     vacuum.set_defaults(handler=_vacuum)
 
+    optimize = commands.add_parser(
+        "optimize", help="compact small files and checkpoint every table's log"
+    )
+    _settings_options(optimize)
+    optimize.add_argument(
+        "--target-file-mb", type=int, default=None, help="size of compacted files (default: 100)"
+    )
+    optimize.set_defaults(handler=_optimize)
+
     demo = commands.add_parser(
         "demo", help="local broker + sample load + stream + summary, then stop"
     )
@@ -225,6 +234,19 @@ def _vacuum(args: argparse.Namespace) -> int:
         print(f"{table}: {verb} {len(files)} files")
         for name in files:
             print(f"  {name}")
+    return 0
+
+
+def _optimize(args: argparse.Namespace) -> int:
+    from storage.delta_lake import DeltaLake
+
+    settings = settings_from(args)
+    target = None if args.target_file_mb is None else args.target_file_mb * 1_048_576
+    for table, done in DeltaLake.from_settings(settings.lake).optimize(target).items():
+        print(
+            f"{table}: {done.files_removed} files compacted into {done.files_added}, "
+            f"version {done.version}"
+        )
     return 0
 
 

@@ -9,6 +9,8 @@ conflict` then runs the whole attempt again, checks included.
 from __future__ import annotations
 
 import logging
+import random
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -19,6 +21,8 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 COMMIT_ATTEMPTS = 20
+FIRST_BACKOFF_S = 0.02
+MAX_BACKOFF_S = 1.0
 
 
 class FencedError(RuntimeError):
@@ -53,10 +57,15 @@ def commit_without_conflict(
     `attempt` loads a fresh snapshot, checks it, and commits with `conditional()`; a commit that
     landed after that snapshot fails it with CommitFailedError, and it runs again, checks
     included. After COMMIT_ATTEMPTS such failures, `exhausted` is raised.
+
+    Between attempts it waits a random time that doubles with each failure (full jitter):
+    several streams committing to one lake would otherwise retry in lockstep and collide again.
     """
-    for _ in range(COMMIT_ATTEMPTS):
+    for attempt_number in range(COMMIT_ATTEMPTS):
         try:
             return attempt()
         except CommitFailedError:
             log.info("%s: another commit landed first; checking again", what)
+            ceiling_s = min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2**attempt_number)
+            time.sleep(random.uniform(0, ceiling_s))
     raise exhausted(f"{what}: the table kept changing during {COMMIT_ATTEMPTS} attempts; retry")

@@ -7,6 +7,7 @@ same atomic commit as its data, so "was batch N committed to table T?" has an ex
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from deltalake import DeltaTable, Transaction
 from deltalake.transaction import AddAction, RemoveAction
@@ -16,6 +17,13 @@ from storage.data_files import WrittenFile
 from storage.s3 import reaching, storage_options
 from storage.tables import ALL_TABLES, TableSpec
 from tenants.settings import LakeSettings
+
+
+@dataclass(frozen=True)
+class TableMaintenance:
+    files_removed: int
+    files_added: int
+    version: int
 
 
 class DeltaLake:
@@ -76,6 +84,28 @@ class DeltaLake:
             )
             for spec in ALL_TABLES
         }
+
+    def optimize(self, target_file_bytes: int | None = None) -> dict[str, TableMaintenance]:
+        """Compact each table's small files and write a log checkpoint, per table.
+
+        Executors write a file per partition and task each batch, so at thousands of tenants a
+        table gathers thousands of small files; readers then pay per file. Compaction rewrites
+        them into files of about `target_file_bytes` (delta-rs's default when None); the
+        checkpoint keeps opening a table fast as its log grows. Data is unchanged: the commits
+        carry `dataChange = false`, and the stream's own commits retry around them.
+        """
+        done = {}
+        for spec in ALL_TABLES:
+            with reaching(self.root, self.storage_options):
+                table = self.open(spec)
+                metrics = table.optimize.compact(target_size=target_file_bytes)
+                table.create_checkpoint()
+            done[spec.name] = TableMaintenance(
+                files_removed=int(metrics.get("numFilesRemoved", 0)),
+                files_added=int(metrics.get("numFilesAdded", 0)),
+                version=table.version(),
+            )
+        return done
 
     def commit_files(
         self,

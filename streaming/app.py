@@ -122,7 +122,7 @@ class StreamApp:
             writer_epoch=writer_epoch,
             # Checked again right after each batch's commits, so a change is in force from the
             # next micro-batch.
-            after_batch=lambda _batch_id: _refresh(watcher),
+            after_batch=lambda batch_id: self._after_batch(batch_id, watcher),
             fault_hook=self.fault_hook,
         )
         query = start_query(spark, settings, self.snapshots, sink, available_now, self.fault_hook)
@@ -130,6 +130,19 @@ class StreamApp:
             watcher.watch(self._stopping, interval_s=CONFIG_POLL_INTERVAL_S, clock_ms=_now_ms)
         )
         return query
+
+    def _after_batch(self, batch_id: int, watcher: ConfigWatcher) -> None:
+        watcher.refresh(_now_ms())
+        every = self.settings.stream.optimize_every_batches
+        if every is not None and (batch_id + 1) % every == 0:
+            for table, done in self.lake.optimize().items():
+                log.info(
+                    "optimized %s: %d small files into %d, version %d",
+                    table,
+                    done.files_removed,
+                    done.files_added,
+                    done.version,
+                )
 
     def _stop_query_after_loss(self) -> None:
         # Called from the lease thread: only stop the query; `stop()` joins that thread.
@@ -175,10 +188,6 @@ def run_stream(
         log.error("the stream stopped: %s", app.lost)
         return 1
     return 0
-
-
-def _refresh(watcher: ConfigWatcher) -> None:
-    watcher.refresh(_now_ms())
 
 
 def _now_ms() -> int:

@@ -100,6 +100,14 @@ class StreamSettings(_Frozen):
             "does not grow with the number of tenants; frozen once a checkpoint exists."
         ),
     )
+    optimize_every_batches: int | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Compact small files and checkpoint every table's log after every this many "
+            "micro-batches, between batches; unset: only `tenant-windows optimize` does it."
+        ),
+    )
     max_record_bytes: int = Field(
         default=1_048_576, gt=0, description="Larger Kafka values are quarantined (`too_large`)."
     )
