@@ -1,0 +1,401 @@
+"""Tenant scaling: read ceiling, Spark's built-in window aggregation and the product, in one run.
+
+    .venv/bin/python -m infra.benchmarks.scale --tenants 10,1000,10000 --records 200000
+
+For each tenant count it preloads one topic on a local broker (fixed seed, the same number and
+shape of records; only the tenant ids differ), then runs three queries over it with the same
+Spark session, `maxOffsetsPerTrigger` and shuffle partitions:
+
+1. `read`: the Kafka source into `noop`: what reading alone costs;
+2. `builtin`: Spark's own `withWatermark` + `window` count per (tenant, source) into `noop`;
+3. `product`: `tenant-windows run --available-now` end to end, into a Delta lake.
+
+It prints a table and writes the figures as JSON: records/s (overall from the query's start,
+and steady state, i.e. batches after the first), the ratios the scale issue asks for, batch
+latency p50/p95, pane delay in batches after the key's watermark passed the window's end, state
+size, peak RSS of the driver and of the Python workers, files per table, and the time of one
+tenant's query over the result. Figures of one run are comparable with each other only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
+
+from infra.load_generator import LoadSpec, generate, send
+from infra.local_stack import LocalKafka
+from storage.delta_lake import DeltaLake
+from storage.tables import ALL_TABLES
+from storage.views import register_views
+from streaming.app import StreamApp
+from streaming.query import read_kafka
+from streaming.session import build_spark
+from tenants.registry import load_registry
+from tenants.settings import AppSettings, load_settings
+
+PROJECT_CONF = Path(__file__).resolve().parents[2] / "conf"
+QUERY_TIMEOUT_S = 3_600
+
+
+@dataclass
+class StageFigures:
+    stage: str
+    tenants: int
+    records: int
+    seconds: float
+    batches: int
+    overall_rate: float
+    steady_rate: float
+    batch_p50_s: float
+    batch_p95_s: float
+    driver_peak_mib: float
+    workers_peak_mib: float
+    state_rows: int | None = None
+    state_bytes: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tenants", default="10,1000,10000", help="comma-separated counts")
+    parser.add_argument("--sources", type=int, default=2, choices=[1, 2])
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--max-offsets", type=int, default=50_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--jitter", default="5s", help="out-of-orderness of event times")
+    parser.add_argument("--late-share", type=float, default=0.02)
+    parser.add_argument("--stages", default="read,builtin,product")
+    parser.add_argument("--json", type=Path, default=Path("data/bench/scale.json"))
+    args = parser.parse_args(argv)
+    tenant_counts = [int(n) for n in args.tenants.split(",")]
+    stages = args.stages.split(",")
+
+    workdir = Path(tempfile.mkdtemp(prefix="tw-scale-"))
+    results: list[StageFigures] = []
+    try:
+        with LocalKafka(workdir / "kafka") as kafka:
+            spark = build_spark("tenant-windows-scale", shuffle_partitions=4)
+            try:
+                for tenants in tenant_counts:
+                    dataset = _Dataset.create(kafka, workdir / f"t{tenants}", tenants, args)
+                    for stage in stages:
+                        figures = _STAGES[stage](spark, dataset)
+                        results.append(figures)
+                        print(_row(figures), flush=True)
+            finally:
+                spark.stop()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    report = _report(results)
+    print(report)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(
+        json.dumps({"machine": _machine(), "results": [asdict(r) for r in results]}, indent=2)
+    )
+    print(f"figures written to {args.json}")
+    return 0
+
+
+@dataclass
+class _Dataset:
+    tenants: int
+    records: int
+    settings: AppSettings
+    workdir: Path
+
+    @classmethod
+    def create(cls, kafka: LocalKafka, workdir: Path, tenants: int, args: Any) -> _Dataset:
+        topic = f"scale-{tenants}"
+        kafka.create_topic(topic, args.partitions)
+        conf = workdir / "conf"
+        tenant_ids = tuple(f"t{n:06d}" for n in range(tenants))
+        sources = ("web", "billing")[: args.sources]
+        _write_conf(conf, tenant_ids, sources)
+        registry = load_registry(conf)
+        spec = LoadSpec(
+            tenants=tenant_ids,
+            sources=sources,
+            count=args.records,
+            jitter=args.jitter,
+            late_share=args.late_share,
+            malformed_share=0.0,
+            seed=20261123,
+        )
+        started = time.monotonic()
+        sent = send(
+            generate(spec, {n: s.event_time for n, s in registry.sources.items()}),
+            kafka.bootstrap_servers,
+            topic,
+            timeout_s=1_800,
+        )
+        print(f"{tenants} tenants: produced {sent} records in {time.monotonic() - started:.0f}s")
+        settings = load_settings(
+            PROJECT_CONF.parent / "conf" / "app.yaml",
+            environ={},
+            overrides={
+                "conf_dir": str(conf),
+                "kafka.bootstrap_servers": kafka.bootstrap_servers,
+                "kafka.topic": topic,
+                "kafka.max_offsets_per_trigger": args.max_offsets,
+                "lake.root": str(workdir / "lake"),
+                "stream.checkpoint_dir": str(workdir / "checkpoint"),
+                "stream.name": f"scale-{tenants}",
+            },
+        )
+        return cls(tenants, sent, settings, workdir)
+
+
+def _write_conf(conf: Path, tenant_ids: tuple[str, ...], sources: tuple[str, ...]) -> None:
+    (conf / "tenants").mkdir(parents=True)
+    shutil.copy(PROJECT_CONF / "sources.yaml", conf / "sources.yaml")
+    body = f"sources: [{', '.join(sources)}]\n"
+    for tenant in tenant_ids:
+        (conf / "tenants" / f"{tenant}.yaml").write_text(f"id: {tenant}\n{body}")
+
+
+# --- the three stages --------------------------------------------------------------------------
+
+
+def _read_stage(spark: SparkSession, dataset: _Dataset) -> StageFigures:
+    frame = read_kafka(spark, dataset.settings)
+    return _measure(
+        "read",
+        dataset,
+        lambda: (
+            frame.writeStream.format("noop")
+            .option("checkpointLocation", str(dataset.workdir / "cp-read"))
+            .trigger(availableNow=True)
+            .start()
+        ),
+    )
+
+
+def _builtin_stage(spark: SparkSession, dataset: _Dataset) -> StageFigures:
+    value = "CAST(value AS STRING)"
+    frame = read_kafka(spark, dataset.settings).selectExpr(
+        f"get_json_object({value}, '$.tenant') AS tenant",
+        f"get_json_object({value}, '$.source') AS source",
+        # web carries an ISO time in `ts`, billing epoch milliseconds in `meta.event_ms`.
+        f"coalesce(to_timestamp(get_json_object({value}, '$.ts')), "
+        f"timestamp_millis(CAST(get_json_object({value}, '$.meta.event_ms') AS BIGINT))) "
+        "AS event_time",
+    )
+    counts = (
+        frame.withWatermark("event_time", "10 seconds")
+        .groupBy("tenant", "source", "window(event_time, '1 minute') AS window")
+        .count()
+    )
+    return _measure(
+        "builtin",
+        dataset,
+        lambda: (
+            counts.writeStream.format("noop")
+            .outputMode("append")
+            .option("checkpointLocation", str(dataset.workdir / "cp-builtin"))
+            .trigger(availableNow=True)
+            .start()
+        ),
+    )
+
+
+def _product_stage(spark: SparkSession, dataset: _Dataset) -> StageFigures:
+    app = StreamApp(dataset.settings)
+    figures = _measure("product", dataset, lambda: app.start(spark, available_now=True).query)
+    app.stop()
+    lake = DeltaLake.from_settings(dataset.settings.lake)
+    figures.extra["files_per_table"] = {
+        spec.name: lake.open(spec).get_add_actions().num_rows for spec in ALL_TABLES
+    }
+    figures.extra["pane_delay_batches"] = _pane_delay(lake)
+    figures.extra["one_tenant_query_s"] = _one_tenant_query_s(spark, lake, "t000000")
+    status = lake.open(ALL_TABLES[-1]).to_pandas()
+    keys = len(status[["tenant", "source"]].drop_duplicates())
+    figures.extra["keys"] = keys
+    if figures.state_bytes is not None and keys:
+        figures.extra["state_bytes_per_key"] = round(figures.state_bytes / keys)
+    return figures
+
+
+_STAGES: dict[str, Callable[[SparkSession, _Dataset], StageFigures]] = {
+    "read": _read_stage,
+    "builtin": _builtin_stage,
+    "product": _product_stage,
+}
+
+
+# --- measuring ---------------------------------------------------------------------------------
+
+
+def _measure(stage: str, dataset: _Dataset, start: Callable[[], StreamingQuery]) -> StageFigures:
+    with _peak_rss() as peaks:
+        started = time.monotonic()
+        query = start()
+        if not query.awaitTermination(timeout=QUERY_TIMEOUT_S):
+            query.stop()
+            raise TimeoutError(f"{stage} did not finish within {QUERY_TIMEOUT_S}s")
+        seconds = time.monotonic() - started
+    if query.exception() is not None:
+        raise RuntimeError(f"{stage} failed: {query.exception()}")
+    progress = [p for p in query.recentProgress if int(p["numInputRows"]) > 0]
+    durations = [p["durationMs"]["triggerExecution"] / 1000 for p in progress]
+    rows = [int(p["numInputRows"]) for p in progress]
+    steady_rows, steady_s = sum(rows[1:]), sum(durations[1:])
+    state = (progress[-1].get("stateOperators") or [{}])[0] if progress else {}
+    return StageFigures(
+        stage=stage,
+        tenants=dataset.tenants,
+        records=sum(rows),
+        seconds=round(seconds, 1),
+        batches=len(progress),
+        overall_rate=round(sum(rows) / seconds),
+        steady_rate=round(steady_rows / steady_s) if steady_s else 0,
+        batch_p50_s=round(statistics.median(durations), 2) if durations else 0,
+        batch_p95_s=round(_percentile(durations, 0.95), 2) if durations else 0,
+        driver_peak_mib=round(peaks["driver"]),
+        workers_peak_mib=round(peaks["workers"]),
+        state_rows=state.get("numRowsTotal"),
+        state_bytes=state.get("memoryUsedBytes"),
+    )
+
+
+def _percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+@contextmanager
+def _peak_rss() -> Iterator[dict[str, float]]:
+    """Peak RSS of this (driver) process and of all Python workers, sampled every 0.2 s."""
+    peaks = {"driver": 0.0, "workers": 0.0}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.2):  # ends with the stage
+            peaks["driver"] = max(peaks["driver"], _rss_mib(os.getpid()))
+            peaks["workers"] = max(peaks["workers"], sum(map(_rss_mib, _python_workers())))
+
+    sampler = threading.Thread(target=sample, name="rss-sampler", daemon=True)
+    sampler.start()
+    try:
+        yield peaks
+    finally:
+        stop.set()
+        sampler.join()
+
+
+def _python_workers() -> list[int]:
+    workers = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"pyspark.daemon" in command or b"pyspark.worker" in command:
+            workers.append(int(entry.name))
+    return workers
+
+
+def _rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _pane_delay(lake: DeltaLake) -> dict[str, float]:
+    """Batches between the one in which a key's W passed a window's end and its ON_TIME pane."""
+    windows = DeltaTable(lake.table_uri(ALL_TABLES[1])).to_pandas()
+    status = DeltaTable(lake.table_uri(ALL_TABLES[-1])).to_pandas()
+    on_time = windows[(windows["timing"] == "ON_TIME") & (windows["pane_index"] == 0)]
+    if on_time.empty:
+        return {}
+    passed = on_time.merge(
+        status[["tenant", "source", "watermark", "batch_id"]],
+        on=["tenant", "source"],
+        suffixes=("", "_status"),
+    )
+    passed = passed[passed["watermark_status"] >= passed["window_end"]]
+    first_passed = passed.groupby(["tenant", "source", "window_start"])["batch_id_status"].min()
+    emitted = on_time.set_index(["tenant", "source", "window_start"])["batch_id"]
+    delays = (emitted - first_passed).dropna()
+    return {"p50": float(delays.median()), "max": float(delays.max()), "panes": len(delays)}
+
+
+def _one_tenant_query_s(spark: SparkSession, lake: DeltaLake, tenant: str) -> float:
+    started = time.monotonic()
+    register_views(spark, lake, tenant)
+    spark.sql("SELECT count(*) FROM events").collect()
+    return round(time.monotonic() - started, 2)
+
+
+# --- reporting ---------------------------------------------------------------------------------
+
+_HEADER = (
+    f"{'stage':<8} {'tenants':>8} {'records':>8} {'s':>6} {'batches':>7} {'rec/s':>8} "
+    f"{'steady':>8} {'p50 s':>6} {'p95 s':>6} {'drv MiB':>7} {'wrk MiB':>7} {'state B':>10}"
+)
+
+
+def _row(f: StageFigures) -> str:
+    return (
+        f"{f.stage:<8} {f.tenants:>8} {f.records:>8} {f.seconds:>6.1f} {f.batches:>7} "
+        f"{f.overall_rate:>8,} {f.steady_rate:>8,} {f.batch_p50_s:>6.2f} {f.batch_p95_s:>6.2f} "
+        f"{f.driver_peak_mib:>7.0f} {f.workers_peak_mib:>7.0f} {f.state_bytes or 0:>10,}"
+    )
+
+
+def _report(results: list[StageFigures]) -> str:
+    lines = ["", _HEADER, *(_row(f) for f in results), ""]
+    by = {(f.stage, f.tenants): f for f in results}
+    tenant_counts = sorted({f.tenants for f in results})
+    smallest = tenant_counts[0]
+    for tenants in tenant_counts:
+        product = by.get(("product", tenants))
+        if product is None:
+            continue
+        ratios = []
+        for stage in ("read", "builtin"):
+            other = by.get((stage, tenants))
+            if other is not None and other.steady_rate:
+                ratios.append(f"product/{stage} {product.steady_rate / other.steady_rate:.2f}")
+        base = by.get(("product", smallest))
+        if base is not None and base.steady_rate and tenants != smallest:
+            ratios.append(
+                f"product at {tenants} / at {smallest} tenants "
+                f"{product.steady_rate / base.steady_rate:.2f}"
+            )
+        lines.append(f"{tenants} tenants: " + ", ".join(ratios) + f"; {json.dumps(product.extra)}")
+    return "\n".join(lines)
+
+
+def _machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "when": pd.Timestamp.now(tz="UTC").isoformat(),
+    }
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
