@@ -23,7 +23,7 @@ def register_views(
 ) -> list[str]:
     """Register one temp view per table; with `tenant`, each view holds that tenant's rows only."""
     for spec in ALL_TABLES:
-        frame = read_table(spark, lake, spec, use_delta_spark)
+        frame = read_table(spark, lake, spec, use_delta_spark, tenant)
         if tenant is not None:
             frame = frame.where(F.col("tenant") == F.lit(tenant))
         frame.createOrReplaceTempView(spec.name)
@@ -31,18 +31,27 @@ def register_views(
 
 
 def read_table(
-    spark: SparkSession, lake: DeltaLake, spec: TableSpec, use_delta_spark: bool = False
+    spark: SparkSession,
+    lake: DeltaLake,
+    spec: TableSpec,
+    use_delta_spark: bool = False,
+    tenant: str | None = None,
 ) -> DataFrame:
+    """The table's current snapshot; with `tenant`, only the files of that tenant's partitions
+    (where the table is partitioned by tenant) are listed, so a scoped query never opens
+    another tenant's files. The caller still filters the rows."""
     uri = lake.table_uri(spec)
     if use_delta_spark:
         return spark.read.format("delta").load(uri)
     schema = from_arrow_schema(spec.schema)
+    pruned = tenant is not None and "tenant" in spec.partition_by
+    partitions = [("tenant", "=", tenant)] if pruned else None
     if not lake.is_local:
         # Spark has no S3 filesystem here (no hadoop-aws jar): read the snapshot with delta-rs
         # and hand Spark the Arrow data. Fine for ad-hoc queries; a cluster with delta-spark
         # and s3a reads at scale with use_delta_spark.
-        return spark.createDataFrame(lake.open(spec).to_pyarrow_table(), schema)
-    files = lake.open(spec).file_uris()
+        return spark.createDataFrame(lake.open(spec).to_pyarrow_table(partitions), schema)
+    files = lake.open(spec).file_uris(partitions)
     if not files:
         return spark.createDataFrame([], schema)
     # basePath makes Spark take the partition columns from the Hive-style folder names.

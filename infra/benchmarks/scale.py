@@ -36,6 +36,7 @@ from typing import Any
 import pandas as pd
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from infra.load_generator import LoadSpec, generate, send
@@ -198,7 +199,7 @@ def _builtin_stage(spark: SparkSession, dataset: _Dataset) -> StageFigures:
     )
     counts = (
         frame.withWatermark("event_time", "10 seconds")
-        .groupBy("tenant", "source", "window(event_time, '1 minute') AS window")
+        .groupBy("tenant", "source", F.window("event_time", "1 minute"))
         .count()
     )
     return _measure(
@@ -300,16 +301,30 @@ def _peak_rss() -> Iterator[dict[str, float]]:
 
 
 def _python_workers() -> list[int]:
-    workers = []
+    """This run's Python workers: the descendants of this process (through the JVM)."""
+    children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            command = (entry / "cmdline").read_bytes()
+            # The parent pid is the 4th field, after the command name in parentheses.
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    descendants, pending = [], [os.getpid()]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            descendants.append(child)
+            pending.append(child)
+    workers = []
+    for pid in descendants:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
         if b"pyspark.daemon" in command or b"pyspark.worker" in command:
-            workers.append(int(entry.name))
+            workers.append(pid)
     return workers
 
 
