@@ -42,7 +42,7 @@ from storage.tables import EVENTS, LATE_EVENTS, QUARANTINE, TENANT_STATUS, WINDO
 from streaming.bucket_state import STATE_LAYOUT, BucketState, Key, StoredKey
 from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
 from streaming.parsing import QuarantineReason
-from streaming.windowing import BatchResult, RecordInput, advance
+from streaming.windowing import Assignment, BatchResult, Pane, RecordInput, TooLate, advance
 from tenants.config_store import ConfigSnapshots
 from tenants.registry import TenantRegistry
 
@@ -266,75 +266,27 @@ def _save(state: GroupState, keys: BucketState, processing_time_ms: int) -> None
 
 @dataclass
 class _Output:
-    """The union rows of one bucket call, gathered as columns and built into one frame."""
+    """The union rows of one bucket call, gathered per table and built into one frame.
+
+    Results are kept as the windowing objects they are and turned into columns once, with one
+    list comprehension per column: per-row dict or DataFrame building would cost more than the
+    windowing itself.
+    """
 
     batch: pd.DataFrame
-    event_indexes: list[int] = field(default_factory=list)
-    event_columns: dict[str, list[Any]] = field(default_factory=dict)
-    late_indexes: list[int] = field(default_factory=list)
-    late_columns: dict[str, list[Any]] = field(default_factory=dict)
-    pane_columns: dict[str, list[Any]] = field(default_factory=dict)
-    status_columns: dict[str, list[Any]] = field(default_factory=dict)
+    events: list[tuple[Key, int, Assignment]] = field(default_factory=list)
+    late: list[tuple[Key, int, TooLate]] = field(default_factory=list)
+    panes: list[tuple[Key, Pane]] = field(default_factory=list)
+    statuses: list[tuple[Key, StoredKey, int]] = field(default_factory=list)
     quarantine_mask: np.ndarray | None = None
 
     def add_result(self, key: Key, accepted: list[int], result: BatchResult) -> None:
-        tenant, source = key
-        for assignment in result.assignments:
-            self.event_indexes.append(accepted[assignment.record_index])
-            _append(
-                self.event_columns,
-                tenant=tenant,
-                source=source,
-                window_id=assignment.window_id,
-                window_start_ms=assignment.window_start_ms,
-                window_end_ms=assignment.window_end_ms,
-                pane_index=assignment.pane_index,
-                timing=assignment.timing.value,
-            )
-        for too_late in result.too_late:
-            self.late_indexes.append(accepted[too_late.record_index])
-            _append(
-                self.late_columns,
-                tenant=tenant,
-                source=source,
-                window_start_ms=too_late.window_start_ms,
-                window_end_ms=too_late.window_end_ms,
-                lateness_ms=too_late.lateness_ms,
-                watermark_ms=too_late.watermark_ms,
-            )
-        for pane in result.panes:
-            _append(
-                self.pane_columns,
-                tenant=tenant,
-                source=source,
-                window_id=pane.window_id,
-                window_start_ms=pane.window_start_ms,
-                window_end_ms=pane.window_end_ms,
-                pane_index=pane.pane_index,
-                timing=pane.timing.value,
-                is_final=pane.is_final,
-                count=pane.count,
-                metrics_json=json.dumps(pane.metrics, sort_keys=True),
-                merged_window_ids_json=json.dumps(list(pane.merged_window_ids)),
-                watermark_ms=pane.watermark_ms,
-            )
+        self.events += [(key, accepted[a.record_index], a) for a in result.assignments]
+        self.late += [(key, accepted[t.record_index], t) for t in result.too_late]
+        self.panes += [(key, pane) for pane in result.panes]
 
     def add_status(self, key: Key, stored: StoredKey, processing_time_ms: int) -> None:
-        key_state = stored.key_state
-        _append(
-            self.status_columns,
-            tenant=key[0],
-            source=key[1],
-            watermark_ms=key_state.watermark_ms,
-            max_event_time_ms=key_state.max_event_time_ms,
-            open_windows=len(key_state.windows),
-            last_record_processing_ms=key_state.last_record_processing_ms,
-            processing_time_ms=processing_time_ms,
-            on_time_records=key_state.on_time_records,
-            late_records=key_state.late_records,
-            too_late_records=key_state.too_late_records,
-            quarantined_records=stored.quarantined_records,
-        )
+        self.statuses.append((key, stored, processing_time_ms))
 
     def set_quarantine(self, reasons: list[str | None], errors: list[str | None]) -> None:
         if not reasons:
@@ -344,12 +296,7 @@ class _Output:
         self.quarantine_mask = self.batch["reason"].notna().to_numpy()
 
     def frame(self) -> pd.DataFrame:
-        parts = [
-            self._record_rows(EVENTS.name, self.event_indexes, self.event_columns),
-            self._record_rows(LATE_EVENTS.name, self.late_indexes, self.late_columns),
-            _column_rows(WINDOWS.name, self.pane_columns),
-            _column_rows(TENANT_STATUS.name, self.status_columns),
-        ]
+        parts = [self._event_rows(), self._late_rows(), self._pane_rows(), self._status_rows()]
         if self.quarantine_mask is not None and self.quarantine_mask.any():
             rows = self.batch.loc[
                 self.quarantine_mask,
@@ -360,25 +307,85 @@ class _Output:
         rows = pd.concat(non_empty, ignore_index=True) if non_empty else pd.DataFrame()
         return output_frame(rows)
 
-    def _record_rows(
-        self, kind: str, indexes: list[int], columns: dict[str, list[Any]]
-    ) -> pd.DataFrame:
-        if not indexes:
+    def _event_rows(self) -> pd.DataFrame:
+        if not self.events:
             return pd.DataFrame()
+        assignments = [a for _, _, a in self.events]
+        return self._record_rows(EVENTS.name, self.events).assign(
+            window_id=[a.window_id for a in assignments],
+            window_start_ms=[a.window_start_ms for a in assignments],
+            window_end_ms=[a.window_end_ms for a in assignments],
+            pane_index=[a.pane_index for a in assignments],
+            timing=[a.timing.value for a in assignments],
+        )
+
+    def _late_rows(self) -> pd.DataFrame:
+        if not self.late:
+            return pd.DataFrame()
+        too_late = [t for _, _, t in self.late]
+        return self._record_rows(LATE_EVENTS.name, self.late).assign(
+            window_start_ms=[t.window_start_ms for t in too_late],
+            window_end_ms=[t.window_end_ms for t in too_late],
+            lateness_ms=[t.lateness_ms for t in too_late],
+            watermark_ms=[t.watermark_ms for t in too_late],
+        )
+
+    def _record_rows(
+        self, kind: str, placed: list[tuple[Key, int, Assignment]] | list[tuple[Key, int, TooLate]]
+    ) -> pd.DataFrame:
+        indexes = [index for _, index, _ in placed]
         rows = self.batch.iloc[indexes][[*_RECORD_COLUMNS, "event_time_ms", "event_id"]]
-        rows = rows.reset_index(drop=True)
-        return rows.assign(kind=kind, **columns)
+        return rows.reset_index(drop=True).assign(
+            kind=kind,
+            tenant=[key[0] for key, _, _ in placed],
+            source=[key[1] for key, _, _ in placed],
+        )
 
+    def _pane_rows(self) -> pd.DataFrame:
+        if not self.panes:
+            return pd.DataFrame()
+        panes = [pane for _, pane in self.panes]
+        return pd.DataFrame(
+            {
+                "kind": WINDOWS.name,
+                "tenant": [key[0] for key, _ in self.panes],
+                "source": [key[1] for key, _ in self.panes],
+                "window_id": [p.window_id for p in panes],
+                "window_start_ms": [p.window_start_ms for p in panes],
+                "window_end_ms": [p.window_end_ms for p in panes],
+                "pane_index": [p.pane_index for p in panes],
+                "timing": [p.timing.value for p in panes],
+                "is_final": [p.is_final for p in panes],
+                "count": [p.count for p in panes],
+                "metrics_json": [json.dumps(p.metrics, sort_keys=True) for p in panes],
+                "merged_window_ids_json": [json.dumps(list(p.merged_window_ids)) for p in panes],
+                "watermark_ms": [p.watermark_ms for p in panes],
+            }
+        )
 
-def _append(columns: dict[str, list[Any]], **values: Any) -> None:
-    for name, value in values.items():
-        columns.setdefault(name, []).append(value)
-
-
-def _column_rows(kind: str, columns: dict[str, list[Any]]) -> pd.DataFrame:
-    if not columns:
-        return pd.DataFrame()
-    return pd.DataFrame(columns).assign(kind=kind)
+    def _status_rows(self) -> pd.DataFrame:
+        if not self.statuses:
+            return pd.DataFrame()
+        stored_keys = [stored for _, stored, _ in self.statuses]
+        states = [stored.key_state for stored in stored_keys]
+        return pd.DataFrame(
+            {
+                "kind": TENANT_STATUS.name,
+                "tenant": [key[0] for key, _, _ in self.statuses],
+                "source": [key[1] for key, _, _ in self.statuses],
+                "watermark_ms": [state.watermark_ms for state in states],
+                "max_event_time_ms": [state.max_event_time_ms for state in states],
+                "open_windows": [len(state.windows) for state in states],
+                "last_record_processing_ms": [state.last_record_processing_ms for state in states],
+                "processing_time_ms": [now_ms for _, _, now_ms in self.statuses],
+                "on_time_records": [state.on_time_records for state in states],
+                "late_records": [state.late_records for state in states],
+                "too_late_records": [state.too_late_records for state in states],
+                "quarantined_records": [
+                    stored.quarantined_records for _, stored, _ in self.statuses
+                ],
+            }
+        )
 
 
 def output_frame(rows: pd.DataFrame) -> pd.DataFrame:
