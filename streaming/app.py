@@ -80,12 +80,23 @@ class StreamApp:
         """Why this instance lost the stream to a newer one, if it did."""
         return self.lease.lost
 
+    def claim(self) -> int:
+        """Check the checkpoint, create the tables and claim the stream; needs no Spark.
+
+        A foreign checkpoint, and then a second instance of the stream, are refused here, before
+        any write and before Spark starts. Returns the writer epoch.
+        """
+        if self.lease.epoch is None:
+            check_checkpoint(self.settings.stream.checkpoint_dir, self.identity)
+            self.lake.ensure_tables()
+            self.lease.acquire()
+        assert self.lease.epoch is not None
+        return self.lease.epoch
+
     def start(self, spark: SparkSession, available_now: bool = False) -> StreamApp:
-        """Claim the stream and start its query; `conf/` must be valid now, and is re-read later."""
-        # A foreign checkpoint, and then a second instance of the stream, stop before any write.
-        check_checkpoint(self.settings.stream.checkpoint_dir, self.identity)
-        self.lake.ensure_tables()
-        writer_epoch = self.lease.acquire()
+        """Claim the stream (if not yet) and start its query; `conf/` must be valid now, and is
+        re-read later."""
+        writer_epoch = self.claim()
         try:
             self._query = self._start_query(spark, writer_epoch, available_now)
         except BaseException:
@@ -158,8 +169,13 @@ def run_stream(
 ) -> int:
     """Run the stream until it ends, fails or gets SIGTERM/SIGINT; the process's exit code."""
     load_registry(settings.conf_dir)  # refuse an invalid config before Spark starts
-    spark = build_spark(settings.stream.name, master, settings.stream.shuffle_partitions)
     app = StreamApp(settings, fault_hook=fault_hook)
+    app.claim()
+    try:
+        spark = build_spark(settings.stream.name, master, settings.stream.shuffle_partitions)
+    except BaseException:
+        app.stop()
+        raise
     # The handler only sets a flag: stopping the query inside it would interrupt the py4j call
     # the main thread is blocked in.
     stop_requested = threading.Event()

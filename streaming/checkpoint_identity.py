@@ -47,6 +47,17 @@ def check_checkpoint(checkpoint_dir: str, identity: StreamIdentity) -> None:
         raise CheckpointMismatchError(
             f"{path} is damaged ({error}); refusing to resume from it"
         ) from None
+    differences = ", ".join(
+        f"{name} {getattr(recorded, name)!r} (this run: {getattr(identity, name)!r})"
+        for name in ("stream_name", "topic", "lake_root")
+        if getattr(recorded, name) != getattr(identity, name)
+    )
+    if differences:
+        raise CheckpointMismatchError(
+            f"checkpoint {folder} belongs to another stream: {differences}. Resuming it would "
+            "reprocess or skip records. Use this stream's own --checkpoint-dir, or the settings "
+            "it was written with."
+        )
     if recorded.state_layout != identity.state_layout:
         raise CheckpointMismatchError(
             f"checkpoint {folder} keeps its window state in layout {recorded.state_layout}; this "
@@ -59,17 +70,6 @@ def check_checkpoint(checkpoint_dir: str, identity: StreamIdentity) -> None:
             f"checkpoint {folder} keeps its state in {recorded.state_buckets} buckets; this run "
             f"asks for {identity.state_buckets}. The number is frozen in the checkpoint: set "
             f"stream.state_buckets to {recorded.state_buckets}, or use a new --checkpoint-dir."
-        )
-    if recorded != identity:
-        differences = ", ".join(
-            f"{name} {getattr(recorded, name)!r} (this run: {getattr(identity, name)!r})"
-            for name in StreamIdentity.model_fields
-            if getattr(recorded, name) != getattr(identity, name)
-        )
-        raise CheckpointMismatchError(
-            f"checkpoint {folder} belongs to another stream: {differences}. Resuming it would "
-            "reprocess or skip records. Use this stream's own --checkpoint-dir, or the settings "
-            "it was written with."
         )
 
 
