@@ -74,7 +74,9 @@ def test_a_cluster_run_writes_what_a_local_run_writes(
         "stream_name": STREAM_NAME,
     }
     on_cluster = Pipeline.create(kafka, _folder(tmp_path / "cluster"), conf_dir, **options)
-    on_cluster.produce_samples(generate(spec, {n: s.event_time for n, s in registry.sources.items()}))
+    on_cluster.produce_samples(
+        generate(spec, {n: s.event_time for n, s in registry.sources.items()})
+    )
     local = Pipeline(kafka, _folder(tmp_path / "local"), conf_dir, on_cluster.topic, **options)
 
     # The pytest process's own session set PYSPARK_PYTHON to this .venv: not for the cluster.

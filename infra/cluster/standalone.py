@@ -9,6 +9,7 @@ an executor imports must have been shipped by the job. That needs root (`unshare
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import importlib.metadata
 import json
@@ -50,13 +51,11 @@ def node_python_env(cache_dir: Path) -> Path:
             subprocess.run(
                 [sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True
             )
-            subprocess.run(
-                [
-                    sys.executable, "-m", "pip", "--python", str(env_dir / "bin" / "python"),
-                    "install", "--quiet", "--no-compile", "--disable-pip-version-check", *pins,
-                ],  # fmt: skip
-                check=True,
-            )
+            install = [
+                sys.executable, "-m", "pip", "--python", str(env_dir / "bin" / "python"),
+                "install", "--quiet", "--no-compile", "--disable-pip-version-check", *pins,
+            ]  # fmt: skip
+            subprocess.run(install, check=True)
             (env_dir / _READY_MARKER).touch()
     return env_dir
 
@@ -100,10 +99,8 @@ class _SparkDaemon(LocalProcess):
         # with start_new_session, its id is our PID); one orphaned by a worker that died
         # first is no descendant any more, but is still in the group.
         if self.pid is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 class SparkMaster(_SparkDaemon):
@@ -130,14 +127,11 @@ class SparkMaster(_SparkDaemon):
         return state
 
     def start(self) -> Self:
-        self._launch(
-            [
-                str(self.spark_class), "org.apache.spark.deploy.master.Master",
-                "--host", "127.0.0.1", "--port", str(self.port),
-                "--webui-port", str(self.webui_port),
-            ],  # fmt: skip
-            env=self.node_environ(),
-        )
+        command = [
+            str(self.spark_class), "org.apache.spark.deploy.master.Master",
+            "--host", "127.0.0.1", "--port", str(self.port), "--webui-port", str(self.webui_port),
+        ]  # fmt: skip
+        self._launch(command, env=self.node_environ())
         return self
 
     def _probe(self) -> None:
