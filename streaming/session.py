@@ -1,4 +1,5 @@
-"""The one SparkSession factory: loopback only, with the settings ENVIRONMENT.md measured."""
+"""The one SparkSession factory: loopback by default, local or on a cluster, with the settings
+ENVIRONMENT.md measured."""
 
 from __future__ import annotations
 
@@ -22,9 +23,6 @@ def build_spark(
     cluster master (`spark://`, `k8s://`, `yarn`) the executors run their node's `python3`, or
     `PYSPARK_PYTHON` if set, and what they import is shipped through `extra_conf`.
     """
-    # Without this Spark binds to the machine's first interface. A driver that executors on
-    # other machines must reach is started with SPARK_LOCAL_IP set to its routable address.
-    local_ip = os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
     if master is None and not _under_spark_submit():
         master = "local[2]"
     if master is None or is_local_master(master):
@@ -41,8 +39,6 @@ def build_spark(
     if master is not None:
         builder = builder.master(master)
     conf = {
-        "spark.driver.host": local_ip,
-        "spark.driver.bindAddress": local_ip,
         # A deep stack avoids a StackOverflowError when a streaming query stops.
         "spark.driver.extraJavaOptions": "-Xss16m",
         "spark.ui.enabled": "false",
@@ -55,6 +51,16 @@ def build_spark(
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
         "spark.sql.adaptive.enabled": "false",
     }
+    if master is not None:
+        # A JVM this process starts binds to the machine's first interface otherwise. A driver
+        # that executors on other machines must reach is started with SPARK_LOCAL_IP set to
+        # its routable address; under spark-submit the launcher's settings decide.
+        local_ip = os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+        conf["spark.driver.host"] = local_ip
+        conf["spark.driver.bindAddress"] = local_ip
+    if master is None or not is_local_master(master):
+        # Executors elsewhere do not inherit this process's environment.
+        conf["spark.executorEnv.PYTHONWARNINGS"] = os.environ["PYTHONWARNINGS"]
     conf.update(extra_conf or {})
     for key, value in conf.items():
         builder = builder.config(key, value)

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -131,7 +132,9 @@ class SparkMaster(_SparkDaemon):
             str(self.spark_class), "org.apache.spark.deploy.master.Master",
             "--host", "127.0.0.1", "--port", str(self.port), "--webui-port", str(self.webui_port),
         ]  # fmt: skip
-        self._launch(command, env=self.node_environ())
+        # Its REST submission server would take the fixed port 6066.
+        environ = {**self.node_environ(), "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false"}
+        self._launch(command, env=environ)
         return self
 
     def _probe(self) -> None:
@@ -200,8 +203,10 @@ class StandaloneCluster:
     def start(self) -> Self:
         try:
             self.master.start()
-            for worker in self.workers:
-                worker.start()
+            # Each worker is a JVM start of a few seconds: in parallel.
+            with ThreadPoolExecutor(max_workers=len(self.workers) or 1) as pool:
+                for started in [pool.submit(worker.start) for worker in self.workers]:
+                    started.result()
         except BaseException:
             self.stop()
             raise
