@@ -60,7 +60,8 @@ def test_workers_cannot_see_the_checkout(cluster: StandaloneCluster) -> None:
     for worker in cluster.workers:
         assert worker.pid is not None
         assert (str(ROOT), "tmpfs") in _mounts(worker.pid)
-    assert (str(ROOT), "tmpfs") not in _mounts(cluster.master.pid or 0)
+    assert cluster.master.pid is not None
+    assert (str(ROOT), "tmpfs") not in _mounts(cluster.master.pid)
 
 
 def test_a_cluster_run_writes_what_a_local_run_writes(
