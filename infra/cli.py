@@ -63,7 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--available-now", action="store_true", help="process what is in the topic, then exit"
     )
-    run.add_argument("--master", help="Spark master; default local[2] outside spark-submit")
+    run.add_argument(
+        "--master",
+        help="Spark master; default local[2] outside spark-submit. A cluster master "
+        "(spark://, yarn, k8s://) gets the code and executor dependencies shipped",
+    )
     run.set_defaults(handler=_run)
 
     tenants = commands.add_parser("tenants", help="tenant config")
