@@ -63,7 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--available-now", action="store_true", help="process what is in the topic, then exit"
     )
-    run.add_argument("--master", help="Spark master; default local[2] outside spark-submit")
+    run.add_argument(
+        "--master",
+        help="Spark master; default local[2] outside spark-submit. A cluster master "
+        "(spark://, yarn, k8s://) gets the code and executor dependencies shipped",
+    )
     run.set_defaults(handler=_run)
 
     tenants = commands.add_parser("tenants", help="tenant config")
@@ -167,8 +171,17 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from streaming.app import run_stream
+    from streaming.session import is_local_master
 
-    return run_stream(settings_from(args), args.master, args.available_now, args.fault_hook)
+    spark_conf: dict[str, str] = {}
+    if args.master is not None and not is_local_master(args.master):
+        from infra.cluster.ship import build_artifacts
+
+        # Executors on other machines have neither this checkout nor its virtualenv.
+        spark_conf = build_artifacts().spark_conf()
+    return run_stream(
+        settings_from(args), args.master, args.available_now, args.fault_hook, spark_conf
+    )
 
 
 def _sql(args: argparse.Namespace) -> int:

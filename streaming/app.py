@@ -18,6 +18,7 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from types import FrameType
 
 from pyspark.errors import StreamingQueryException
@@ -166,13 +167,19 @@ def run_stream(
     master: str | None = None,
     available_now: bool = False,
     fault_hook: FaultHook = NO_FAULTS,
+    spark_conf: Mapping[str, str] | None = None,
 ) -> int:
-    """Run the stream until it ends, fails or gets SIGTERM/SIGINT; the process's exit code."""
+    """Run the stream until it ends, fails or gets SIGTERM/SIGINT; the process's exit code.
+
+    `spark_conf` adds session settings, e.g. what ships the code to a cluster's executors.
+    """
     load_registry(settings.conf_dir)  # refuse an invalid config before Spark starts
     app = StreamApp(settings, fault_hook=fault_hook)
     app.claim()
     try:
-        spark = build_spark(settings.stream.name, master, settings.stream.shuffle_partitions)
+        spark = build_spark(
+            settings.stream.name, master, settings.stream.shuffle_partitions, dict(spark_conf or {})
+        )
     except BaseException:
         app.stop()
         raise

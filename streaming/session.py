@@ -1,4 +1,5 @@
-"""The one SparkSession factory: loopback only, with the settings ENVIRONMENT.md measured."""
+"""The one SparkSession factory: loopback by default, local or on a cluster, with the settings
+ENVIRONMENT.md measured."""
 
 from __future__ import annotations
 
@@ -18,24 +19,26 @@ def build_spark(
 ) -> SparkSession:
     """Build (or return the running) session.
 
-    `master=None` keeps what spark-submit gave; without spark-submit it is `local[2]`.
+    `master=None` keeps what spark-submit gave; without spark-submit it is `local[2]`. On a
+    cluster master (`spark://`, `k8s://`, `yarn`) the executors run their node's `python3`, or
+    `PYSPARK_PYTHON` if set, and what they import is shipped through `extra_conf`.
     """
-    # Without these Spark binds to the machine's first interface and the Python workers may
-    # start another interpreter that lacks pyarrow.
-    os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if master is None and not _under_spark_submit():
+        master = "local[2]"
+    if master is None or is_local_master(master):
+        # Local Python workers would otherwise start another interpreter, one that lacks
+        # pyarrow. Under spark-submit the launcher sets it (`infra/cluster/submit.sh`).
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    elif "PYSPARK_PYTHON" not in os.environ:
+        _run_python_workers_as_python3()
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     # PySpark's own pandas serializer trips a pandas FutureWarning on every group; it says
     # nothing about this project's data and drowns real warnings in the workers' stderr.
     os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
     builder = SparkSession.builder.appName(app_name)
-    if master is None and not _under_spark_submit():
-        master = "local[2]"
     if master is not None:
         builder = builder.master(master)
     conf = {
-        "spark.driver.host": LOOPBACK,
-        "spark.driver.bindAddress": LOOPBACK,
         # A deep stack avoids a StackOverflowError when a streaming query stops.
         "spark.driver.extraJavaOptions": "-Xss16m",
         "spark.ui.enabled": "false",
@@ -48,12 +51,39 @@ def build_spark(
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
         "spark.sql.adaptive.enabled": "false",
     }
+    if master is not None:
+        # A JVM this process starts binds to the machine's first interface otherwise. A driver
+        # that executors on other machines must reach is started with SPARK_LOCAL_IP set to
+        # its routable address; under spark-submit the launcher's settings decide.
+        local_ip = os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+        conf["spark.driver.host"] = local_ip
+        conf["spark.driver.bindAddress"] = local_ip
+    if master is None or not is_local_master(master):
+        # Executors elsewhere do not inherit this process's environment.
+        conf["spark.executorEnv.PYTHONWARNINGS"] = os.environ["PYTHONWARNINGS"]
     conf.update(extra_conf or {})
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def is_local_master(master: str) -> bool:
+    """Whether executors run inside the driver's JVM, with the driver's Python at hand."""
+    return master == "local" or master.startswith("local[")
+
+
+def _run_python_workers_as_python3() -> None:
+    """Executors on a cluster node run `python3` from the node's PATH, PySpark's default: this
+    interpreter's path means nothing there. The driver starts Python workers by the same name
+    (the Kafka source's offset planning runs on the driver), so `python3` on the driver's PATH
+    must be this interpreter, which has the project's dependencies."""
+    own_bin = os.path.dirname(sys.executable)
+    if os.path.exists(os.path.join(own_bin, "python3")):
+        path = os.environ.get("PATH", "")
+        os.environ["PATH"] = os.pathsep.join(filter(None, [own_bin, path]))
+    os.environ["PYSPARK_PYTHON"] = "python3"
 
 
 def _under_spark_submit() -> bool:
