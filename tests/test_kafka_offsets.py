@@ -10,23 +10,25 @@ import random
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
 
-from streaming.kafka_source import (
-    EARLIEST,
-    LATEST,
+from streaming.kafka.offsets import (
     BrokerBehindError,
-    KafkaSourceOptions,
-    KafkaStreamReader,
-    StartingOffsets,
     advance_offsets,
     check_not_behind,
     max_rows_of,
     normalise_offsets,
-    parse_starting_offsets,
     partition_ranges,
     register_new_partitions,
     resolve_starting_offsets,
     split_budget,
 )
+from streaming.kafka.options import (
+    EARLIEST,
+    LATEST,
+    KafkaSourceOptions,
+    StartingOffsets,
+    parse_starting_offsets,
+)
+from streaming.kafka.source import KafkaStreamReader
 
 BASE_OPTIONS = {"kafka.bootstrap.servers": "127.0.0.1:9", "subscribe": "events"}
 
@@ -325,11 +327,11 @@ def test_default_read_limit_follows_max_offsets_per_trigger() -> None:
 
 def test_reader_pickles_without_a_consumer() -> None:
     reader = KafkaStreamReader(KafkaSourceOptions.from_options(BASE_OPTIONS))
-    reader._consumer = object()  # stands in for a live client
+    reader.planner._consumer = object()  # type: ignore[assignment]  # stands in for a live client
     copy = pickle.loads(pickle.dumps(reader))
-    assert copy._consumer is None
+    assert copy.planner._consumer is None
     assert copy.options == reader.options
-    assert reader._consumer is not None  # the original keeps its client
+    assert reader.planner._consumer is not None  # the original keeps its client
 
 
 def test_budget_split_covers_small_partition_counts_exhaustively() -> None:
