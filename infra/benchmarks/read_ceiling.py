@@ -11,6 +11,10 @@ It starts its own broker on 127.0.0.1, preloads a backlog of JSON records (fixed
   on local[2]: overall records/s, and steady state (the batches after the first, whose time
   includes Python worker start-up, summed from `query.recentProgress`).
 
+With other work on the machine, wall-clock rates swing by 2x from run to run; the CPU time
+each step used (the reading process; for the query, the JVM and its Python processes) does
+not, and is printed as records per CPU-second next to them.
+
 Nothing downstream of the reader runs, so this is the ceiling the full pipeline reads under.
 Timings on a shared machine are noisy: compare runs made close together.
 """
@@ -18,7 +22,9 @@ Timings on a shared machine are noisy: compare runs made close together.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import random
 import shutil
 import string
@@ -27,7 +33,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from pyspark.sql.streaming.listener import (
+    QueryIdleEvent,
+    QueryProgressEvent,
+    QueryStartedEvent,
+    QueryTerminatedEvent,
+    StreamingQueryListener,
+)
+
 from infra.load_generator import SampleRecord, send
+from infra.local_process import cpu_seconds, descendants
 from infra.local_stack import LocalKafka
 from streaming.kafka.offsets import OffsetPlanner, partition_ranges
 from streaming.kafka.options import KafkaSourceOptions
@@ -70,6 +85,7 @@ def measure_read_partition(options: KafkaSourceOptions) -> None:
         planner.close()
     rows = 0
     started = time.monotonic()
+    cpu_started = time.process_time()
     for partition, start_offset, end_offset in partition_ranges(start, end):
         split = KafkaInputPartition(
             topic=options.topic,
@@ -82,16 +98,51 @@ def measure_read_partition(options: KafkaSourceOptions) -> None:
         )
         rows += sum(batch.num_rows for batch in read_partition(split))
     seconds = time.monotonic() - started
+    cpu_s = time.process_time() - cpu_started
     print(
         f"read_partition alone (one process, partitions in turn): {rows} records in "
-        f"{seconds:.2f}s = {rows / seconds:,.0f} rec/s"
+        f"{seconds:.2f}s = {rows / seconds:,.0f} rec/s; {cpu_s:.2f} CPU-s = "
+        f"{rows / cpu_s:,.0f} rec per CPU-s"
     )
+
+
+def tree_cpu_seconds(root_pid: int) -> float:
+    """CPU time of `root_pid` and every process under it (for the JVM: the Python workers and
+    the Python planner process too)."""
+    total = 0.0
+    for pid in [root_pid, *descendants(root_pid)]:
+        with contextlib.suppress(OSError):  # a worker that exited meanwhile
+            total += cpu_seconds(pid)
+    return total
+
+
+class CpuAtProgress(StreamingQueryListener):
+    """Spark's CPU time when each batch's progress is reported: CPU per batch, noise-free."""
+
+    def __init__(self, jvm_pid: int) -> None:
+        self.jvm_pid = jvm_pid
+        self.cpu_s_by_batch: dict[int, float] = {}
+
+    def onQueryStarted(self, event: QueryStartedEvent) -> None:  # noqa: N802
+        self.cpu_s_by_batch[-1] = tree_cpu_seconds(self.jvm_pid)
+
+    def onQueryProgress(self, event: QueryProgressEvent) -> None:  # noqa: N802
+        self.cpu_s_by_batch[event.progress.batchId] = tree_cpu_seconds(self.jvm_pid)
+
+    def onQueryIdle(self, event: QueryIdleEvent) -> None:  # noqa: N802
+        return None
+
+    def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:  # noqa: N802
+        return None
 
 
 def measure_query(bootstrap_servers: str, max_offsets: int, checkpoint: Path) -> None:
     spark = build_spark("tenant-windows-read-ceiling")
+    jvm_pid = int(spark.sparkContext._jvm.ProcessHandle.current().pid())  # type: ignore[union-attr]
+    cpu = CpuAtProgress(jvm_pid)
     try:
         register(spark)
+        spark.streams.addListener(cpu)
         stream = (
             spark.readStream.format("tw_kafka")
             .option("kafka.bootstrap.servers", bootstrap_servers)
@@ -114,12 +165,23 @@ def measure_query(bootstrap_servers: str, max_offsets: int, checkpoint: Path) ->
             raise TimeoutError(f"the query did not drain the topic in {QUERY_TIMEOUT_S}s")
         if query.exception() is not None:
             raise RuntimeError(f"the query failed: {query.exception()}")
+        # The listener hears of the last batch asynchronously.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(cpu.cpu_s_by_batch) <= len(query.recentProgress):
+            time.sleep(0.1)
         progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
-        print(f"\n{'batch':>5} {'records':>8} {'seconds':>8} {'rec/s':>8}")
+        print(f"\n{'batch':>5} {'records':>8} {'seconds':>8} {'rec/s':>8} {'CPU-s':>6}")
         for batch in progress:
             seconds = batch["durationMs"]["triggerExecution"] / 1000
             rows = int(batch["numInputRows"])
-            print(f"{batch['batchId']:>5} {rows:>8} {seconds:>8.2f} {rows / seconds:>8,.0f}")
+            batch_id = batch["batchId"]
+            batch_cpu_s = cpu.cpu_s_by_batch.get(batch_id, math.nan) - cpu.cpu_s_by_batch.get(
+                batch_id - 1, math.nan
+            )
+            print(
+                f"{batch_id:>5} {rows:>8} {seconds:>8.2f} {rows / seconds:>8,.0f} "
+                f"{batch_cpu_s:>6.2f}"
+            )
         total_rows = sum(int(p["numInputRows"]) for p in progress)
         print(
             f"\noverall (query start to end): {total_rows} records in {wall_s:.1f}s = "
@@ -129,9 +191,14 @@ def measure_query(bootstrap_servers: str, max_offsets: int, checkpoint: Path) ->
         if steady:
             steady_rows = sum(int(p["numInputRows"]) for p in steady)
             steady_s = sum(p["durationMs"]["triggerExecution"] for p in steady) / 1000
+            steady_cpu_s = cpu.cpu_s_by_batch.get(
+                steady[-1]["batchId"], math.nan
+            ) - cpu.cpu_s_by_batch.get(progress[0]["batchId"], math.nan)
             print(
                 f"steady state (batches after the first): {steady_rows} records in "
-                f"{steady_s:.1f}s = {steady_rows / steady_s:,.0f} rec/s"
+                f"{steady_s:.1f}s = {steady_rows / steady_s:,.0f} rec/s; "
+                f"{steady_cpu_s:.1f} CPU-s of Spark's processes = "
+                f"{steady_rows / steady_cpu_s:,.0f} rec per CPU-s"
             )
     finally:
         spark.stop()
