@@ -136,7 +136,9 @@ class CpuAtProgress(StreamingQueryListener):
         return None
 
 
-def measure_query(bootstrap_servers: str, max_offsets: int, checkpoint: Path) -> None:
+def measure_query(
+    bootstrap_servers: str, max_offsets: int, min_partitions: int | None, checkpoint: Path
+) -> None:
     spark = build_spark("tenant-windows-read-ceiling")
     jvm_pid = int(spark.sparkContext._jvm.ProcessHandle.current().pid())  # type: ignore[union-attr]
     cpu = CpuAtProgress(jvm_pid)
@@ -149,6 +151,7 @@ def measure_query(bootstrap_servers: str, max_offsets: int, checkpoint: Path) ->
             .option("subscribe", TOPIC)
             .option("startingOffsets", "earliest")
             .option("maxOffsetsPerTrigger", str(max_offsets))
+            .option("minPartitions", str(min_partitions or ""))
             .load()
         )
         started = time.monotonic()
@@ -170,7 +173,10 @@ def measure_query(bootstrap_servers: str, max_offsets: int, checkpoint: Path) ->
         while time.monotonic() < deadline and len(cpu.cpu_s_by_batch) <= len(query.recentProgress):
             time.sleep(0.1)
         progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
-        print(f"\n{'batch':>5} {'records':>8} {'seconds':>8} {'rec/s':>8} {'CPU-s':>6}")
+        print(
+            f"\n{'batch':>5} {'records':>8} {'seconds':>8} {'rec/s':>8} {'CPU-s':>6}  "
+            "where the time went (ms; addBatch is the read)"
+        )
         for batch in progress:
             seconds = batch["durationMs"]["triggerExecution"] / 1000
             rows = int(batch["numInputRows"])
@@ -178,9 +184,14 @@ def measure_query(bootstrap_servers: str, max_offsets: int, checkpoint: Path) ->
             batch_cpu_s = cpu.cpu_s_by_batch.get(batch_id, math.nan) - cpu.cpu_s_by_batch.get(
                 batch_id - 1, math.nan
             )
+            phases = ", ".join(
+                f"{phase} {ms}"
+                for phase, ms in sorted(batch["durationMs"].items(), key=lambda item: -item[1])
+                if phase != "triggerExecution" and ms >= 20
+            )
             print(
                 f"{batch_id:>5} {rows:>8} {seconds:>8.2f} {rows / seconds:>8,.0f} "
-                f"{batch_cpu_s:>6.2f}"
+                f"{batch_cpu_s:>6.2f}  {phases}"
             )
         total_rows = sum(int(p["numInputRows"]) for p in progress)
         print(
@@ -211,6 +222,12 @@ def main() -> None:
     parser.add_argument("--value-bytes", type=int, default=200)
     parser.add_argument("--max-offsets", type=int, default=50_000)
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument(
+        "--min-partitions",
+        type=int,
+        default=None,
+        help="the reader's minPartitions (default: one task per Kafka partition)",
+    )
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="tw-read-ceiling-"))
@@ -225,7 +242,10 @@ def main() -> None:
                 timeout_s=PRODUCE_TIMEOUT_S,
             )
             produce_s = time.monotonic() - started
-            print(f"preloaded {sent} records in {produce_s:.0f}s on {args.partitions} partitions")
+            print(
+                f"preloaded {sent} records in {produce_s:.0f}s on {args.partitions} partitions; "
+                f"minPartitions {args.min_partitions}"
+            )
             options = KafkaSourceOptions.from_options(
                 {
                     "kafka.bootstrap.servers": kafka.bootstrap_servers,
@@ -234,7 +254,12 @@ def main() -> None:
                 }
             )
             measure_read_partition(options)
-            measure_query(kafka.bootstrap_servers, args.max_offsets, workdir / "checkpoint")
+            measure_query(
+                kafka.bootstrap_servers,
+                args.max_offsets,
+                args.min_partitions,
+                workdir / "checkpoint",
+            )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -207,6 +207,33 @@ def partition_ranges(
     return ranges
 
 
+def split_ranges(
+    ranges: Sequence[tuple[int, int, int]], min_partitions: int | None
+) -> list[tuple[int, int, int]]:
+    """Spark's `minPartitions`: cut the ranges into about `min_partitions` contiguous pieces.
+
+    With fewer Kafka partitions than cores, one task per partition leaves cores idle. As in
+    Spark's Kafka source, each range gets a share of the pieces proportional to its size (at
+    least one), and is cut into nearly equal contiguous pieces that cover it exactly. With no
+    `min_partitions`, or already that many ranges, every range stays one task.
+    """
+    if min_partitions is None or len(ranges) >= min_partitions:
+        return list(ranges)
+    total = sum(end - start for _, start, end in ranges)
+    pieces: list[tuple[int, int, int]] = []
+    for partition, start, end in ranges:
+        size = end - start
+        # Python's round() rounds halves to even; Spark's math.round rounds them up.
+        parts = max(min((2 * size * min_partitions + total) // (2 * total), size), 1)
+        remaining = size
+        for part in range(parts):
+            piece = remaining // (parts - part)
+            pieces.append((partition, start, start + piece))
+            start += piece
+            remaining -= piece
+    return pieces
+
+
 def max_rows_of(limit: ReadLimit) -> int | None:
     """The row budget a read limit allows; None for "everything available"."""
     if isinstance(limit, ReadAllAvailable):

@@ -109,6 +109,10 @@ def _optional_positive_int(options: Mapping[str, str], name: str) -> int | None:
 class KafkaSourceOptions:
     """The validated reader options: Spark's Kafka source names, plus `fetchOffset.timeoutMs`.
 
+    Supported: `kafka.bootstrap.servers`, `subscribe` (one topic), `startingOffsets`,
+    `maxOffsetsPerTrigger`, `minPartitions`, `pollTimeoutMs`, `kafka.request.timeout.ms`,
+    `fetchOffset.timeoutMs` and `fetchOffset.retryIntervalMs`.
+
     `pollTimeoutMs` bounds an executor read without progress; `fetchOffset.timeoutMs` bounds a
     driver-side offset lookup, retried every `fetchOffset.retryIntervalMs` meanwhile. Past
     either, the query fails with a `KafkaUnavailableError` instead of waiting forever.
@@ -122,6 +126,8 @@ class KafkaSourceOptions:
     request_timeout_ms: int | None
     fetch_offset_timeout_ms: int = DEFAULT_FETCH_OFFSET_TIMEOUT_MS
     fetch_offset_retry_interval_ms: int = DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS
+    # Spark's `minPartitions`: None keeps one task per Kafka partition with data.
+    min_partitions: int | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> KafkaSourceOptions:
@@ -153,4 +159,5 @@ class KafkaSourceOptions:
             fetch_offset_retry_interval_ms=(
                 retry_interval_ms or DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS
             ),
+            min_partitions=_optional_positive_int(lowered, "minPartitions"),
         )

@@ -137,7 +137,13 @@ def read_partition(
                     "the range; raise pollTimeoutMs or check the broker"
                 )
             try:
-                polled = consumer.poll(timeout_ms=min(remaining_ms, 1_000))
+                # kafka-python decodes records only as poll hands them out, and a fetch runs
+                # past the range's end: asking for no more than the range holds keeps it from
+                # decoding records that would be dropped (up to a fetch's worth per task).
+                polled = consumer.poll(
+                    timeout_ms=min(remaining_ms, 1_000),
+                    max_records=min(split.end_offset - position, ARROW_BATCH_ROWS),
+                )
                 for record in polled.get(topic_partition, ()):
                     if split.start_offset <= record.offset < split.end_offset:
                         pending.append(record)

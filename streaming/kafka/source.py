@@ -20,7 +20,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from streaming.hooks import NO_FAULTS, FaultHook
-from streaming.kafka.offsets import OffsetPlanner, max_rows_of, partition_ranges
+from streaming.kafka.offsets import OffsetPlanner, max_rows_of, partition_ranges, split_ranges
 from streaming.kafka.options import SOURCE_NAME, KafkaSourceOptions
 from streaming.kafka.reader import KAFKA_SCHEMA, KafkaInputPartition, read_partition
 
@@ -66,7 +66,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 poll_timeout_ms=self.options.poll_timeout_ms,
                 request_timeout_ms=self.options.request_timeout_ms,
             )
-            for partition, start_offset, end_offset in partition_ranges(start, end)
+            for partition, start_offset, end_offset in split_ranges(
+                partition_ranges(start, end), self.options.min_partitions
+            )
         ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
