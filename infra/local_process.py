@@ -39,6 +39,14 @@ def process_state(pid: int) -> str:
     return _stat_after_name(Path(f"/proc/{pid}/stat"))[0]
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time of `pid` and of the children it has reaped, user and system, in seconds."""
+    fields = _stat_after_name(Path(f"/proc/{pid}/stat"))
+    # utime, stime, cutime, cstime: fields 14-17 of stat, 11-14 after the name.
+    ticks = sum(int(field) for field in fields[11:15])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def descendants(pid: int) -> list[int]:
     """PIDs of `pid`'s children, grandchildren, ... from /proc (empty where there is none)."""
     children: dict[int, list[int]] = {}

@@ -10,8 +10,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
-from streaming import kafka_source
 from streaming.hooks import NO_FAULTS, FaultHook
+from streaming.kafka.source import register as register_tw_kafka
 from streaming.keyed_state import (
     BUCKET_COLUMN,
     OUTPUT_SCHEMA,
@@ -30,7 +30,7 @@ def read_kafka(
 ) -> DataFrame:
     kafka = settings.kafka
     if kafka.source_format == "tw_kafka":
-        kafka_source.register(spark, fault_hook)
+        register_tw_kafka(spark, fault_hook)
     reader = (
         spark.readStream.format(kafka.source_format)
         .option("kafka.bootstrap.servers", kafka.bootstrap_servers)

@@ -28,13 +28,10 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 from infra.load_generator import LoadSpec, generate
 from infra.local_stack import LocalKafka
 from streaming.app import StreamApp
-from streaming.kafka_source import (
-    KafkaInputPartition,
-    KafkaSourceOptions,
-    KafkaStreamReader,
-    KafkaUnavailableError,
-    read_partition,
-)
+from streaming.kafka.client import KafkaUnavailableError
+from streaming.kafka.options import KafkaSourceOptions
+from streaming.kafka.reader import KafkaInputPartition, read_partition
+from streaming.kafka.source import KafkaStreamReader
 from tenants.registry import load_registry
 from tests.crash_helpers import assert_every_record_landed_once, assert_same_tables, snapshot
 from tests.harness import Pipeline

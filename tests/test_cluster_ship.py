@@ -15,8 +15,8 @@ from packaging.utils import canonicalize_name
 from infra.cluster.ship import EXECUTOR_DISTRIBUTIONS, build_artifacts
 
 # What the executor-side modules import beyond pyspark, pandas and pyarrow: the Kafka reader's
-# client, the config models, the YAML loader of the config registry.
-EXECUTOR_IMPORTS = ("kafka-python", "pydantic", "pyyaml")
+# client and its native CRC-32C, the config models, the YAML loader of the config registry.
+EXECUTOR_IMPORTS = ("kafka-python", "crc32c", "pydantic", "pyyaml")
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -50,7 +50,7 @@ def test_the_code_zip_holds_the_executor_packages_and_nothing_of_infra(tmp_path:
         for path in (ROOT / package).rglob("*.py")
     }
     assert names == expected
-    assert "streaming/kafka_source.py" in names
+    assert "streaming/kafka/reader.py" in names
 
 
 def test_the_dependency_archive_holds_the_compiled_extension_for_this_python(

@@ -10,23 +10,26 @@ import random
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
 
-from streaming.kafka_source import (
-    EARLIEST,
-    LATEST,
+from streaming.kafka.offsets import (
     BrokerBehindError,
-    KafkaSourceOptions,
-    KafkaStreamReader,
-    StartingOffsets,
     advance_offsets,
     check_not_behind,
     max_rows_of,
     normalise_offsets,
-    parse_starting_offsets,
     partition_ranges,
     register_new_partitions,
     resolve_starting_offsets,
     split_budget,
+    split_ranges,
 )
+from streaming.kafka.options import (
+    EARLIEST,
+    LATEST,
+    KafkaSourceOptions,
+    StartingOffsets,
+    parse_starting_offsets,
+)
+from streaming.kafka.source import KafkaStreamReader
 
 BASE_OPTIONS = {"kafka.bootstrap.servers": "127.0.0.1:9", "subscribe": "events"}
 
@@ -180,6 +183,47 @@ def test_partition_ranges_skip_empty_and_newly_registered_partitions() -> None:
     assert partition_ranges(start, end) == [(0, 10, 20)]
 
 
+def test_split_ranges_keeps_one_task_per_partition_without_min_partitions() -> None:
+    ranges = [(0, 10, 20), (1, 0, 5)]
+    assert split_ranges(ranges, None) == ranges
+    assert split_ranges(ranges, 2) == ranges
+
+
+def test_split_ranges_cuts_in_proportion_to_size_like_spark() -> None:
+    # One partition on a two-core machine: two tasks instead of one idle core.
+    assert split_ranges([(0, 100, 201)], 2) == [(0, 100, 150), (0, 150, 201)]
+    # Shares follow the ranges' sizes, rounded (3.6 -> 4); every range keeps at least one piece.
+    assert split_ranges([(0, 0, 90), (1, 0, 10)], 4) == [
+        (0, 0, 22),
+        (0, 22, 44),
+        (0, 44, 67),
+        (0, 67, 90),
+        (1, 0, 10),
+    ]
+    # A range is never cut into empty pieces.
+    assert split_ranges([(3, 7, 9)], 5) == [(3, 7, 8), (3, 8, 9)]
+
+
+def test_split_ranges_cover_every_offset_once_in_contiguous_pieces() -> None:
+    rng = random.Random(5)
+    for _ in range(500):
+        ranges = []
+        for partition in range(rng.randint(1, 4)):
+            start = rng.randint(0, 1_000)
+            ranges.append((partition, start, start + rng.randint(1, 5_000)))
+        min_partitions = rng.randint(1, 12)
+        pieces = split_ranges(ranges, min_partitions)
+        for partition, start, end in ranges:
+            own = [(s, e) for p, s, e in pieces if p == partition]
+            assert own[0][0] == start and own[-1][1] == end
+            assert all(s < e for s, e in own)
+            assert all(a[1] == b[0] for a, b in itertools.pairwise(own))
+            # Nearly equal pieces: Spark's readers then finish at about the same time.
+            sizes = [e - s for s, e in own]
+            assert max(sizes) - min(sizes) <= 1
+        assert len(pieces) >= min(min_partitions, sum(e - s for _, s, e in ranges)) - len(ranges)
+
+
 def test_max_rows_of_read_limits() -> None:
     assert max_rows_of(ReadAllAvailable()) is None
     assert max_rows_of(ReadMaxRows(500)) == 500
@@ -271,6 +315,7 @@ def test_options_use_spark_names_case_insensitively() -> None:
             "kafka.request.timeout.ms": "5000",
             "FETCHOFFSET.timeoutMs": "7000",
             "fetchOffset.retryIntervalMs": "50",
+            "minpartitions": "8",
         }
     )
     assert options == KafkaSourceOptions(
@@ -282,6 +327,7 @@ def test_options_use_spark_names_case_insensitively() -> None:
         request_timeout_ms=5000,
         fetch_offset_timeout_ms=7000,
         fetch_offset_retry_interval_ms=50,
+        min_partitions=8,
     )
 
 
@@ -294,6 +340,7 @@ def test_options_defaults() -> None:
     # A broker outage fails a read or an offset lookup after about the same time.
     assert options.fetch_offset_timeout_ms == 120_000
     assert options.fetch_offset_retry_interval_ms == 500
+    assert options.min_partitions is None
 
 
 @pytest.mark.parametrize(
@@ -306,6 +353,7 @@ def test_options_defaults() -> None:
         ({"maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger must be a positive integer"),
         ({"maxOffsetsPerTrigger": "lots"}, "maxOffsetsPerTrigger must be a positive integer"),
         ({"fetchOffset.timeoutMs": "-1"}, "fetchOffset.timeoutMs must be a positive integer"),
+        ({"minPartitions": "0"}, "minPartitions must be a positive integer"),
         ({"startingOffsets": '{"events": '}, "startingOffsets must be"),
     ],
 )
@@ -325,11 +373,11 @@ def test_default_read_limit_follows_max_offsets_per_trigger() -> None:
 
 def test_reader_pickles_without_a_consumer() -> None:
     reader = KafkaStreamReader(KafkaSourceOptions.from_options(BASE_OPTIONS))
-    reader._consumer = object()  # stands in for a live client
+    reader.planner._consumer = object()  # type: ignore[assignment]  # stands in for a live client
     copy = pickle.loads(pickle.dumps(reader))
-    assert copy._consumer is None
+    assert copy.planner._consumer is None
     assert copy.options == reader.options
-    assert reader._consumer is not None  # the original keeps its client
+    assert reader.planner._consumer is not None  # the original keeps its client
 
 
 def test_budget_split_covers_small_partition_counts_exhaustively() -> None:

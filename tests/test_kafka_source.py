@@ -15,16 +15,15 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from infra.local_stack import LocalKafka
-from streaming.kafka_source import (
+from streaming.kafka.options import KafkaSourceOptions
+from streaming.kafka.reader import (
     ARROW_SCHEMA,
     KAFKA_SCHEMA,
     KafkaInputPartition,
-    KafkaSourceOptions,
-    KafkaStreamReader,
     read_partition,
     records_to_record_batch,
-    register,
 )
+from streaming.kafka.source import KafkaStreamReader, register
 
 pytestmark = pytest.mark.integration
 

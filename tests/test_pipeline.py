@@ -15,7 +15,7 @@ from infra.load_generator import LoadSpec, generate
 from storage.delta_lake import DeltaLake
 from storage.tables import ALL_TABLES
 from storage.writer_lease import WriterLease
-from streaming.kafka_source import register as register_kafka_source
+from streaming.kafka.source import register as register_kafka_source
 from streaming.keyed_state import OUTPUT_SCHEMA, output_frame
 from streaming.sink import MicroBatchSink
 from tenants.registry import load_registry

@@ -1,0 +1,122 @@
+"""`format("tw_kafka")`: the Python Data Source that Spark builds, and `register`.
+
+Wiring only: Spark's stream reader API calls into `offsets` on the driver and `reader` on the
+executors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from streaming.hooks import NO_FAULTS, FaultHook
+from streaming.kafka.offsets import OffsetPlanner, max_rows_of, partition_ranges, split_ranges
+from streaming.kafka.options import SOURCE_NAME, KafkaSourceOptions
+from streaming.kafka.reader import KAFKA_SCHEMA, KafkaInputPartition, read_partition
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans micro-batches over one topic. Built on the driver, pickled to executors.
+
+    The camelCase method names are Spark's API (hence the `noqa: N802`).
+    """
+
+    def __init__(self, options: KafkaSourceOptions, fault_hook: FaultHook = NO_FAULTS) -> None:
+        self.options = options
+        self.fault_hook = fault_hook
+        self.planner = OffsetPlanner(options)
+
+    def initialOffset(self) -> dict[str, int]:  # noqa: N802
+        return self.planner.initial_offsets()
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+        if self.options.max_offsets_per_trigger is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.options.max_offsets_per_trigger)
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+        self.planner.fix_available_now_end()
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:  # noqa: N802
+        return self.planner.next_end(start, max_rows_of(limit))
+
+    def reportLatestOffset(self) -> dict[str, int] | None:  # noqa: N802
+        # The end offsets latestOffset just fetched: asking the broker again would cost a
+        # round trip per batch for a number that only feeds the progress report.
+        return self.planner.latest_seen
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[KafkaInputPartition]:
+        return [
+            KafkaInputPartition(
+                topic=self.options.topic,
+                partition=partition,
+                start_offset=start_offset,
+                end_offset=end_offset,
+                bootstrap_servers=self.options.bootstrap_servers,
+                poll_timeout_ms=self.options.poll_timeout_ms,
+                request_timeout_ms=self.options.request_timeout_ms,
+            )
+            for partition, start_offset, end_offset in split_ranges(
+                partition_ranges(start, end), self.options.min_partitions
+            )
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, KafkaInputPartition):
+            raise TypeError(f"expected a KafkaInputPartition, got {type(partition).__name__}")
+        return read_partition(partition, self.fault_hook)
+
+    def commit(self, end: dict[str, int]) -> None:
+        # Nothing to do: the offsets live in Spark's checkpoint, which is the only truth a
+        # restart uses. Committing them to a consumer group too would add a second, possibly
+        # disagreeing, record of progress.
+        return None
+
+    def stop(self) -> None:
+        self.planner.close()
+
+
+class KafkaDataSource(DataSource):
+    """`spark.readStream.format("tw_kafka")`: one Kafka topic, Spark Kafka source columns."""
+
+    fault_hook: FaultHook = NO_FAULTS
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> StructType:
+        return KAFKA_SCHEMA
+
+    def streamReader(self, schema: StructType) -> KafkaStreamReader:  # noqa: N802
+        if schema != KAFKA_SCHEMA:
+            raise ValueError(
+                f"{SOURCE_NAME} has a fixed schema ({KAFKA_SCHEMA.simpleString()}); "
+                f"got {schema.simpleString()}"
+            )
+        return KafkaStreamReader(KafkaSourceOptions.from_options(self.options), self.fault_hook)
+
+
+def register(spark: SparkSession, fault_hook: FaultHook = NO_FAULTS) -> None:
+    """Make `format("tw_kafka")` available in `spark`, reading with `fault_hook` installed."""
+    if fault_hook is NO_FAULTS:
+        spark.dataSource.register(KafkaDataSource)
+        return
+
+    # Spark builds the source from its class alone (options are strings), so the hook travels
+    # as a class attribute of a local subclass, which cloudpickle ships by value.
+    class HookedKafkaDataSource(KafkaDataSource):
+        pass
+
+    HookedKafkaDataSource.fault_hook = fault_hook
+    spark.dataSource.register(HookedKafkaDataSource)
