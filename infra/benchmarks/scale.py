@@ -73,6 +73,27 @@ class StageFigures:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="tw-scale-"))
+    try:
+        with LocalKafka(workdir / "kafka") as kafka:
+            spark = build_spark("tenant-windows-scale", shuffle_partitions=4)
+            try:
+                results = run(spark, kafka, workdir, args)
+            finally:
+                spark.stop()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(_report(results))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(
+        json.dumps({"machine": _machine(), "results": [asdict(r) for r in results]}, indent=2)
+    )
+    print(f"figures written to {args.json}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tenants", default="10,1000,10000", help="comma-separated counts")
     parser.add_argument("--sources", type=int, default=2, choices=[1, 2])
@@ -83,34 +104,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--late-share", type=float, default=0.02)
     parser.add_argument("--stages", default="read,builtin,product")
     parser.add_argument("--json", type=Path, default=Path("data/bench/scale.json"))
-    args = parser.parse_args(argv)
-    tenant_counts = [int(n) for n in args.tenants.split(",")]
-    stages = args.stages.split(",")
+    return parser
 
-    workdir = Path(tempfile.mkdtemp(prefix="tw-scale-"))
-    results: list[StageFigures] = []
-    try:
-        with LocalKafka(workdir / "kafka") as kafka:
-            spark = build_spark("tenant-windows-scale", shuffle_partitions=4)
-            try:
-                for tenants in tenant_counts:
-                    dataset = _Dataset.create(kafka, workdir / f"t{tenants}", tenants, args)
-                    for stage in stages:
-                        figures = _STAGES[stage](spark, dataset)
-                        results.append(figures)
-                        print(_row(figures), flush=True)
-            finally:
-                spark.stop()
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    report = _report(results)
-    print(report)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps({"machine": _machine(), "results": [asdict(r) for r in results]}, indent=2)
-    )
-    print(f"figures written to {args.json}")
-    return 0
+
+def run(
+    spark: SparkSession, kafka: LocalKafka, workdir: Path, args: argparse.Namespace
+) -> list[StageFigures]:
+    """Every stage for every tenant count, in `spark`, over topics preloaded into `kafka`."""
+    results = []
+    for tenants in (int(n) for n in args.tenants.split(",")):
+        dataset = _Dataset.create(kafka, workdir / f"t{tenants}", tenants, args)
+        for stage in args.stages.split(","):
+            figures = _STAGES[stage](spark, dataset)
+            results.append(figures)
+            print(_row(figures), flush=True)
+    return results
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    return _parser().parse_args(argv)
 
 
 @dataclass
