@@ -483,7 +483,8 @@ class _Batch:
             self.index.drop(replaced)
         self.state.windows[window_id] = window
         self.index.add(window, self.final_deadline_ms(window))
-        self.state.rules.setdefault(self.current_rules_id, self.rules.model_dump(mode="json"))
+        if self.current_rules_id not in self.state.rules:
+            self.state.rules[self.current_rules_id] = self.rules.model_dump(mode="json")
         return window
 
     def accept(self, record_index: int, record: RecordInput, window: OpenWindow) -> None:
