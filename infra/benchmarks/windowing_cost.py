@@ -9,7 +9,9 @@ It prints microseconds per record for the current code and for a baseline, measu
 process on the same records: the baseline is `streaming/windowing.py` as of `--baseline-ref`
 (by default the commit before the open-window index), written out with `git show` into a temp
 dir and imported from there. Both must emit the same panes, or the run stops. Times are this
-process's CPU time, so other jobs on a shared machine disturb them less than the wall clock.
+process's CPU time, so other jobs on a shared machine disturb them less than the wall clock,
+and each run starts with the garbage collector's generations emptied and earlier objects
+frozen, so that no run pays for collecting what an earlier one left behind.
 
 A second table shows what a micro-batch costs when the state is kept as JSON between batches,
 as `keyed_state` does: loading and saving the state, and rebuilding the open-window index that
@@ -19,6 +21,7 @@ is not serialized (an empty `advance` on a freshly loaded state), all O(open win
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import random
@@ -83,13 +86,17 @@ def feed(
     module: ModuleType, rules: WindowRules, times: list[int], batch_size: int
 ) -> tuple[Run, Any]:
     """All records into one fresh key, batch by batch, the state kept in memory."""
+    gc.collect()
+    gc.freeze()
     state = module.KeyState()
     panes = 0
     started = time.process_time()
     for first in range(0, len(times), batch_size):
         batch = [module.RecordInput(t, {"amount": 1.0}) for t in times[first : first + batch_size]]
         panes += len(module.advance(state, batch, rules).panes)
-    return Run(time.process_time() - started, len(state.windows), panes), state
+    seconds = time.process_time() - started
+    gc.unfreeze()
+    return Run(seconds, len(state.windows), panes), state
 
 
 def timed_ms(action: Callable[[], object], repeat: int = 5) -> float:
@@ -165,13 +172,14 @@ def main() -> None:
             f"{'kind':<9}{'records':>8}{'open windows':>14}"
             f"{'baseline us/rec':>17}{'current us/rec':>16}{'speed-up':>10}"
         )
-        final_states: list[tuple[str, int, windowing.KeyState]] = []
+        json_costs: list[tuple[str, int, tuple[float, float, float]]] = []
         for kind in kinds:
             rules = rules_for(kind)
             for size in sizes:
                 times = event_times(kind, size, args.seed)
                 current, state = feed(windowing, rules, times, args.batch_size)
-                final_states.append((kind, size, state))
+                json_costs.append((kind, size, json_batch_costs(state, rules)))
+                del state
                 baseline_cell, speed_up_cell = "-", "-"
                 if baseline is not None:
                     before, _ = feed(baseline, rules, times, args.batch_size)
@@ -187,8 +195,7 @@ def main() -> None:
 
     print("\nper micro-batch with the state kept as JSON (current code), at the open windows above")
     print(f"{'kind':<9}{'records':>8}{'load ms':>10}{'index rebuild ms':>18}{'save ms':>10}")
-    for kind, size, state in final_states:
-        load_ms, rebuild_ms, save_ms = json_batch_costs(state, rules_for(kind))
+    for kind, size, (load_ms, rebuild_ms, save_ms) in json_costs:
         print(f"{kind:<9}{size:>8}{load_ms:>10.1f}{rebuild_ms:>18.1f}{save_ms:>10.1f}")
 
 
