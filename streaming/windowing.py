@@ -11,15 +11,23 @@ after each record, so a record is classified against W as it was before that rec
 Each window keeps the rules it was opened with (by `rules_id`), so a changed rule applies only
 to windows opened after the change. Sessions that a record bridges merge into the one with the
 earliest start; it keeps its `window_id`, the absorbed ones emit nothing more (`Merge` says so).
+
+A key can hold many open windows (small windows, wide lateness), so no step visits all of them:
+`_OpenWindowIndex` finds the windows a watermark rise seals or closes and the sessions a record
+touches, and a batch's end looks only at the windows that took records or closed in it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
+
+from sortedcontainers import SortedList
 
 from tenants.models import (
     Accumulation,
@@ -124,9 +132,15 @@ class KeyState:
     on_time_records: int = 0
     late_records: int = 0
     too_late_records: int = 0
+    open_window_index: _OpenWindowIndex | None = field(default=None, compare=False, repr=False)
+    """Derived from `windows`, kept in step with it by `advance`, so change `windows` only through
+    `advance`. Not serialized: the first `advance` after a load rebuilds it, in O(open windows)
+    like the load itself."""
 
     def to_json_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(replace(self, open_window_index=None))
+        del data["open_window_index"]
+        return data
 
     @classmethod
     def from_json_dict(cls, data: dict[str, Any]) -> KeyState:
@@ -212,6 +226,103 @@ def windows_of(event_time_ms: int, spec: WindowSpec) -> list[tuple[int, int]]:
     raise ValueError(f"{spec.kind} windows are not fixed")
 
 
+class _OpenWindowIndex:
+    """`KeyState.windows` by end, by final deadline and (open sessions) by start.
+
+    The heaps are lazy. A window's entry is a lower bound of its end (or final deadline): a
+    session that grows keeps its entry, and whoever pops an entry checks the window as it is
+    now and pushes it again if it is not there yet. Entries of absorbed or replaced windows are
+    skipped when popped. Open sessions never overlap (a record touching several merges them),
+    so ordered by start they are ordered by end too, and the ones a record touches are
+    neighbours.
+    """
+
+    def __init__(self, windows: dict[str, OpenWindow]) -> None:
+        self.windows = windows
+        self.unsealed_by_end: list[tuple[int, str]] = []
+        """(end, window id) of every window not yet on-time sealed: W reaching end seals it."""
+        self.by_final_deadline: list[tuple[int, str]] = []
+        """(end + the window's own allowed lateness, window id) of every open window."""
+        self.open_sessions = SortedList()
+        """(start, window id) of the session windows that can still take records."""
+        self.windows_per_rules: Counter[str] = Counter()
+
+    def describes(self, windows: dict[str, OpenWindow]) -> bool:
+        return self.windows is windows and self.windows_per_rules.total() == len(windows)
+
+    def is_bloated(self) -> bool:
+        """Stale entries outnumber live ones: rebuilding now keeps the heaps O(open windows)."""
+        limit = 2 * len(self.windows) + 64
+        return len(self.unsealed_by_end) > limit or len(self.by_final_deadline) > limit
+
+    def add(self, window: OpenWindow, final_deadline_ms: int) -> None:
+        """A window that entered `windows`, open."""
+        self.windows_per_rules[window.rules_id] += 1
+        if not window.on_time_sealed:
+            self.push_end(window)
+        self.push_final_deadline(window, final_deadline_ms)
+        if _is_session(window):
+            self.open_sessions.add((window.start_ms, window.window_id))
+
+    def reshape_session(self, session: OpenWindow, old_start_ms: int, was_sealed: bool) -> None:
+        """An open session that grew; growing past W lifts its on-time seal."""
+        if session.start_ms != old_start_ms:
+            self.open_sessions.discard((old_start_ms, session.window_id))
+            self.open_sessions.add((session.start_ms, session.window_id))
+        if was_sealed and not session.on_time_sealed:
+            self.push_end(session)
+
+    def push_end(self, window: OpenWindow) -> None:
+        heapq.heappush(self.unsealed_by_end, (window.end_ms, window.window_id))
+
+    def push_final_deadline(self, window: OpenWindow, final_deadline_ms: int) -> None:
+        heapq.heappush(self.by_final_deadline, (final_deadline_ms, window.window_id))
+
+    def close(self, window: OpenWindow) -> None:
+        """The window takes no more records (it may still be in `windows` until the batch ends)."""
+        self.open_sessions.discard((window.start_ms, window.window_id))
+
+    def drop(self, window: OpenWindow) -> None:
+        self.close(window)
+        self.windows_per_rules[window.rules_id] -= 1
+        if self.windows_per_rules[window.rules_id] == 0:
+            del self.windows_per_rules[window.rules_id]
+
+    def pop_ended(self, watermark_ms: int) -> list[OpenWindow]:
+        """Windows whose end W may have reached since the last call (check `end_ms`)."""
+        return self._pop_until(self.unsealed_by_end, watermark_ms)
+
+    def pop_past_final(self, watermark_ms: int) -> list[OpenWindow]:
+        """Windows whose final deadline W may have reached since the last call."""
+        return self._pop_until(self.by_final_deadline, watermark_ms)
+
+    def _pop_until(self, heap: list[tuple[int, str]], reached_ms: int) -> list[OpenWindow]:
+        popped: list[OpenWindow] = []
+        while heap and heap[0][0] <= reached_ms:
+            window = self.windows.get(heapq.heappop(heap)[1])
+            if window is not None:
+                popped.append(window)
+        return popped
+
+    def sessions_touching(self, start_ms: int, end_ms: int) -> list[OpenWindow]:
+        """The open sessions overlapping [start, end), by start."""
+        touching: list[OpenWindow] = []
+        before_end = self.open_sessions.irange(
+            maximum=(end_ms, ""), inclusive=(True, False), reverse=True
+        )
+        for _, window_id in before_end:
+            window = self.windows[window_id]
+            if window.end_ms <= start_ms:
+                break
+            touching.append(window)
+        touching.reverse()
+        return touching
+
+
+def _is_session(window: OpenWindow) -> bool:
+    return window.window_id.startswith("session-")
+
+
 def advance(
     state: KeyState,
     records: Sequence[RecordInput],
@@ -244,6 +355,25 @@ class _Batch:
         self.rules_by_id: dict[str, WindowRules] = {self.current_rules_id: rules}
         self.result = BatchResult()
         self.fired: dict[str, list[Pane]] = {}
+        self.to_finish: dict[str, None] = {}
+        """Ids of the windows `finish` must look at (a dict keeps them in a repeatable order)."""
+        self.index = self.current_index()
+
+    def current_index(self) -> _OpenWindowIndex:
+        index = self.state.open_window_index
+        if index is not None and index.describes(self.state.windows) and not index.is_bloated():
+            return index
+        index = _OpenWindowIndex(self.state.windows)
+        for window in self.state.windows.values():
+            index.add(window, self.final_deadline_ms(window))
+            is_open = self.is_open(window)
+            if not is_open:
+                index.close(window)
+            # `finish` leaves neither kind behind, but a state made otherwise is finished alike.
+            if not is_open or (window.on_time_sealed and window.pending.count > 0):
+                self.to_finish[window.window_id] = None
+        self.state.open_window_index = index
+        return index
 
     def rules_of(self, window: OpenWindow) -> WindowRules:
         if window.rules_id not in self.rules_by_id:
@@ -251,13 +381,14 @@ class _Batch:
             self.rules_by_id[window.rules_id] = WindowRules.model_validate(stored)
         return self.rules_by_id[window.rules_id]
 
+    def final_deadline_ms(self, window: OpenWindow) -> int:
+        """W reaching this fires the window's final pane."""
+        return window.end_ms + self.rules_of(window).allowed_lateness_ms
+
     def is_open(self, window: OpenWindow) -> bool:
         """Not past its final pane, even if it is only dropped at the end of the batch."""
         watermark_ms = self.state.watermark_ms
-        return (
-            watermark_ms is None
-            or watermark_ms < window.end_ms + self.rules_of(window).allowed_lateness_ms
-        )
+        return watermark_ms is None or watermark_ms < self.final_deadline_ms(window)
 
     def advance_idle_watermark(self, processing_time_ms: int) -> None:
         state, idle_timeout_ms = self.state, self.rules.idle_timeout_ms
@@ -311,17 +442,7 @@ class _Batch:
         spec: SessionWindow,
     ) -> None:
         start_ms, end_ms = record.event_time_ms, record.event_time_ms + spec.gap_ms
-        touching = sorted(
-            (
-                window
-                for window in self.state.windows.values()
-                if window.window_id.startswith("session-")
-                and window.start_ms < end_ms
-                and start_ms < window.end_ms
-                and self.is_open(window)
-            ),
-            key=lambda window: window.start_ms,
-        )
+        touching = self.index.sessions_touching(start_ms, end_ms)
         if not touching:
             too_late_at = end_ms + self.rules.allowed_lateness_ms
             if watermark_before is not None and watermark_before >= too_late_at:
@@ -330,6 +451,7 @@ class _Batch:
             window = self.open_window(f"session-{start_ms}", start_ms, end_ms, watermark_before)
         else:
             window, *absorbed = touching
+            old_start_ms, was_sealed = window.start_ms, window.on_time_sealed
             for other in absorbed:
                 specs = self.rules_of(window).metrics
                 window.total.merge(other.total, specs)
@@ -338,6 +460,7 @@ class _Batch:
                 window.had_late_records |= other.had_late_records
                 window.merged_window_ids += [other.window_id, *other.merged_window_ids]
                 del self.state.windows[other.window_id]
+                self.index.drop(other)
                 self.result.merges.append(Merge(other.window_id, window.window_id))
             window.start_ms = min(window.start_ms, start_ms)
             window.end_ms = max(window.end_ms, end_ms)
@@ -345,6 +468,7 @@ class _Batch:
             window.on_time_sealed = (
                 watermark_before is not None and watermark_before >= window.end_ms
             )
+            self.index.reshape_session(window, old_start_ms, was_sealed)
         self.accept(record_index, record, window)
 
     def open_window(
@@ -353,14 +477,21 @@ class _Batch:
         window = OpenWindow(window_id, start_ms, end_ms, self.current_rules_id)
         # A window whose first record is already late never has an ON_TIME pane.
         window.on_time_sealed = watermark_before is not None and watermark_before >= end_ms
+        replaced = self.state.windows.get(window_id)
+        if replaced is not None:
+            # Only a session past its final deadline and not yet dropped can share the id.
+            self.index.drop(replaced)
         self.state.windows[window_id] = window
-        self.state.rules.setdefault(self.current_rules_id, self.rules.model_dump(mode="json"))
+        self.index.add(window, self.final_deadline_ms(window))
+        if self.current_rules_id not in self.state.rules:
+            self.state.rules[self.current_rules_id] = self.rules.model_dump(mode="json")
         return window
 
     def accept(self, record_index: int, record: RecordInput, window: OpenWindow) -> None:
         window_rules = self.rules_of(window)
         window.total.add(record, window_rules.metrics)
         window.pending.add(record, window_rules.metrics)
+        self.to_finish[window.window_id] = None
         timing = Timing.LATE if window.on_time_sealed else Timing.ON_TIME
         if timing is Timing.LATE:
             window.had_late_records = True
@@ -381,15 +512,26 @@ class _Batch:
         )
 
     def raise_watermark(self, candidate_ms: int) -> None:
-        """Move W forward (never back) and cut the ON_TIME pane of every window it reached."""
+        """Move W forward (never back), cut the ON_TIME pane of every window it reached, and
+        close the windows it took past their final deadline."""
         if self.state.watermark_ms is not None and candidate_ms <= self.state.watermark_ms:
             return
         self.state.watermark_ms = candidate_ms
-        for window in self.state.windows.values():
-            if not window.on_time_sealed and window.end_ms <= candidate_ms:
-                window.on_time_sealed = True
-                if window.pending.count > 0:
-                    self.cut_pane(window, Timing.ON_TIME)
+        for window in self.index.pop_ended(candidate_ms):
+            if window.on_time_sealed:
+                continue
+            if window.end_ms > candidate_ms:
+                self.index.push_end(window)  # a session that grew since it was pushed
+                continue
+            window.on_time_sealed = True
+            if window.pending.count > 0:
+                self.cut_pane(window, Timing.ON_TIME)
+        for window in self.index.pop_past_final(candidate_ms):
+            if self.is_open(window):
+                self.index.push_final_deadline(window, self.final_deadline_ms(window))
+            else:
+                self.index.close(window)
+                self.to_finish[window.window_id] = None
 
     def cut_pane(self, window: OpenWindow, timing: Timing) -> None:
         window_rules = self.rules_of(window)
@@ -414,9 +556,19 @@ class _Batch:
         window.pending = Aggregates()
 
     def finish(self) -> BatchResult:
-        """Fire pending LATE panes, mark final panes, and drop windows past end + lateness."""
+        """Fire pending LATE panes, mark final panes, and drop windows past end + lateness.
+
+        Only windows that took records in this batch can have pending LATE records (every
+        batch's end fires them), and only those W took past their final deadline close, so no
+        other window is visited.
+        """
         state = self.state
-        for window in sorted(state.windows.values(), key=lambda w: (w.start_ms, w.end_ms)):
+        changed = [
+            window
+            for window_id in self.to_finish
+            if (window := state.windows.get(window_id)) is not None
+        ]
+        for window in sorted(changed, key=lambda w: (w.start_ms, w.end_ms)):
             window_rules = self.rules_of(window)
             if window.on_time_sealed and window.pending.count > 0:
                 self.cut_pane(window, Timing.LATE)
@@ -430,6 +582,7 @@ class _Batch:
                     self.cut_pane(window, Timing.LATE)  # the final pane may hold no new records
                 panes[-1] = replace(panes[-1], is_final=True)
             del state.windows[window.window_id]
+            self.index.drop(window)
         self.forget_unused_rules()
         self.result.panes = sorted(
             (
@@ -457,6 +610,5 @@ class _Batch:
         )
 
     def forget_unused_rules(self) -> None:
-        used = {window.rules_id for window in self.state.windows.values()}
-        for stale in set(self.state.rules) - used:
+        for stale in set(self.state.rules) - set(self.index.windows_per_rules):
             del self.state.rules[stale]

@@ -34,11 +34,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 EXECUTOR_PACKAGES = ("tenants", "streaming", "storage")
 # The closure of kafka-python (with its native CRC-32C: without it every fetched batch is
-# checked in pure Python, several times slower), pydantic and pyyaml;
+# checked in pure Python, several times slower), sortedcontainers (the windowing's index of
+# open sessions), pydantic and pyyaml;
 # tests/test_cluster_ship.py checks it against the installed requirement metadata.
 EXECUTOR_DISTRIBUTIONS = (
     "kafka-python",
     "crc32c",
+    "sortedcontainers",
     "pydantic",
     "pydantic-core",
     "typing-extensions",
