@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, replace
+
 from streaming.bucket_state import BucketState
 from streaming.windowing import KeyState, RecordInput, advance
 from tenants.models import WindowRules
@@ -53,3 +55,12 @@ def test_a_dropped_key_is_gone_and_an_empty_bucket_round_trips() -> None:
     bucket.drop(("acme", "web"))
     assert len(BucketState.from_bytes(bucket.to_bytes())) == 0
     assert len(BucketState.from_bytes(None)) == 0
+
+
+def test_the_written_out_json_of_a_key_state_is_its_whole_dataclass() -> None:
+    """`to_json_dict` is written field by field for speed; it must not forget a field."""
+    state = _state_with_records(5_000, 61_000, 20_000, 200_000)
+    reference = asdict(replace(state, open_window_index=None))
+    del reference["open_window_index"]
+    assert state.to_json_dict() == reference
+    assert KeyState.from_json_dict(state.to_json_dict()) == state
