@@ -148,6 +148,7 @@ class ConfReader:
         self._read_bytes = read_bytes
         self._sources: _FileRead[dict[str, SourceConfig]] | None = None
         self._tenants: dict[str, _FileRead[TenantConfig]] = {}
+        self._order: list[str] = []  # the names of `_tenants` in `_file_order`
         self._outcome: TenantRegistry | ConfigError | None = None
         # The files whose content changed, appeared or disappeared in the last `load`.
         self.last_changed: tuple[Path, ...] = ()
@@ -168,15 +169,21 @@ class ConfReader:
         self._sources = sources
         tenants_dir = self.conf_dir / TENANTS_DIR
         present = _scan_tenant_files(tenants_dir)
-        for name in [name for name in self._tenants if name not in present]:
+        gone = [name for name in self._tenants if name not in present]
+        for name in gone:
             del self._tenants[name]
             changed.append(tenants_dir / name)
+        files_before = len(self._tenants)
         for name, stat in present.items():
             known = self._tenants.get(name)
+            if known is not None and known.is_current(stat):
+                continue  # the common case, so no `Path` is built for it
             read = self._refreshed(tenants_dir / name, stat, known, _parse_tenant, scan_started_ns)
             if known is None or read.digest != known.digest:
                 changed.append(tenants_dir / name)
             self._tenants[name] = read
+        if gone or len(self._tenants) != files_before:
+            self._order = sorted(self._tenants, key=_file_order)
         self.last_changed = tuple(changed)
         if changed or self._outcome is None:
             try:
@@ -223,24 +230,20 @@ class ConfReader:
         sources = _outcome(sources_read)
         fingerprint = hashlib.sha256(SOURCES_FILE.encode() + b"\0" + sources_read.digest)
         tenants: dict[str, TenantConfig] = {}
-        tenant_files: dict[str, Path] = {}
-        for name in sorted(self._tenants, key=_file_order):
-            read, path = self._tenants[name], tenants_dir / name
+        tenant_files: dict[str, str] = {}
+        for name in self._order:
+            read = self._tenants[name]
             tenant = _outcome(read)
             if tenant.id in tenants:
+                first = tenants_dir / tenant_files[tenant.id]
                 raise ConfigError(
-                    path,
-                    [
-                        (
-                            "id",
-                            f"tenant {tenant.id!r} is already defined in {tenant_files[tenant.id]}",
-                        )
-                    ],
+                    tenants_dir / name,
+                    [("id", f"tenant {tenant.id!r} is already defined in {first}")],
                 )
             unknown = [source for source in tenant.sources if source not in sources]
             if unknown:
                 raise ConfigError(
-                    path,
+                    tenants_dir / name,
                     [
                         (
                             f"sources.{source}",
@@ -250,7 +253,7 @@ class ConfReader:
                     ],
                 )
             tenants[tenant.id] = tenant
-            tenant_files[tenant.id] = path
+            tenant_files[tenant.id] = name
             fingerprint.update(name.encode() + b"\0" + read.digest)
         return TenantRegistry.build(sources, tenants, fingerprint=fingerprint.hexdigest())
 

@@ -226,3 +226,17 @@ def test_a_damaged_tenant_in_a_snapshot_is_named_when_it_is_used(conf: Path) -> 
     assert damaged.resolve("t002", "web") is not None  # the others are unaffected
     with pytest.raises(ConfigError, match=r"snapshots/1-f.json: tenants.t001.sources.web.emit"):
         damaged.resolve("t001", "web")
+
+
+@pytest.mark.parametrize("conf_dir", [CONF, CONF.parent / "docs" / "examples"])
+def test_a_snapshot_reads_back_the_rules_of_every_route(conf_dir: Path) -> None:
+    registry = load_registry(conf_dir)
+    read_back = registry_from_snapshot(snapshot_bytes(registry), "snapshot.json")
+    routes = [
+        (tenant.id, source) for tenant in registry.tenants.values() for source in tenant.sources
+    ]
+    assert routes
+    assert read_back.fingerprint == registry.fingerprint
+    assert read_back.sources == registry.sources
+    for tenant, source in routes:
+        assert read_back.resolve(tenant, source) == registry.resolve(tenant, source)
