@@ -98,6 +98,7 @@ def test_fingerprint_follows_content_not_a_touch(conf: Path) -> None:
     after_touch = reader.load()
     assert reads.paths == [touched]  # its stat changed, so it is read and its digest compared
     assert after_touch.fingerprint == first.fingerprint
+    assert after_touch is first  # nothing validated again, nothing to publish
     assert reader.last_changed == ()
 
     # The same size, with the mtime set back to the old one: still a change of content.
