@@ -9,64 +9,103 @@ half-edited `conf/`. An invalid change is logged and ignored: the last good snap
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import json
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pyarrow import fs
+from pydantic import BaseModel
 
 from tenants.models import SourceConfig, TenantConfig
-from tenants.registry import SOURCES_FILE, TENANTS_DIR, ConfigError, TenantRegistry, load_registry
+from tenants.registry import ConfigError, ConfReader, TenantRegistry, validate_model
 
 log = logging.getLogger(__name__)
 
 
-def registry_to_json(registry: TenantRegistry) -> str:
-    return json.dumps(
-        {
-            "fingerprint": registry.fingerprint,
-            "sources": {n: s.model_dump(mode="json") for n, s in registry.sources.items()},
-            "tenants": {n: t.model_dump(mode="json") for n, t in registry.tenants.items()},
-        },
-        sort_keys=True,
+class _Snapshot(BaseModel):
+    """The file a snapshot is: what `registry_from_snapshot` reads back."""
+
+    fingerprint: str
+    sources: dict[str, SourceConfig]
+    tenants: dict[str, TenantConfig]
+
+
+def snapshot_bytes(registry: TenantRegistry) -> bytes:
+    # Serialised by pydantic's core in one call: a snapshot of 100,000 tenants is written each
+    # time one of them changes. Unset overrides are left out; they read back as unset.
+    snapshot = _Snapshot.model_construct(
+        fingerprint=registry.fingerprint,
+        sources=dict(registry.sources),
+        tenants=dict(registry.tenants),
     )
+    return snapshot.model_dump_json(exclude_none=True).encode()
 
 
-def registry_from_json(text: str) -> TenantRegistry:
-    data: dict[str, Any] = json.loads(text)
+def registry_from_snapshot(data: bytes, origin: str) -> TenantRegistry:
+    """A published snapshot's registry; each tenant is validated on first use (`origin` names
+    the snapshot in errors)."""
+    snapshot: dict[str, Any] = json.loads(data)
+    sources = {
+        name: validate_model(SourceConfig, body, origin, f"sources.{name}")
+        for name, body in snapshot["sources"].items()
+    }
     return TenantRegistry.build(
-        {n: SourceConfig.model_validate(s) for n, s in data["sources"].items()},
-        {n: TenantConfig.model_validate(t) for n, t in data["tenants"].items()},
-        fingerprint=data["fingerprint"],
+        sources, _SnapshotTenants(snapshot["tenants"], origin), snapshot["fingerprint"]
     )
 
 
-@dataclass
+class _SnapshotTenants(Mapping[str, TenantConfig]):
+    """A snapshot's tenants by id, each validated when it is first looked up.
+
+    The snapshot was validated before it was published; validating all of its 100,000 tenants
+    again in every executor process would cost seconds for the few tenants a batch touches.
+    """
+
+    def __init__(self, bodies: dict[str, Any], origin: str) -> None:
+        self._bodies = bodies
+        self._origin = origin
+        # Filled on lookup; what it holds never changes what a lookup answers.
+        self._validated: dict[str, TenantConfig] = {}
+
+    def __getitem__(self, tenant_id: str) -> TenantConfig:
+        tenant = self._validated.get(tenant_id)
+        if tenant is None:
+            body = self._bodies[tenant_id]
+            tenant = validate_model(TenantConfig, body, self._origin, f"tenants.{tenant_id}")
+            self._validated[tenant_id] = tenant
+        return tenant
+
+    def __contains__(self, tenant_id: object) -> bool:
+        return tenant_id in self._bodies
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._bodies)
+
+    def __len__(self) -> int:
+        return len(self._bodies)
+
+
+@dataclass(frozen=True)
 class ConfigSnapshots:
     """Snapshots named `<effective_from_ms>-<fingerprint>.json` under `root` (local or S3 URI).
 
-    Picklable: executors get a copy and cache what they read (snapshots never change).
+    Picklable: every Spark task gets a copy; what it reads is cached per process by
+    `_read_snapshot`, so only a process's first task parses a snapshot.
     """
 
     root: str
-    _cache: dict[str, TenantRegistry] = field(default_factory=dict, repr=False, compare=False)
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"root": self.root, "_cache": {}}
-
-    def _filesystem(self) -> tuple[fs.FileSystem, str]:
-        filesystem, path = fs.FileSystem.from_uri(
-            self.root if "://" in self.root else str(Path(self.root).resolve())
-        )
-        return filesystem, path
+    def _location(self) -> str:
+        return self.root if "://" in self.root else str(Path(self.root).resolve())
 
     def _names(self) -> list[tuple[int, str]]:
-        filesystem, path = self._filesystem()
+        filesystem, path = fs.FileSystem.from_uri(self._location())
         infos = filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True))
         named = []
         for info in infos:
@@ -83,12 +122,12 @@ class ConfigSnapshots:
         """Publish `registry` unless it is already the newest snapshot; True if published."""
         if self.latest_fingerprint() == registry.fingerprint:
             return False
-        filesystem, path = self._filesystem()
+        filesystem, path = fs.FileSystem.from_uri(self._location())
         filesystem.create_dir(path, recursive=True)
         name = f"{effective_from_ms}-{registry.fingerprint}.json"
         # Write then move, so a reader never sees a partial snapshot.
         with filesystem.open_output_stream(f"{path}/.{name}.tmp") as out:
-            out.write(registry_to_json(registry).encode())
+            out.write(snapshot_bytes(registry))
         filesystem.move(f"{path}/.{name}.tmp", f"{path}/{name}")
         return True
 
@@ -99,22 +138,37 @@ class ConfigSnapshots:
             raise LookupError(
                 f"no tenant config snapshot in {self.root} before {batch_timestamp_ms}"
             )
-        name = in_force[-1]
-        if name not in self._cache:
-            filesystem, path = self._filesystem()
-            with filesystem.open_input_stream(f"{path}/{name}") as stream:
-                self._cache[name] = registry_from_json(stream.read().decode())
-        return self._cache[name]
+        return _read_snapshot(self._location(), in_force[-1])
+
+
+# A process-wide cache, and deliberately so: a snapshot file is never rewritten (its name holds
+# its fingerprint), so (location, name) always means the same registry and the cache can never
+# be stale; it only spares each Spark task a parse. A few entries cover the snapshot in force
+# and those a replayed batch may still need.
+@functools.lru_cache(maxsize=4)
+def _read_snapshot(location: str, name: str) -> TenantRegistry:
+    filesystem, path = fs.FileSystem.from_uri(location)
+    with filesystem.open_input_stream(f"{path}/{name}") as stream:
+        return registry_from_snapshot(stream.read(), f"{location}/{name}")
 
 
 @dataclass
 class ConfigWatcher:
-    """Driver side: re-read `conf/` when it changed; publish it if valid, else keep the last."""
+    """Driver side: re-read `conf/` when it changed; publish it if valid, else keep the last.
+
+    Only the files that changed are read and validated again (`ConfReader`), so a poll of
+    100,000 tenant files costs a directory scan.
+    """
 
     conf_dir: Path
     snapshots: ConfigSnapshots
-    _last_seen: str | None = None
+    _reader: ConfReader = field(init=False, repr=False)
+    _published: str | None = None  # the fingerprint of the newest snapshot, once seen
+    _refusal: str | None = None  # so a refused change is logged once, not on every poll
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        self._reader = ConfReader(self.conf_dir)
 
     def refresh(self, now_ms: int) -> TenantRegistry | None:
         """Publish a changed, valid config as effective from `now_ms`; return it if published."""
@@ -130,38 +184,48 @@ class ConfigWatcher:
         self, stopping: threading.Event, interval_s: float, clock_ms: Callable[[], int]
     ) -> threading.Thread:
         """Poll in a thread until `stopping` is set, so a change is in force from the next
-        micro-batch rather than from the one after it. The caller joins the thread."""
+        micro-batch rather than from the one after it. The caller joins the thread.
+
+        A poll stats every tenant file; with 100,000 of them that takes a good part of a
+        second, so polls are spaced to keep the watcher under a tenth of one core.
+        """
 
         def poll() -> None:
-            while not stopping.wait(interval_s):
+            pause_s = interval_s
+            while not stopping.wait(pause_s):
+                started_s = time.monotonic()
                 self.refresh(clock_ms())
+                pause_s = max(interval_s, 9 * (time.monotonic() - started_s))
 
         thread = threading.Thread(target=poll, name="tenant-config-watcher", daemon=True)
         thread.start()
         return thread
 
     def _refresh(self, now_ms: int) -> TenantRegistry | None:
-        seen = _directory_digest(self.conf_dir)
-        if seen == self._last_seen:
-            return None
-        self._last_seen = seen
         try:
-            registry = load_registry(self.conf_dir)
+            registry = self._reader.load()
         except ConfigError as error:
-            log.error(
-                "tenant config change refused; the stream keeps its last good config:\n%s", error
-            )
+            if str(error) != self._refusal:
+                self._refusal = str(error)
+                log.error(
+                    "tenant config change refused; the stream keeps its last good config:\n%s",
+                    error,
+                )
             return None
-        if self.snapshots.publish(registry, now_ms):
-            log.info("tenant config %s in force from %d", registry.fingerprint[:12], now_ms)
+        self._refusal = None
+        if registry.fingerprint == self._published:
+            return None
+        published = self.snapshots.publish(registry, now_ms)
+        self._published = registry.fingerprint
+        if published:
+            changed = ", ".join(path.name for path in self._reader.last_changed[:5])
+            more = len(self._reader.last_changed) - 5
+            log.info(
+                "tenant config %s in force from %d (changed: %s%s)",
+                registry.fingerprint[:12],
+                now_ms,
+                changed,
+                f" and {more} more" if more > 0 else "",
+            )
             return registry
         return None
-
-
-def _directory_digest(conf_dir: Path) -> str:
-    digest = hashlib.sha256()
-    files = [conf_dir / SOURCES_FILE, *sorted((conf_dir / TENANTS_DIR).glob("*"))]
-    for path in files:
-        if path.is_file():
-            digest.update(str(path).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()

@@ -2,16 +2,22 @@
 
 Every problem is reported as a `ConfigError` naming the file, the field and what is wrong, so an
 operator can fix a tenant file without reading a stack trace.
+
+There may be 100,000 tenant files: `ConfReader` keeps each file's validated config and reads a
+file again only when its stat changed, and the registry builds a (tenant, source) route only
+when it is first resolved.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -55,7 +61,13 @@ class TenantRegistry:
     sources: Mapping[str, SourceConfig]
     tenants: Mapping[str, TenantConfig]
     fingerprint: str = ""
-    _routes: Mapping[tuple[str, str], ResolvedSource] = field(default_factory=dict, repr=False)
+    _source_rules: Mapping[str, WindowRules] = field(default_factory=dict, repr=False)
+    # Routes are built on first use, not for all 100,000 tenants up front: every executor
+    # process loads the registry, and a batch touches only the tenants in it. Filling this memo
+    # never changes what `resolve` answers, so the registry stays a value.
+    _routes: dict[tuple[str, str], ResolvedSource] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     @classmethod
     def build(
@@ -64,73 +76,254 @@ class TenantRegistry:
         tenants: Mapping[str, TenantConfig],
         fingerprint: str = "",
     ) -> TenantRegistry:
-        routes = {
-            (tenant.id, source_name): ResolvedSource(
-                tenant=tenant.id,
-                source=source_name,
-                event_time=sources[source_name].event_time,
-                rules=sources[source_name].rules().with_overrides(overrides),
-            )
-            for tenant in tenants.values()
-            for source_name, overrides in tenant.sources.items()
-        }
         return cls(
-            sources=dict(sources), tenants=dict(tenants), fingerprint=fingerprint, _routes=routes
+            sources=dict(sources),
+            tenants=tenants,
+            fingerprint=fingerprint,
+            _source_rules={name: source.rules() for name, source in sources.items()},
         )
 
     def resolve(self, tenant: str, source: str) -> ResolvedSource | None:
-        return self._routes.get((tenant, source))
+        route = self._routes.get((tenant, source))
+        if route is None:
+            # Misses are not remembered: record fields are untrusted input, so remembering
+            # unknown names would let them grow the memo without bound.
+            route = self._route(tenant, source)
+            if route is not None:
+                self._routes[(tenant, source)] = route
+        return route
 
     def knows_tenant(self, tenant: str) -> bool:
         return tenant in self.tenants
 
+    def _route(self, tenant: str, source: str) -> ResolvedSource | None:
+        config = self.tenants.get(tenant)
+        overrides = config.sources.get(source) if config is not None else None
+        if overrides is None:
+            return None
+        return ResolvedSource(
+            tenant=tenant,
+            source=source,
+            event_time=self.sources[source].event_time,
+            rules=self._source_rules[source].with_overrides(overrides),
+        )
+
 
 def load_registry(conf_dir: Path) -> TenantRegistry:
     """Read and validate the whole config directory; raise `ConfigError` on the first bad file."""
-    sources_path = conf_dir / SOURCES_FILE
-    tenant_paths = sorted((conf_dir / TENANTS_DIR).glob("*.yaml")) + sorted(
-        (conf_dir / TENANTS_DIR).glob("*.yml")
-    )
-    digest = hashlib.sha256()
-    for path in [sources_path, *tenant_paths]:
-        if path.exists():
-            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return ConfReader(conf_dir).load()
 
-    raw_sources = _read_yaml(sources_path)
-    source_entries = raw_sources.get("sources")
-    if not isinstance(source_entries, dict) or not source_entries:
-        raise ConfigError(
-            sources_path, [("sources", "must be a mapping of source id to its rules")]
+
+# A file stat that changes whenever its content may have: (size, mtime_ns, ctime_ns, inode).
+# ctime catches a rewrite of the same size whose mtime was set back; the inode a file replaced
+# by a rename, as editors and Kubernetes config maps do.
+FileStat = tuple[int, int, int, int]
+# Filesystems stamp mtimes coarsely (a clock tick locally, a second or two elsewhere): a file
+# written again within the same tick and at the same size would keep its stat. Files modified
+# this recently are therefore read again (and compared by digest) on every scan until older.
+RACY_WINDOW_NS = 2_000_000_000
+OutcomeT = TypeVar("OutcomeT")
+
+
+@dataclass(frozen=True)
+class _FileRead(Generic[OutcomeT]):
+    """One file as last read: its stat, content digest and what validating it gave."""
+
+    stat: FileStat | None  # None: unreadable, so read again on every scan
+    digest: bytes
+    outcome: OutcomeT | ConfigError
+    racy: bool
+
+    def is_current(self, stat: FileStat | None) -> bool:
+        return stat is not None and stat == self.stat and not self.racy
+
+
+class ConfReader:
+    """Reads `conf/` into a registry again and again, doing work only for what changed.
+
+    A scan stats every file (`os.scandir`); a file is read again only when its stat changed,
+    and validated again only when its content digest did. The cross-file checks (duplicate
+    ids, unknown sources) and the fingerprint are redone over the kept per-file results, so the
+    registry is the same as a full `load_registry` of the directory would give.
+    """
+
+    def __init__(self, conf_dir: Path, read_bytes: Callable[[Path], bytes] = Path.read_bytes):
+        self.conf_dir = conf_dir
+        self._read_bytes = read_bytes
+        self._sources: _FileRead[dict[str, SourceConfig]] | None = None
+        self._tenants: dict[str, _FileRead[TenantConfig]] = {}
+        self._order: list[str] = []  # the names of `_tenants` in `_file_order`
+        self._outcome: TenantRegistry | ConfigError | None = None
+        # The files whose content changed, appeared or disappeared in the last `load`.
+        self.last_changed: tuple[Path, ...] = ()
+
+    def load(self) -> TenantRegistry:
+        """The registry of `conf/` as it is now; raise `ConfigError` naming the first bad file.
+
+        When nothing changed since the last call, this returns (or raises) what it did then.
+        """
+        scan_started_ns = time.time_ns()
+        changed: list[Path] = []
+        sources_path = self.conf_dir / SOURCES_FILE
+        sources = self._refreshed(
+            sources_path, _stat(sources_path), self._sources, _parse_sources, scan_started_ns
         )
+        if self._sources is None or sources.digest != self._sources.digest:
+            changed.append(sources_path)
+        self._sources = sources
+        tenants_dir = self.conf_dir / TENANTS_DIR
+        present = _scan_tenant_files(tenants_dir)
+        gone = [name for name in self._tenants if name not in present]
+        for name in gone:
+            del self._tenants[name]
+            changed.append(tenants_dir / name)
+        files_before = len(self._tenants)
+        for name, stat in present.items():
+            known = self._tenants.get(name)
+            if known is not None and known.is_current(stat):
+                continue  # the common case, so no `Path` is built for it
+            read = self._refreshed(tenants_dir / name, stat, known, _parse_tenant, scan_started_ns)
+            if known is None or read.digest != known.digest:
+                changed.append(tenants_dir / name)
+            self._tenants[name] = read
+        if gone or len(self._tenants) != files_before:
+            self._order = sorted(self._tenants, key=_file_order)
+        self.last_changed = tuple(changed)
+        if changed or self._outcome is None:
+            try:
+                self._outcome = self._assemble(sources, tenants_dir)
+            except ConfigError as error:
+                self._outcome = error
+        if isinstance(self._outcome, ConfigError):
+            raise self._outcome.with_traceback(None)
+        return self._outcome
+
+    def _refreshed(
+        self,
+        path: Path,
+        stat: FileStat | None,
+        known: _FileRead[OutcomeT] | None,
+        parse: Callable[[Path, bytes], OutcomeT],
+        scan_started_ns: int,
+    ) -> _FileRead[OutcomeT]:
+        """The file as it is now: `known` again, with a new stat if only that changed, or the
+        file read, and validated if its content digest changed."""
+        if known is not None and known.is_current(stat):
+            return known
+        racy = stat is not None and stat[1] >= scan_started_ns - RACY_WINDOW_NS
+        try:
+            data = self._read_bytes(path)
+        except FileNotFoundError:
+            return _unreadable(ConfigError(path, [("", "file not found")]))
+        except OSError as error:
+            return _unreadable(ConfigError(path, [("", f"cannot be read: {error}")]))
+        digest = hashlib.sha256(data).digest()
+        if known is not None and known.digest == digest:
+            return replace(known, stat=stat, racy=racy)
+        outcome: OutcomeT | ConfigError
+        try:
+            outcome = parse(path, data)
+        except ConfigError as error:
+            outcome = error
+        return _FileRead(stat=stat, digest=digest, outcome=outcome, racy=racy)
+
+    def _assemble(
+        self, sources_read: _FileRead[dict[str, SourceConfig]], tenants_dir: Path
+    ) -> TenantRegistry:
+        sources_path = self.conf_dir / SOURCES_FILE
+        sources = _outcome(sources_read)
+        fingerprint = hashlib.sha256(SOURCES_FILE.encode() + b"\0" + sources_read.digest)
+        tenants: dict[str, TenantConfig] = {}
+        tenant_files: dict[str, str] = {}
+        for name in self._order:
+            read = self._tenants[name]
+            tenant = _outcome(read)
+            if tenant.id in tenants:
+                first = tenants_dir / tenant_files[tenant.id]
+                raise ConfigError(
+                    tenants_dir / name,
+                    [("id", f"tenant {tenant.id!r} is already defined in {first}")],
+                )
+            unknown = [source for source in tenant.sources if source not in sources]
+            if unknown:
+                raise ConfigError(
+                    tenants_dir / name,
+                    [
+                        (
+                            f"sources.{source}",
+                            f"unknown source; {sources_path} defines {sorted(sources)}",
+                        )
+                        for source in unknown
+                    ],
+                )
+            tenants[tenant.id] = tenant
+            tenant_files[tenant.id] = name
+            fingerprint.update(name.encode() + b"\0" + read.digest)
+        return TenantRegistry.build(sources, tenants, fingerprint=fingerprint.hexdigest())
+
+
+def _outcome(read: _FileRead[OutcomeT]) -> OutcomeT:
+    if isinstance(read.outcome, ConfigError):
+        raise read.outcome.with_traceback(None)
+    return read.outcome
+
+
+def _unreadable(error: ConfigError) -> _FileRead[Any]:
+    # The digest of the problem: the same problem on the next scan is no change.
+    digest = hashlib.sha256(str(error).encode()).digest()
+    return _FileRead(stat=None, digest=digest, outcome=error, racy=False)
+
+
+def _stat(path: Path) -> FileStat | None:
+    try:
+        return _file_stat(path.stat())
+    except OSError:
+        return None
+
+
+def _file_stat(stat: os.stat_result) -> FileStat:
+    return (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
+
+
+def _scan_tenant_files(tenants_dir: Path) -> dict[str, FileStat | None]:
+    """Every `*.yaml` and `*.yml` in `tenants_dir` with its stat (None: cannot be stat'ed)."""
+    found: dict[str, FileStat | None] = {}
+    try:
+        with os.scandir(tenants_dir) as entries:
+            for entry in entries:
+                if not entry.name.endswith((".yaml", ".yml")) or entry.is_dir():
+                    continue
+                try:
+                    found[entry.name] = _file_stat(entry.stat())
+                except OSError:
+                    # A dangling link, or a file removed since listing: reading it says which.
+                    found[entry.name] = None
+    except FileNotFoundError:
+        pass  # no tenants yet
+    return found
+
+
+def _file_order(name: str) -> tuple[bool, str]:
+    # `*.yaml` before `*.yml`, each by name: the order files are checked and fingerprinted in.
+    return (name.endswith(".yml"), name)
+
+
+def _parse_sources(path: Path, data: bytes) -> dict[str, SourceConfig]:
+    source_entries = _parse_yaml(path, data).get("sources")
+    if not isinstance(source_entries, dict) or not source_entries:
+        raise ConfigError(path, [("sources", "must be a mapping of source id to its rules")])
     sources = {
-        name: _validate(SourceConfig, body, sources_path, f"sources.{name}")
+        name: validate_model(SourceConfig, body, path, f"sources.{name}")
         for name, body in source_entries.items()
     }
     bad_ids = [name for name in sources if not _is_valid_id(name)]
     if bad_ids:
-        raise ConfigError(sources_path, [(f"sources.{name}", _ID_PROBLEM) for name in bad_ids])
+        raise ConfigError(path, [(f"sources.{name}", _ID_PROBLEM) for name in bad_ids])
+    return sources
 
-    tenants: dict[str, TenantConfig] = {}
-    tenant_files: dict[str, Path] = {}
-    for path in tenant_paths:
-        tenant = _validate(TenantConfig, _read_yaml(path), path, "")
-        if tenant.id in tenants:
-            raise ConfigError(
-                path,
-                [("id", f"tenant {tenant.id!r} is already defined in {tenant_files[tenant.id]}")],
-            )
-        unknown = [name for name in tenant.sources if name not in sources]
-        if unknown:
-            raise ConfigError(
-                path,
-                [
-                    (f"sources.{name}", f"unknown source; {sources_path} defines {sorted(sources)}")
-                    for name in unknown
-                ],
-            )
-        tenants[tenant.id] = tenant
-        tenant_files[tenant.id] = path
-    return TenantRegistry.build(sources, tenants, fingerprint=digest.hexdigest())
+
+def _parse_tenant(path: Path, data: bytes) -> TenantConfig:
+    return validate_model(TenantConfig, _parse_yaml(path, data), path, "")
 
 
 _ID_PROBLEM = "must match ^[a-z0-9][a-z0-9_-]{0,62}$ (an id is a path component)"
@@ -140,15 +333,15 @@ def _is_valid_id(name: object) -> bool:
     return isinstance(name, str) and re.fullmatch(ID_PATTERN, name) is not None
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+# libyaml's parser when PyYAML was built with it: several times faster on 100,000 files.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _parse_yaml(path: Path, data: bytes) -> dict[str, Any]:
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(path, [("", "file not found")]) from None
+        loaded = yaml.load(data.decode("utf-8"), Loader=_YAML_LOADER)
     except UnicodeDecodeError as error:
         raise ConfigError(path, [("", f"not UTF-8 text: {error}")]) from None
-    except OSError as error:
-        raise ConfigError(path, [("", f"cannot be read: {error}")]) from None
     except yaml.YAMLError as error:
         raise ConfigError(path, [("", f"not valid YAML: {error}")]) from None
     if not isinstance(loaded, dict):
@@ -156,7 +349,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return loaded
 
 
-def _validate(model: type[ModelT], data: object, path: Path, prefix: str) -> ModelT:
+def validate_model(model: type[ModelT], data: object, path: Path | str, prefix: str) -> ModelT:
+    """`model` from `data`, or a `ConfigError` naming `path` and each field under `prefix`."""
     try:
         return model.model_validate(data)
     except ValidationError as error:

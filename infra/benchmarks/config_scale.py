@@ -1,0 +1,206 @@
+"""Tenant config at scale: load, change detection, snapshot publish and executor reads.
+
+    .venv/bin/python -m infra.benchmarks.config_scale --tenants 1000 10000 100000
+
+For each size it writes that many tenant files (fixed seed) into a temporary `conf/`, next to
+the project's `conf/sources.yaml`, and prints one row per step:
+
+- `load`: `load_registry` of the whole directory, and the driver's resident memory after it;
+- `watch: first`: the watcher's first refresh (read everything, publish the first snapshot);
+- `watch: idle`: a refresh when nothing changed (what the 1-second poll costs);
+- `watch: touch`: a refresh after one file's mtime changed but not its content;
+- `watch: 1 file`: a refresh after one tenant file changed (detect, reload, publish);
+- `watch: 1 bad`: a refresh after one tenant file became invalid (refused, nothing published);
+- `publish`: publishing the registry as a snapshot into an empty folder;
+- `snapshot: first task`: in a fresh Python process, `registry_at` as an executor's first task;
+- `snapshot: next task`: the same in that process for a new unpickled `ConfigSnapshots`, as
+  every later Spark task does;
+- `resolve: first` / `resolve: again`: mean cost per `resolve(tenant, source)` for 1,000
+  distinct keys on first use, then for the same keys again.
+
+Files are dated an hour back, as tenant files that have been there a while are; only the files a
+step changes are new. Timings are wall clock on a shared machine: compare rows of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import astuple, dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from tenants.config_store import ConfigSnapshots, ConfigWatcher
+from tenants.registry import load_registry
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED = 20_240_601
+SOURCES = ("web", "billing")
+RESOLVE_SAMPLE = 1_000
+ResultT = TypeVar("ResultT")
+
+
+@dataclass(frozen=True)
+class Took:
+    """Wall-clock and CPU seconds of one step; CPU time is the steadier on a shared machine."""
+
+    wall_s: float
+    cpu_s: float
+
+    def per(self, count: int) -> Took:
+        return Took(self.wall_s / count, self.cpu_s / count)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tenants", type=int, nargs="+", default=[1_000, 10_000, 100_000])
+    parser.add_argument("--read-snapshot", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.read_snapshot:
+        print(json.dumps(_read_snapshot_in_this_process(args.read_snapshot)))
+        return
+    print(f"{'tenants':>8}  {'step':<22} {'wall s':>10} {'CPU s':>10}  note")
+    for count in args.tenants:
+        workdir = Path(tempfile.mkdtemp(prefix="tw-config-scale-"))
+        try:
+            _measure(count, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _measure(count: int, workdir: Path) -> None:
+    conf = workdir / "conf"
+    tenant_ids = _write_conf(conf, count, random.Random(SEED))
+
+    def row(step: str, took: Took, note: str = "") -> None:
+        print(
+            f"{count:>8}  {step:<22} {took.wall_s:>10.6f} {took.cpu_s:>10.6f}  {note}", flush=True
+        )
+
+    registry, seconds = _timed(lambda: load_registry(conf))
+    row("load", seconds, f"driver RSS {_rss_mib():.0f} MiB, {len(registry.tenants)} tenants")
+    del registry
+
+    watcher = ConfigWatcher(conf, ConfigSnapshots(str(workdir / "snapshots")))
+    clock_ms = 1_000
+    published, seconds = _timed(lambda: watcher.refresh(clock_ms))
+    row("watch: first", seconds, "published" if published else "NOT published")
+    _, seconds = _timed(lambda: watcher.refresh(clock_ms + 1))
+    row("watch: idle", seconds)
+
+    changed = conf / "tenants" / f"{tenant_ids[count // 2]}.yaml"
+    os.utime(changed)
+    published, seconds = _timed(lambda: watcher.refresh(clock_ms + 2))
+    row("watch: touch", seconds, "published (wrong)" if published else "nothing to publish")
+
+    changed.write_text(f"id: {tenant_ids[count // 2]}\nsources:\n  web: {{allowed_lateness: 7m}}\n")
+    published, seconds = _timed(lambda: watcher.refresh(clock_ms + 3))
+    row("watch: 1 file", seconds, "published" if published else "NOT published")
+    assert published is not None
+    route = published.resolve(tenant_ids[count // 2], "web")
+    assert route is not None and route.rules.allowed_lateness_ms == 420_000
+
+    bad = conf / "tenants" / f"{tenant_ids[count // 3]}.yaml"
+    bad.write_text(f"id: {tenant_ids[count // 3]}\nsources:\n  web: {{allowed_lateness: 1y}}\n")
+    refused, seconds = _timed(lambda: watcher.refresh(clock_ms + 4))
+    row("watch: 1 bad", seconds, "refused" if refused is None else "published (wrong)")
+
+    snapshots = ConfigSnapshots(str(workdir / "published"))
+    _, seconds = _timed(lambda: snapshots.publish(published, effective_from_ms=0))
+    size_mib = sum(p.stat().st_size for p in (workdir / "published").iterdir()) / 2**20
+    row("publish", seconds, f"snapshot file {size_mib:.1f} MiB")
+
+    reader = subprocess.run(
+        [sys.executable, "-m", "infra.benchmarks.config_scale", "--read-snapshot", snapshots.root],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=1_800,
+    )
+    figures = json.loads(reader.stdout)
+    row("snapshot: first task", Took(*figures["first_task"]), f"RSS {figures['rss_mib']:.0f} MiB")
+    row("snapshot: next task", Took(*figures["next_task"]), "new unpickled ConfigSnapshots")
+    for step in ("first", "again"):
+        per_key = Took(*figures[f"resolve_{step}"])
+        row(
+            f"resolve: {step}",
+            per_key,
+            f"{per_key.wall_s * 1e6:.2f} µs per key, of {RESOLVE_SAMPLE}",
+        )
+
+
+def _read_snapshot_in_this_process(root: str) -> dict[str, object]:
+    """What an executor's Python worker does: its first task, then every later one."""
+    snapshots = ConfigSnapshots(root)
+    registry, first_task = _timed(lambda: snapshots.registry_at(2**62))
+    next_copy: ConfigSnapshots = pickle.loads(pickle.dumps(snapshots))
+    _, next_task = _timed(lambda: next_copy.registry_at(2**62))
+    tenant_ids = sorted(registry.tenants)[:: max(1, len(registry.tenants) // RESOLVE_SAMPLE)]
+    keys = [(tenant, source) for tenant in tenant_ids[:RESOLVE_SAMPLE] for source in ("web",)]
+
+    def resolve_all() -> int:
+        return sum(registry.resolve(tenant, source) is not None for tenant, source in keys)
+
+    found, resolve_first = _timed(resolve_all)
+    _, resolve_again = _timed(resolve_all)
+    assert found > 0
+    return {
+        "first_task": astuple(first_task),
+        "next_task": astuple(next_task),
+        "resolve_first": astuple(resolve_first.per(len(keys))),
+        "resolve_again": astuple(resolve_again.per(len(keys))),
+        "rss_mib": _rss_mib(),
+    }
+
+
+def _write_conf(conf: Path, count: int, rng: random.Random) -> list[str]:
+    (conf / "tenants").mkdir(parents=True)
+    shutil.copy(ROOT / "conf" / "sources.yaml", conf / "sources.yaml")
+    an_hour_ago_ns = time.time_ns() - 3_600 * 10**9
+    tenant_ids = [f"tenant-{number:06d}" for number in range(count)]
+    for tenant in tenant_ids:
+        path = conf / "tenants" / f"{tenant}.yaml"
+        path.write_text(_tenant_yaml(tenant, rng))
+        os.utime(path, ns=(an_hour_ago_ns, an_hour_ago_ns))
+    os.utime(conf / "sources.yaml", ns=(an_hour_ago_ns, an_hour_ago_ns))
+    return tenant_ids
+
+
+def _tenant_yaml(tenant: str, rng: random.Random) -> str:
+    sources = [name for name in SOURCES if rng.random() < 0.8] or ["web"]
+    lines = [f"id: {tenant}", "sources:"]
+    for name in sources:
+        overrides = []
+        if rng.random() < 0.3:
+            overrides.append(f"allowed_lateness: {rng.randint(1, 10)}m")
+        if rng.random() < 0.2:
+            overrides.append(f"window: {{kind: tumbling, size: {rng.choice([1, 5, 15])}m}}")
+        lines.append(f"  {name}: {{{', '.join(overrides)}}}")
+    return "\n".join(lines) + "\n"
+
+
+def _timed(action: Callable[[], ResultT]) -> tuple[ResultT, Took]:
+    started_wall, started_cpu = time.perf_counter(), time.process_time()
+    result = action()
+    return result, Took(time.perf_counter() - started_wall, time.process_time() - started_cpu)
+
+
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+if __name__ == "__main__":
+    main()
