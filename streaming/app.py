@@ -35,7 +35,6 @@ from streaming.query import start_query
 from streaming.session import build_spark
 from streaming.sink import MicroBatchSink
 from tenants.config_store import ConfigSnapshots, ConfigWatcher
-from tenants.registry import load_registry
 from tenants.settings import AppSettings
 
 log = logging.getLogger(__name__)
@@ -65,6 +64,7 @@ class StreamApp:
         self.snapshots = ConfigSnapshots(
             f"{settings.stream.checkpoint_dir.rstrip('/')}/tenant_config"
         )
+        self.watcher = ConfigWatcher(settings.conf_dir, self.snapshots)
         self.lease: WriterLease = WriterLease.for_stream(self.lake, settings.stream)
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -88,6 +88,7 @@ class StreamApp:
         any write and before Spark starts. Returns the writer epoch.
         """
         if self.lease.epoch is None:
+            self.watcher.check()  # an invalid config at start is fatal
             check_checkpoint(self.settings.stream.checkpoint_dir, self.identity)
             self.lake.ensure_tables()
             self.lease.acquire()
@@ -123,11 +124,8 @@ class StreamApp:
     ) -> StreamingQuery:
         settings = self.settings
         claim_checkpoint(settings.stream.checkpoint_dir, self.identity)
-        registry = load_registry(settings.conf_dir)  # an invalid config at start is fatal
-        first_start = self.snapshots.latest_fingerprint() is None
-        self.snapshots.publish(registry, effective_from_ms=0 if first_start else _now_ms())
-        watcher = ConfigWatcher(settings.conf_dir, self.snapshots)
-        watcher.refresh(_now_ms())
+        watcher = self.watcher
+        watcher.publish_at_start(_now_ms())
         sink = MicroBatchSink(
             self.lake,
             app_id=settings.stream.name,
@@ -173,7 +171,6 @@ def run_stream(
 
     `spark_conf` adds session settings, e.g. what ships the code to a cluster's executors.
     """
-    load_registry(settings.conf_dir)  # refuse an invalid config before Spark starts
     app = StreamApp(settings, fault_hook=fault_hook)
     app.claim()
     try:

@@ -170,6 +170,24 @@ class ConfigWatcher:
     def __post_init__(self) -> None:
         self._reader = ConfReader(self.conf_dir)
 
+    def check(self) -> TenantRegistry:
+        """Read the whole config; raise `ConfigError` naming the file and field if invalid."""
+        with self._lock:
+            return self._reader.load()
+
+    def publish_at_start(self, now_ms: int) -> TenantRegistry:
+        """Read the whole config and publish it; raise `ConfigError` if it is invalid.
+
+        At start an invalid config is fatal: the operator is there to fix it. A stream's first
+        snapshot is in force from time 0, so its first batch (whatever its timestamp) has one.
+        """
+        with self._lock:
+            registry = self._reader.load()
+            first_start = self.snapshots.latest_fingerprint() is None
+            self.snapshots.publish(registry, effective_from_ms=0 if first_start else now_ms)
+            self._published = registry.fingerprint
+            return registry
+
     def refresh(self, now_ms: int) -> TenantRegistry | None:
         """Publish a changed, valid config as effective from `now_ms`; return it if published."""
         try:
