@@ -3,22 +3,26 @@
 The wheel is built from a copy of this checkout and installed into a throwaway venv that borrows
 this environment's dependencies through a `.pth` line (its `.pth` files, among them the editable
 install's finder, are not run), so imports there resolve to the wheel alone. Commands run from a
-folder outside the checkout, as they would on a deployed machine.
+folder outside the checkout, as they would on a deployed machine. The last test keeps the
+Pythons the package declares and the ones infra/check_pythons.sh runs these tests on the same.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from packaging.specifiers import SpecifierSet
 
 ROOT = Path(__file__).resolve().parents[1]
 PRODUCT_PACKAGES = ("tenants", "streaming", "storage", "infra")
@@ -186,3 +190,19 @@ def test_the_config_reference_renders_from_the_installed_wheel(installed: Enviro
     unchecked = installed.run("python", "-m", "infra.config_reference", "--check")
     assert unchecked.returncode == 2
     assert "give --output FILE" in unchecked.stderr
+
+
+def test_ci_checks_exactly_the_pythons_the_project_declares() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = SpecifierSet(project["requires-python"])
+    script = (ROOT / "infra" / "check_pythons.sh").read_text()
+    listed = re.search(r"^VERSIONS=\(([^)]*)\)$", script, re.M)
+    assert listed is not None, "infra/check_pythons.sh has no VERSIONS=(...) line"
+    checked = listed.group(1).split()
+    assert checked == [f"3.{minor}" for minor in range(20) if f"3.{minor}" in declared]
+    classified = {
+        text.removeprefix("Programming Language :: Python :: ")
+        for text in project["classifiers"]
+        if text.count("::") == 2 and text.startswith("Programming Language :: Python :: 3.")
+    }
+    assert classified == set(checked)
