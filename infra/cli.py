@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import sys
@@ -23,6 +24,24 @@ from tenants.settings import AppSettings, load_settings
 
 log = logging.getLogger("tenant_windows")
 DEFAULT_APP_CONFIG = Path("conf/app.yaml")
+# `produce` and `demo` run development-only parts: `infra.dev`, which the wheel does not ship, and
+# for the demo's local broker the noida-db binary from the dev extras.
+DEV_PACKAGE = "infra.dev"
+
+
+class DevToolsMissingError(Exception):
+    """A command needs a development-only part that this installation does not have."""
+
+
+def require_dev_tools(command: str, *modules: str) -> None:
+    """Stop `command` before it starts when `infra.dev` or another module it needs is missing."""
+    missing = [name for name in (DEV_PACKAGE, *modules) if importlib.util.find_spec(name) is None]
+    if missing:
+        raise DevToolsMissingError(
+            f"`tenant-windows {command}` needs the development tools, which are not in the wheel "
+            f"(missing here: {', '.join(missing)}); from a source checkout, run "
+            "`pip install -e '.[dev]'`"
+        )
 
 
 def main(argv: Sequence[str] | None = None, fault_hook: FaultHook = NO_FAULTS) -> int:
@@ -52,6 +71,9 @@ def main(argv: Sequence[str] | None = None, fault_hook: FaultHook = NO_FAULTS) -
     except LakeUnavailableError as error:
         print(f"{error}", file=sys.stderr)
         return 1
+    except DevToolsMissingError as error:
+        print(f"{error}", file=sys.stderr)
+        return 2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -206,7 +228,8 @@ def print_query(frame: DataFrame, output_format: str, limit: int) -> None:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from infra.load_generator import LoadSpec, generate, send
+    require_dev_tools("produce")
+    from infra.dev.load_generator import LoadSpec, generate, send
 
     settings = settings_from(args)
     registry = load_registry(settings.conf_dir)
@@ -264,7 +287,8 @@ def _optimize(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from infra.demo import run_demo
+    require_dev_tools("demo", "noida_db")
+    from infra.dev.demo import run_demo
 
     return run_demo(args.workdir, args.count)
 

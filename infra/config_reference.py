@@ -5,6 +5,10 @@ time; this module adds only what no model can hold: the prose about precedence, 
 durations, the examples in `docs/examples/`, and the descriptions some fields still lack
 (`SUPPLEMENTS`). After a model changes, `python -m infra.config_reference` regenerates the file;
 `--check` exits 1 when it is stale.
+
+Installed from the wheel, without the checkout's `docs/`, it renders the same reference from the
+models and prints it (or writes `--output`); only the examples section then points to the
+source repository instead of quoting `docs/examples/`.
 """
 
 from __future__ import annotations
@@ -37,8 +41,12 @@ from tenants.registry import SOURCES_FILE, TENANTS_DIR
 from tenants.settings import ENV_PREFIX, AppSettings, KafkaSettings, StreamSettings
 
 ROOT = Path(__file__).resolve().parents[1]
+# Both exist in a source checkout only; an installed wheel has no `docs/`.
 REFERENCE_PATH = ROOT / "docs" / "configuration.md"
 EXAMPLES_DIR = ROOT / "docs" / "examples"
+EXAMPLES_SHOWN = "docs/examples"
+# `--output -` prints the reference; the default where there is no checkout to write into.
+STDOUT = "-"
 REGENERATE_COMMAND = "python -m infra.config_reference"
 
 # Descriptions for fields whose model has none yet. A model's own `description=` wins, so moving
@@ -655,7 +663,12 @@ def _render_section(section: Section) -> list[str]:
 
 
 def example_files() -> list[Path]:
-    """The example config, top-level files first, so a reader meets `sources.yaml` first."""
+    """The example config, top-level files first, so a reader meets `sources.yaml` first.
+
+    None outside a source checkout: the wheel does not ship `docs/`.
+    """
+    if not EXAMPLES_DIR.is_dir():
+        return []
     return sorted(
         EXAMPLES_DIR.rglob("*.yaml"),
         key=lambda path: (len(path.relative_to(EXAMPLES_DIR).parts), path.as_posix()),
@@ -663,21 +676,25 @@ def example_files() -> list[Path]:
 
 
 def _render_examples() -> list[str]:
-    examples = EXAMPLES_DIR.relative_to(ROOT).as_posix()
-    out = [
-        '<a id="examples"></a>',
-        "",
-        "## Examples",
-        "",
+    examples = EXAMPLES_SHOWN
+    out = ['<a id="examples"></a>', "", "## Examples", ""]
+    files = example_files()
+    if not files:
+        return [
+            *out,
+            f"A complete example config directory, `{examples}/`, is in the source repository "
+            "of tenant-windows; this copy of the reference was rendered where it is not.",
+        ]
+    out += [
         f"A complete config directory, `{examples}/`; the tests load it, and every block "
         f"below, as config. Validate it with `tenant-windows tenants validate --conf "
         f"{examples}`; run a stream on it with `tenant-windows run --app-config "
         f"{examples}/app.yaml`.",
         "",
     ]
-    for path in example_files():
+    for path in files:
         text = path.read_text(encoding="utf-8")
-        shown = path.relative_to(ROOT).as_posix()
+        shown = f"{examples}/{path.relative_to(EXAMPLES_DIR).as_posix()}"
         out += [f"### `{shown}`", "", "```yaml", text.rstrip("\n"), "```", ""]
     return out
 
@@ -689,10 +706,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--check", action="store_true", help="exit 1 if the file differs; write nothing"
     )
-    parser.add_argument("--output", type=Path, default=REFERENCE_PATH)
+    in_checkout = REFERENCE_PATH.parent.is_dir()
+    parser.add_argument(
+        "--output",
+        default=str(REFERENCE_PATH) if in_checkout else STDOUT,
+        help=f"file to write, or {STDOUT} to print (default: {REFERENCE_PATH.name} in a "
+        "checkout's docs/, else print)",
+    )
     args = parser.parse_args(argv)
-    output: Path = args.output
     text = render_reference()
+    if args.output == STDOUT:
+        if args.check:
+            print("--check compares with a file: give --output FILE", file=sys.stderr)
+            return 2
+        sys.stdout.write(text)
+        return 0
+    output = Path(args.output)
     if args.check:
         current = output.read_text(encoding="utf-8") if output.exists() else None
         if current != text:

@@ -15,7 +15,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    from infra.local_stack import LocalKafka
+    from infra.dev.local_stack import LocalKafka
 
     with LocalKafka(tmp_path_factory.mktemp("kafka")) as broker:
         yield broker

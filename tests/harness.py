@@ -15,8 +15,8 @@ import pandas as pd
 from deltalake import DeltaTable
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from infra.load_generator import SampleRecord
-from infra.local_stack import LocalKafka
+from infra.dev.load_generator import SampleRecord
+from infra.dev.local_stack import LocalKafka
 from storage.delta_lake import DeltaLake
 from storage.tables import ALL_TABLES
 from streaming.app import StreamApp

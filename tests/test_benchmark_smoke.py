@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from infra.benchmarks.scale import parse_args, run
+from infra.dev.benchmarks.scale import parse_args, run
 
 pytestmark = pytest.mark.integration
 

@@ -25,8 +25,8 @@ import pytest
 from kafka import KafkaProducer
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-from infra.load_generator import LoadSpec, generate
-from infra.local_stack import LocalKafka
+from infra.dev.load_generator import LoadSpec, generate
+from infra.dev.local_stack import LocalKafka
 from streaming.app import StreamApp
 from streaming.kafka.client import KafkaUnavailableError
 from streaming.kafka.options import KafkaSourceOptions

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from infra.cluster.ship import project_cache_dir
-from infra.cluster.standalone import StandaloneCluster, node_python_env
-from infra.load_generator import LoadSpec, generate
+from infra.dev.load_generator import LoadSpec, generate
+from infra.dev.standalone_cluster import StandaloneCluster, node_python_env
 from tenants.registry import load_registry
 from tests.crash_helpers import (
     assert_every_record_landed_once,

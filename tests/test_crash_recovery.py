@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from infra.load_generator import LoadSpec, generate
+from infra.dev.load_generator import LoadSpec, generate
 from streaming.hooks import FaultPoint
 from tenants.registry import load_registry
 from tests.crash_helpers import assert_same_tables, crash_and_recover, snapshot

@@ -14,7 +14,7 @@ from kafka import KafkaProducer
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from infra.local_stack import LocalKafka
+from infra.dev.local_stack import LocalKafka
 from streaming.kafka.options import KafkaSourceOptions
 from streaming.kafka.reader import (
     ARROW_SCHEMA,

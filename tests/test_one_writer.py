@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from infra.load_generator import LoadSpec, generate
-from infra.local_process import process_state
+from infra.dev.load_generator import LoadSpec, generate
+from infra.dev.local_process import process_state
 from storage.writer_lease import LEASE_TABLE
 from streaming.hooks import FaultPoint
 from tests.crash_helpers import (

@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from infra.load_generator import LoadSpec, generate
+from infra.dev.load_generator import LoadSpec, generate
 from storage.delta_lake import DeltaLake
 from storage.tables import ALL_TABLES
 from storage.writer_lease import WriterLease

@@ -12,7 +12,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from infra.cli import main
-from infra.local_stack import find_free_loopback_port
+from infra.dev.local_stack import find_free_loopback_port
 from storage.delta_lake import DeltaLake
 from storage.s3 import storage_options
 from storage.tables import EVENTS

@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 from pydantic import SecretStr
 
-from infra.load_generator import LoadSpec, SampleRecord, generate
-from infra.seaweedfs import LocalSeaweedFS
+from infra.dev.load_generator import LoadSpec, SampleRecord, generate
+from infra.dev.seaweedfs import LocalSeaweedFS
 from storage.tables import ALL_TABLES
 from streaming.hooks import FaultPoint
 from tenants.registry import load_registry

@@ -3,7 +3,7 @@
 The semantics at small sizes are compared with the reference in the property tests; this checks
 that a key holding thousands of open sessions is still windowed right, merges included, with
 the state round-tripped through JSON now and then the way Spark keeps it. How fast it runs is
-shown by `infra/benchmarks/windowing_cost.py`, not asserted here.
+shown by `infra/dev/benchmarks/windowing_cost.py`, not asserted here.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Tenant scaling: read ceiling, Spark's built-in window aggregation and the product, in one run.
 
-    .venv/bin/python -m infra.benchmarks.scale --tenants 10,1000,10000 --records 200000
+    .venv/bin/python -m infra.dev.benchmarks.scale --tenants 10,1000,10000 --records 200000
 
 For each tenant count it preloads one topic on a local broker (fixed seed, the same number and
 shape of records; only the tenant ids differ), then runs three queries over it with the same
@@ -39,8 +39,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
-from infra.load_generator import LoadSpec, generate, send
-from infra.local_stack import LocalKafka
+from infra.dev.load_generator import LoadSpec, generate, send
+from infra.dev.local_stack import LocalKafka
 from storage.delta_lake import DeltaLake
 from storage.tables import ALL_TABLES
 from storage.views import register_views
@@ -50,7 +50,7 @@ from streaming.session import build_spark
 from tenants.registry import load_registry
 from tenants.settings import AppSettings, load_settings
 
-PROJECT_CONF = Path(__file__).resolve().parents[2] / "conf"
+PROJECT_CONF = Path(__file__).resolve().parents[3] / "conf"
 QUERY_TIMEOUT_S = 3_600
 
 

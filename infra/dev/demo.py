@@ -9,8 +9,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from infra.load_generator import LoadSpec, generate, send
-from infra.local_stack import LocalKafka
+from infra.dev.load_generator import LoadSpec, generate, send
+from infra.dev.local_stack import LocalKafka
 from storage.delta_lake import DeltaLake
 from storage.views import register_views
 from streaming.app import StreamApp

@@ -1,6 +1,6 @@
 """Work off a large Kafka backlog in bounded micro-batches and report sizes, rates and memory.
 
-    .venv/bin/python -m infra.benchmarks.backlog --records 1000000 --max-offsets 50000
+    .venv/bin/python -m infra.dev.benchmarks.backlog --records 1000000 --max-offsets 50000
 
 It starts its own broker on 127.0.0.1, produces the backlog, runs the stream with
 `--available-now`, and prints one row per micro-batch: input rows (never above
@@ -18,8 +18,8 @@ import threading
 import time
 from pathlib import Path
 
-from infra.load_generator import LoadSpec, generate, send
-from infra.local_stack import LocalKafka
+from infra.dev.load_generator import LoadSpec, generate, send
+from infra.dev.local_stack import LocalKafka
 from storage.delta_lake import DeltaLake
 from streaming.app import StreamApp
 from streaming.session import build_spark

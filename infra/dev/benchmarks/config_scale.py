@@ -1,6 +1,6 @@
 """Tenant config at scale: load, change detection, snapshot publish and executor reads.
 
-    .venv/bin/python -m infra.benchmarks.config_scale --tenants 1000 10000 100000
+    .venv/bin/python -m infra.dev.benchmarks.config_scale --tenants 1000 10000 100000
 
 For each size it writes that many tenant files (fixed seed) into a temporary `conf/`, next to
 the project's `conf/sources.yaml`, and prints one row per step:
@@ -42,7 +42,7 @@ from typing import TypeVar
 from tenants.config_store import ConfigSnapshots, ConfigWatcher
 from tenants.registry import load_registry
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SEED = 20_240_601
 SOURCES = ("web", "billing")
 RESOLVE_SAMPLE = 1_000
@@ -120,7 +120,13 @@ def _measure(count: int, workdir: Path) -> None:
     row("publish", seconds, f"snapshot file {size_mib:.1f} MiB")
 
     reader = subprocess.run(
-        [sys.executable, "-m", "infra.benchmarks.config_scale", "--read-snapshot", snapshots.root],
+        [
+            sys.executable,
+            "-m",
+            "infra.dev.benchmarks.config_scale",
+            "--read-snapshot",
+            snapshots.root,
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

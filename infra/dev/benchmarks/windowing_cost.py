@@ -1,6 +1,6 @@
 """Cost of `streaming.windowing.advance` per record as the open windows of one key pile up.
 
-    .venv/bin/python -m infra.benchmarks.windowing_cost [--sizes 1000,5000,10000,20000]
+    .venv/bin/python -m infra.dev.benchmarks.windowing_cost [--sizes 1000,5000,10000,20000]
 
 For tumbling (1 s), sliding (10 s every 1 s) and session (1 s gap) windows it feeds N records,
 mostly in event-time order and some late, into one key in micro-batches, with an allowed

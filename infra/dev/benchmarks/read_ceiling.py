@@ -1,6 +1,6 @@
 """How fast the `tw_kafka` reader alone can go: a Kafka backlog read into a `noop` sink.
 
-    .venv/bin/python -m infra.benchmarks.read_ceiling --records 200000
+    .venv/bin/python -m infra.dev.benchmarks.read_ceiling --records 200000
 
 It starts its own broker on 127.0.0.1, preloads a backlog of JSON records (fixed seed, about
 `--value-bytes` each) on a topic of `--partitions` partitions, then measures twice:
@@ -41,9 +41,9 @@ from pyspark.sql.streaming.listener import (
     StreamingQueryListener,
 )
 
-from infra.load_generator import SampleRecord, send
-from infra.local_process import cpu_seconds, descendants
-from infra.local_stack import LocalKafka
+from infra.dev.load_generator import SampleRecord, send
+from infra.dev.local_process import cpu_seconds, descendants
+from infra.dev.local_stack import LocalKafka
 from streaming.kafka.offsets import OffsetPlanner, partition_ranges
 from streaming.kafka.options import KafkaSourceOptions
 from streaming.kafka.reader import KafkaInputPartition, read_partition

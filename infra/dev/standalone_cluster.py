@@ -24,8 +24,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from infra.local_process import LocalProcess
-from infra.local_stack import find_free_loopback_port
+from infra.dev.local_process import LocalProcess
+from infra.dev.local_stack import find_free_loopback_port
 
 NODE_DISTRIBUTIONS = ("pyspark", "pandas", "pyarrow")
 """What the nodes' Python has, at the driver's versions (PySpark requires them to match)."""

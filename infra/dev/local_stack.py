@@ -14,7 +14,7 @@ from pathlib import Path
 from kafka import KafkaAdminClient
 from kafka.errors import TopicAlreadyExistsError
 
-from infra.local_process import LocalProcess
+from infra.dev.local_process import LocalProcess
 
 _ADMIN_TIMEOUT_MS = 10_000
 # Short, so one slow probe cannot eat most of the start-up deadline.

@@ -19,7 +19,7 @@ import boto3
 from botocore.config import Config
 from pydantic import SecretStr
 
-from infra.local_process import LocalProcess
+from infra.dev.local_process import LocalProcess
 
 _PORT_ATTEMPTS = 200
 # `weed mini` dials some gRPC ports as "HTTP port + 10000" whatever `-*.port.grpc` says (its
