@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs
+from pyspark import TaskContext
 
 from storage.tables import ALL_TABLES, TableSpec, rows_for_table
 
@@ -106,10 +107,19 @@ class BatchFiles:
         )
 
 
+def spark_task_partition() -> int:
+    """The Spark partition the calling executor task works on (0 outside a task)."""
+    context = TaskContext.get()
+    return context.partitionId() if context is not None else 0
+
+
 def write_task_files(
-    target: BatchFiles, task_partition: Callable[[], int]
+    target: BatchFiles, task_partition: Callable[[], int] = spark_task_partition
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The `mapInArrow` function: union rows in, one row per written file out."""
+    """The `mapInArrow` function: union rows in, one row per written file out.
+
+    Everything it uses lives in this module or pyarrow: executors import no more than that.
+    """
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         received = [batch for batch in batches if batch.num_rows > 0]

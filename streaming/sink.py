@@ -16,7 +16,6 @@ import logging
 import time
 from collections.abc import Callable
 
-from pyspark import TaskContext
 from pyspark.sql import DataFrame
 
 from storage.data_files import WRITTEN_FILE_DDL, BatchFiles, WrittenFile, write_task_files
@@ -68,9 +67,7 @@ class MicroBatchSink:
         # Only the file list reaches the driver, never the rows.
         written = [
             WrittenFile.from_row(row.asDict())
-            for row in batch_df.mapInArrow(
-                write_task_files(target, _task_partition), WRITTEN_FILE_DDL
-            ).collect()
+            for row in batch_df.mapInArrow(write_task_files(target), WRITTEN_FILE_DDL).collect()
         ]
         rows: dict[str, int] = {}
         for spec in pending:
@@ -102,8 +99,3 @@ class MicroBatchSink:
         # `batch_id` already holds it (a batch with no rows for a table commits nothing there).
         committed = self.lake.committed_batch(spec, self.app_id)
         return committed is not None and committed >= batch_id
-
-
-def _task_partition() -> int:
-    context = TaskContext.get()
-    return context.partitionId() if context is not None else 0
