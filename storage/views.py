@@ -51,7 +51,7 @@ def read_table(
         # and hand Spark the Arrow data. Fine for ad-hoc queries; a cluster with delta-spark
         # and s3a reads at scale with use_delta_spark.
         return spark.createDataFrame(lake.open(spec).to_pyarrow_table(partitions), schema)
-    files = lake.open(spec).file_uris(partitions)
+    files = lake.open(spec).file_uris(file_pruning_predicate=partitions)
     if not files:
         return spark.createDataFrame([], schema)
     # basePath makes Spark take the partition columns from the Hive-style folder names.
