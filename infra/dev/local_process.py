@@ -47,6 +47,17 @@ def cpu_seconds(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def rss_mib(pid: int) -> float:
+    """Resident memory of `pid` in MiB; 0 for a process that is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def descendants(pid: int) -> list[int]:
     """PIDs of `pid`'s children, grandchildren, ... from /proc (empty where there is none)."""
     children: dict[int, list[int]] = {}

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from infra.dev.load_generator import LoadSpec, generate, send
+from infra.dev.local_process import rss_mib
 from infra.dev.local_stack import LocalKafka
 from storage.delta_lake import DeltaLake
 from streaming.app import StreamApp
@@ -27,13 +28,6 @@ from tenants.registry import load_registry
 from tenants.settings import load_settings
 
 TOPIC = "backlog"
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def main() -> None:

@@ -39,6 +39,7 @@ from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from infra.dev.local_process import rss_mib
 from tenants.config_store import ConfigSnapshots, ConfigWatcher
 from tenants.registry import load_registry
 
@@ -87,7 +88,11 @@ def _measure(count: int, workdir: Path) -> None:
         )
 
     registry, seconds = _timed(lambda: load_registry(conf))
-    row("load", seconds, f"driver RSS {_rss_mib():.0f} MiB, {len(registry.tenants)} tenants")
+    row(
+        "load",
+        seconds,
+        f"driver RSS {rss_mib(os.getpid()):.0f} MiB, {len(registry.tenants)} tenants",
+    )
     del registry
 
     watcher = ConfigWatcher(conf, ConfigSnapshots(str(workdir / "snapshots")))
@@ -165,7 +170,7 @@ def _read_snapshot_in_this_process(root: str) -> dict[str, object]:
         "next_task": astuple(next_task),
         "resolve_first": astuple(resolve_first.per(len(keys))),
         "resolve_again": astuple(resolve_again.per(len(keys))),
-        "rss_mib": _rss_mib(),
+        "rss_mib": rss_mib(os.getpid()),
     }
 
 
@@ -199,13 +204,6 @@ def _timed(action: Callable[[], ResultT]) -> tuple[ResultT, Took]:
     started_wall, started_cpu = time.perf_counter(), time.process_time()
     result = action()
     return result, Took(time.perf_counter() - started_wall, time.process_time() - started_cpu)
-
-
-def _rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 if __name__ == "__main__":

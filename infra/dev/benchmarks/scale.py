@@ -40,6 +40,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from infra.dev.load_generator import LoadSpec, generate, send
+from infra.dev.local_process import descendants, rss_mib
 from infra.dev.local_stack import LocalKafka
 from storage.delta_lake import DeltaLake
 from storage.tables import ALL_TABLES
@@ -300,8 +301,8 @@ def _peak_rss() -> Iterator[dict[str, float]]:
 
     def sample() -> None:
         while not stop.wait(0.2):  # ends with the stage
-            peaks["driver"] = max(peaks["driver"], _rss_mib(os.getpid()))
-            peaks["workers"] = max(peaks["workers"], sum(map(_rss_mib, _python_workers())))
+            peaks["driver"] = max(peaks["driver"], rss_mib(os.getpid()))
+            peaks["workers"] = max(peaks["workers"], sum(map(rss_mib, _python_workers())))
 
     sampler = threading.Thread(target=sample, name="rss-sampler", daemon=True)
     sampler.start()
@@ -314,23 +315,8 @@ def _peak_rss() -> Iterator[dict[str, float]]:
 
 def _python_workers() -> list[int]:
     """This run's Python workers: the descendants of this process (through the JVM)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            # The parent pid is the 4th field, after the command name in parentheses.
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(entry.name))
-    descendants, pending = [], [os.getpid()]
-    while pending:
-        for child in children.get(pending.pop(), []):
-            descendants.append(child)
-            pending.append(child)
     workers = []
-    for pid in descendants:
+    for pid in descendants(os.getpid()):
         try:
             command = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
@@ -338,16 +324,6 @@ def _python_workers() -> list[int]:
         if b"pyspark.daemon" in command or b"pyspark.worker" in command:
             workers.append(pid)
     return workers
-
-
-def _rss_mib(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 def _pane_delay(lake: DeltaLake) -> dict[str, float]:
