@@ -6,8 +6,10 @@ the query, and runs the two background threads (lease renewal, config watcher). 
 all of it and joins the threads. `run_stream` is what `tenant-windows run` calls.
 
 Lifecycle, in the order the methods run:
-- `start(spark)`: everything above; raises before any write if the checkpoint belongs to
-  another stream or a live instance holds the lease.
+- `claim()`: needs no Spark; checks the config and the checkpoint, creates the tables, claims
+  the lease. It raises before any write if the config is invalid, the checkpoint belongs to
+  another stream or layout, or a live instance holds the lease.
+- `start(spark)`: claims if not yet, publishes the config, starts the query and the threads.
 - the query runs; between micro-batches the config is re-read and published.
 - `stop()`: idempotent; the query stops, the threads end, the lease is released.
 """
@@ -124,25 +126,24 @@ class StreamApp:
     ) -> StreamingQuery:
         settings = self.settings
         claim_checkpoint(settings.stream.checkpoint_dir, self.identity)
-        watcher = self.watcher
-        watcher.publish_at_start(_now_ms())
+        self.watcher.publish_at_start(_now_ms())
         sink = MicroBatchSink(
             self.lake,
             app_id=settings.stream.name,
             writer_epoch=writer_epoch,
             # Checked again right after each batch's commits, so a change is in force from the
             # next micro-batch.
-            after_batch=lambda batch_id: self._after_batch(batch_id, watcher),
+            after_batch=self._after_batch,
             fault_hook=self.fault_hook,
         )
         query = start_query(spark, settings, self.snapshots, sink, available_now, self.fault_hook)
         self._threads.append(
-            watcher.watch(self._stopping, interval_s=CONFIG_POLL_INTERVAL_S, clock_ms=_now_ms)
+            self.watcher.watch(self._stopping, interval_s=CONFIG_POLL_INTERVAL_S, clock_ms=_now_ms)
         )
         return query
 
-    def _after_batch(self, batch_id: int, watcher: ConfigWatcher) -> None:
-        watcher.refresh(_now_ms())
+    def _after_batch(self, batch_id: int) -> None:
+        self.watcher.refresh(_now_ms())
         every = self.settings.stream.optimize_every_batches
         if every is not None and (batch_id + 1) % every == 0:
             for table, done in self.lake.optimize().items():

@@ -249,7 +249,9 @@ def _load(state: GroupState) -> BucketState:
     layout, blob = state.get
     if layout != STATE_LAYOUT:
         # `checkpoint_identity` refuses such checkpoints before the query starts.
-        raise RuntimeError(f"state layout {layout} in the checkpoint; this code reads layout 2")
+        raise RuntimeError(
+            f"state layout {layout} in the checkpoint; this code reads layout {STATE_LAYOUT}"
+        )
     return BucketState.from_bytes(blob)
 
 
