@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import itertools
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -480,7 +481,9 @@ class _Batch:
             if watermark_before is not None and watermark_before >= too_late_at:
                 self.reject(record_index, start_ms, end_ms, watermark_before)
                 return
-            window = self.open_window(f"session-{start_ms}", start_ms, end_ms, watermark_before)
+            window = self.open_window(
+                self.new_session_id(start_ms), start_ms, end_ms, watermark_before
+            )
         else:
             window, *absorbed = touching
             old_start_ms, was_sealed = window.start_ms, window.on_time_sealed
@@ -503,16 +506,24 @@ class _Batch:
             self.index.reshape_session(window, old_start_ms, was_sealed)
         self.accept(record_index, record, window)
 
+    def new_session_id(self, start_ms: int) -> str:
+        """`session-<start>`, unless a session with that start closed in this batch and is only
+        dropped at its end (a rule change can widen the gap or the lateness so that a record
+        at its start is accepted again): then `session-<start>-<n>`, so each keeps its panes."""
+        window_id = f"session-{start_ms}"
+        taken = self.state.windows
+        if window_id not in taken:
+            return window_id
+        return next(
+            f"{window_id}-{n}" for n in itertools.count(2) if f"{window_id}-{n}" not in taken
+        )
+
     def open_window(
         self, window_id: str, start_ms: int, end_ms: int, watermark_before: int | None
     ) -> OpenWindow:
         window = OpenWindow(window_id, start_ms, end_ms, self.current_rules_id)
         # A window whose first record is already late never has an ON_TIME pane.
         window.on_time_sealed = watermark_before is not None and watermark_before >= end_ms
-        replaced = self.state.windows.get(window_id)
-        if replaced is not None:
-            # Only a session past its final deadline and not yet dropped can share the id.
-            self.index.drop(replaced)
         self.state.windows[window_id] = window
         self.index.add(window, self.final_deadline_ms(window))
         if self.current_rules_id not in self.state.rules:

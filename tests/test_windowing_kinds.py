@@ -186,3 +186,20 @@ def test_a_changed_rule_applies_only_to_windows_opened_after_it() -> None:
     assert len(state.rules) == 2
     advance(state, at(12 * MIN), five_minutes)
     assert f"0-{MIN}" not in state.windows and len(state.rules) == 1
+
+
+def test_a_session_reopened_where_a_closing_one_started_gets_its_own_id() -> None:
+    """A wider gap after a rule change can accept a record at the start of a session that the
+    same batch closes (by idle time); both sessions keep their own id and final pane."""
+    state = KeyState()
+    short_gap = rules(window={"kind": "session", "gap": "10s"}, idle_timeout="30s")
+    advance(state, at(0), short_gap, processing_time_ms=1_000_000)
+    wide_gap = rules(window={"kind": "session", "gap": "10m"}, idle_timeout="30s")
+    # 60 s idle: W = 60 s, past the end of session-0 ([0, 10 s)); the record at 0 opens
+    # [0, 10 min) under the new rules, which W has not reached.
+    result = advance(state, at(0), wide_gap, processing_time_ms=1_060_000)
+
+    assert {p.window_id: p.count for p in result.panes if p.is_final} == {"session-0": 1}
+    assert [a.window_id for a in result.assignments] == ["session-0-2"]
+    assert set(state.windows) == {"session-0-2"}
+    assert roundtrip(state) == state
