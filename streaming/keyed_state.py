@@ -44,6 +44,7 @@ from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
 from streaming.parsing import QuarantineReason
 from streaming.windowing import Assignment, BatchResult, Pane, RecordInput, TooLate, advance
 from tenants.config_store import ConfigSnapshots
+from tenants.models import WindowRules
 from tenants.registry import TenantRegistry
 
 BUCKET_COLUMN = "bucket"
@@ -185,23 +186,41 @@ def _process_bucket(
             RecordInput(int(event_times[index]), _metric_inputs(metric_inputs, index))
             for index in accepted
         ]
-        result = advance(stored.key_state, records, resolved.rules, processing_time_ms)
-        _after_advance(stored, resolved.rules.idle_timeout_ms, processing_time_ms)
-        out.add_result(key, accepted, result)
-        out.add_status(key, stored, processing_time_ms)
+        _advance_key(key, stored, accepted, records, resolved.rules, processing_time_ms, out)
         processed.add(key)
     for key in keys.idle_keys(processing_time_ms):
         if key in processed:
             continue
+        stored = keys.get(key)
         resolved = registry.resolve(*key)
         if resolved is None:
-            continue  # a key whose config is gone keeps its state; see the closing note
-        stored = keys.get(key)
-        result = advance(stored.key_state, [], resolved.rules, processing_time_ms)
-        _after_advance(stored, resolved.rules.idle_timeout_ms, processing_time_ms)
-        out.add_result(key, [], result)
-        out.add_status(key, stored, processing_time_ms)
+            # Its config is gone: the state stays as it is (closing an offboarded tenant's
+            # windows is not built yet), and its deadline must not keep waking the bucket.
+            stored.idle_deadline_ms = None
+            continue
+        _advance_key(key, stored, [], [], resolved.rules, processing_time_ms, out)
     out.set_quarantine(reasons, errors)
+
+
+def _advance_key(
+    key: Key,
+    stored: StoredKey,
+    accepted: list[int],
+    records: list[RecordInput],
+    rules: WindowRules,
+    processing_time_ms: int,
+    out: _Output,
+) -> None:
+    """Run one key's batch (or its idle timeout, with no records) and gather its rows."""
+    result = advance(stored.key_state, records, rules, processing_time_ms)
+    # Call this key again when it has been idle that long, to advance its watermark.
+    stored.idle_deadline_ms = (
+        processing_time_ms + rules.idle_timeout_ms
+        if rules.idle_timeout_ms is not None and stored.key_state.windows
+        else None
+    )
+    out.add_result(key, accepted, result)
+    out.add_status(key, stored, processing_time_ms)
 
 
 def _strings(column: pd.Series) -> list[str | None]:
@@ -231,15 +250,6 @@ def _future_skew_error(event_time_ms: int, processing_time_ms: int, max_skew_ms:
     return (
         f"event time {event_time_ms} is {event_time_ms - processing_time_ms} ms ahead of "
         f"processing time {processing_time_ms}; max_future_skew is {max_skew_ms} ms"
-    )
-
-
-def _after_advance(stored: StoredKey, idle_timeout_ms: int | None, processing_time_ms: int) -> None:
-    # Call this key again when it has been idle that long, to advance its watermark.
-    stored.idle_deadline_ms = (
-        processing_time_ms + idle_timeout_ms
-        if idle_timeout_ms is not None and stored.key_state.windows
-        else None
     )
 
 

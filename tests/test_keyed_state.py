@@ -156,3 +156,19 @@ def test_an_idle_key_closes_its_windows_while_its_bucket_neighbour_sends(tmp_pat
     assert not keys.get(("quiet", "web")).key_state.windows
     # busy opened a window in this batch: the bucket is due again when busy has idled that long.
     assert keys.next_idle_deadline_ms() == later_ms + 120_000
+
+
+def test_an_idle_key_whose_config_is_gone_keeps_its_state_and_stops_waking_its_bucket(
+    tmp_path: Path,
+) -> None:
+    before = _registry_with(tmp_path / "before", ["quiet"])  # web: idle_timeout 2m
+    keys = BucketState()
+    _run_bucket(_routed([("quiet", 0, 0, T0_MS + 5_000)]), keys, before, T0_MS)
+    assert keys.next_idle_deadline_ms() == T0_MS + 120_000
+
+    after = _registry_with(tmp_path / "after", ["other"])  # quiet's file was removed
+    out = _run_bucket(_routed([]), keys, after, T0_MS + 10 * 60_000)
+
+    assert out.empty
+    assert keys.get(("quiet", "web")).key_state.windows, "its state is kept"
+    assert keys.next_idle_deadline_ms() is None
