@@ -80,6 +80,18 @@ class WrittenFile:
             num_records=int(row["num_records"]),
         )
 
+    def to_row(self) -> dict[str, Any]:
+        """The row `from_row` reads: what an executor sends the driver for this file."""
+        return {
+            "table_name": self.table_name,
+            "path": self.path,
+            "size": self.size,
+            "partition_values_json": json.dumps(self.partition_values),
+            "modification_time": self.modification_time,
+            "stats": self.stats,
+            "num_records": self.num_records,
+        }
+
 
 @dataclass(frozen=True)
 class BatchFiles:
@@ -120,7 +132,7 @@ def write_task_files(
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The `mapInArrow` function: union rows in, one row per written file out.
 
-    Everything it uses lives in this module or pyarrow: executors import no more than that.
+    It needs only this module, `storage.tables` and pyarrow: executors import no more.
     """
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -137,19 +149,7 @@ def write_task_files(
         ]
         if written:
             yield pa.RecordBatch.from_pylist(
-                [
-                    {
-                        "table_name": file.table_name,
-                        "path": file.path,
-                        "size": file.size,
-                        "partition_values_json": json.dumps(file.partition_values),
-                        "modification_time": file.modification_time,
-                        "stats": file.stats,
-                        "num_records": file.num_records,
-                    }
-                    for file in written
-                ],
-                schema=WRITTEN_FILE_SCHEMA,
+                [file.to_row() for file in written], schema=WRITTEN_FILE_SCHEMA
             )
 
     return write

@@ -99,9 +99,6 @@ class BucketState:
     def __len__(self) -> int:
         return len(self._rows.keys() | self._decoded.keys())
 
-    def __contains__(self, key: Key) -> bool:
-        return key in self._decoded or key in self._rows
-
     def keys(self) -> set[Key]:
         return self._rows.keys() | self._decoded.keys()
 

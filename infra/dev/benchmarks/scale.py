@@ -43,7 +43,7 @@ from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_process import descendants, rss_mib
 from infra.dev.local_stack import LocalKafka
 from storage.delta_lake import DeltaLake
-from storage.tables import ALL_TABLES
+from storage.tables import ALL_TABLES, TENANT_STATUS, WINDOWS
 from storage.views import register_views
 from streaming.app import StreamApp
 from streaming.query import read_kafka
@@ -160,7 +160,7 @@ class _Dataset:
         )
         print(f"{tenants} tenants: produced {sent} records in {time.monotonic() - started:.0f}s")
         settings = load_settings(
-            PROJECT_CONF.parent / "conf" / "app.yaml",
+            PROJECT_CONF / "app.yaml",
             environ={},
             overrides={
                 "conf_dir": str(conf),
@@ -238,7 +238,7 @@ def _product_stage(spark: SparkSession, dataset: _Dataset) -> StageFigures:
     }
     figures.extra["pane_delay_batches"] = _pane_delay(lake)
     figures.extra["one_tenant_query_s"] = _one_tenant_query_s(spark, lake, "t000000")
-    status = lake.open(ALL_TABLES[-1]).to_pandas()
+    status = lake.open(TENANT_STATUS).to_pandas()
     keys = len(status[["tenant", "source"]].drop_duplicates())
     figures.extra["keys"] = keys
     if figures.state_bytes is not None and keys:
@@ -328,8 +328,8 @@ def _python_workers() -> list[int]:
 
 def _pane_delay(lake: DeltaLake) -> dict[str, float]:
     """Batches between the one in which a key's W passed a window's end and its ON_TIME pane."""
-    windows = DeltaTable(lake.table_uri(ALL_TABLES[1])).to_pandas()
-    status = DeltaTable(lake.table_uri(ALL_TABLES[-1])).to_pandas()
+    windows = DeltaTable(lake.table_uri(WINDOWS)).to_pandas()
+    status = DeltaTable(lake.table_uri(TENANT_STATUS)).to_pandas()
     on_time = windows[(windows["timing"] == "ON_TIME") & (windows["pane_index"] == 0)]
     if on_time.empty:
         return {}
