@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +52,8 @@ def doc_blocks(document: Path) -> list[DocBlock]:
         DocBlock(
             document,
             text.count("\n", 0, match.start("body")) + 1,
-            match.group("body"),
+            # A block inside a list item is indented; the shell must see it as written.
+            textwrap.dedent(match.group("body")),
             None if match.group("skip") is None else match.group("skip").strip(),
         )
         for match in BLOCK.finditer(text)
