@@ -198,6 +198,14 @@ class ConfReader:
             raise self._outcome.with_traceback(None)
         return self._outcome
 
+    def file_of(self, tenant_id: str) -> Path | None:
+        """The file that defines `tenant_id` as of the last `load`, if one does."""
+        for name in self._order:
+            outcome = self._tenants[name].outcome
+            if not isinstance(outcome, ConfigError) and outcome.id == tenant_id:
+                return self.conf_dir / TENANTS_DIR / name
+        return None
+
     def _refreshed(
         self,
         path: Path,
