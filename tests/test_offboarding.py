@@ -18,7 +18,10 @@ import pandas as pd
 import pytest
 
 from infra.cli import main
+from storage.tables import TENANT_STATUS, rows_for_table
 from streaming.app import StreamApp
+from streaming.configured_status import newly_configured_keys, status_rows
+from tenants.registry import load_registry
 from tests.harness import Pipeline, record
 
 T0_MS = 1_767_225_600_000
@@ -158,3 +161,71 @@ def test_offboarding_a_tenant_from_a_running_stream(
     assert list(zip(silent["source"], silent["lifecycle"], strict=True)) == [("web", "configured")]
     assert silent["watermark"].isna().all()
     assert (silent[["on_time_records", "late_records", "too_late_records"]] == 0).all().all()
+
+
+# --- the CLI action and the driver's status rows, without a stream ---------------------------
+
+
+def test_offboard_refuses_an_unknown_tenant_and_moves_nothing(
+    conf_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    conf = tmp_path / "conf"
+    shutil.copytree(conf_dir, conf)
+    before = sorted(path.name for path in (conf / "tenants").iterdir())
+
+    assert main(["tenants", "offboard", "nobody", "--conf", str(conf)]) == 2
+
+    assert "no tenant 'nobody' is configured" in capsys.readouterr().err
+    assert sorted(path.name for path in (conf / "tenants").iterdir()) == before
+    assert not (conf / "offboarded").exists()
+
+
+def test_offboard_refuses_while_the_config_is_invalid(
+    conf_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    conf = tmp_path / "conf"
+    shutil.copytree(conf_dir, conf)
+    (conf / "tenants" / "broken.yaml").write_text("id: broken\nsources: [nowhere]\n")
+
+    assert main(["tenants", "offboard", "acme", "--conf", str(conf)]) == 2
+
+    assert "broken.yaml: sources.nowhere: unknown source" in capsys.readouterr().err
+    assert (conf / "tenants" / "acme.yaml").exists()
+
+
+def test_offboard_keeps_a_copy_the_registry_ignores_and_a_tenant_can_come_back(
+    conf_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    conf = tmp_path / "conf"
+    shutil.copytree(conf_dir, conf)
+
+    assert main(["tenants", "offboard", "globex", "--conf", str(conf)]) == 0
+
+    assert "move the file back" in capsys.readouterr().out
+    assert set(load_registry(conf).tenants) == {"acme", "initech"}
+    (copy,) = (conf / "offboarded").iterdir()
+    copy.rename(conf / "tenants" / "globex.yaml")
+    assert set(load_registry(conf).tenants) == {"acme", "globex", "initech"}
+
+
+def test_keys_new_in_a_config_get_one_configured_row_each(conf_dir: Path, tmp_path: Path) -> None:
+    conf = tmp_path / "conf"
+    shutil.copytree(conf_dir, conf)
+    before = load_registry(conf)
+    (conf / "tenants" / "newco.yaml").write_text("id: newco\nsources: [web, billing]\n")
+    after = load_registry(conf)
+
+    assert newly_configured_keys(before, before) == []
+    assert newly_configured_keys(before, after) == [("newco", "billing"), ("newco", "web")]
+    assert len(newly_configured_keys(None, after)) == 8  # batch 0: every configured key
+
+    union = status_rows(newly_configured_keys(before, after), T0_MS)
+    rows = rows_for_table(union, TENANT_STATUS, batch_id=7).to_pylist()
+    assert [(row["tenant"], row["source"], row["lifecycle"]) for row in rows] == [
+        ("newco", "billing", "configured"),
+        ("newco", "web", "configured"),
+    ]
+    assert {row["watermark"] for row in rows} == {None}
+    assert {row["on_time_records"] for row in rows} == {0}
+    assert {_ms(row["processing_time"]) for row in rows} == {T0_MS}
+    assert {row["batch_id"] for row in rows} == {7}
