@@ -39,20 +39,12 @@ DRIVER_TASK_PARTITION = 99_999
 _UNION_SCHEMA = to_arrow_schema(OUTPUT_SCHEMA)
 
 
-def configured_keys(registry: TenantRegistry) -> set[Key]:
-    return {
-        (tenant_id, source)
-        for tenant_id in registry.tenants
-        for source in registry.tenants[tenant_id].sources
-    }
-
-
 def newly_configured_keys(previous: TenantRegistry | None, current: TenantRegistry) -> list[Key]:
     """Keys `current` configures and `previous` (None: no config before) does not."""
     if previous is not None and previous.fingerprint == current.fingerprint:
         return []
-    before = configured_keys(previous) if previous is not None else set()
-    return sorted(configured_keys(current) - before)
+    before = set(previous.configured_keys()) if previous is not None else set()
+    return sorted(set(current.configured_keys()) - before)
 
 
 def batch_timestamp_ms(checkpoint_dir: str, batch_id: int) -> int | None:

@@ -233,7 +233,7 @@ def _offboard_gone_keys(
     does not resolve each of them in every batch.
     """
     for key in sorted(keys.keys()):
-        if registry.resolve(*key) is not None:
+        if registry.configures(*key):
             continue
         stored = keys.get(key)
         out.panes += [(key, pane) for pane in close_all_windows(stored.key_state)]
