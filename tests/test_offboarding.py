@@ -15,12 +15,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pandas as pd
+import pyarrow as pa
 import pytest
+from deltalake import write_deltalake
 
 from infra.cli import main
+from storage.delta_lake import DeltaLake
 from storage.tables import TENANT_STATUS, rows_for_table
 from streaming.app import StreamApp
 from streaming.configured_status import newly_configured_keys, status_rows
+from tenants.config_store import registry_from_snapshot, snapshot_bytes
 from tenants.registry import load_registry
 from tests.harness import Pipeline, record
 
@@ -229,3 +233,34 @@ def test_keys_new_in_a_config_get_one_configured_row_each(conf_dir: Path, tmp_pa
     assert {row["on_time_records"] for row in rows} == {0}
     assert {_ms(row["processing_time"]) for row in rows} == {T0_MS}
     assert {row["batch_id"] for row in rows} == {7}
+
+
+def test_a_snapshot_answers_which_keys_are_configured_as_resolve_does(conf_dir: Path) -> None:
+    registry = load_registry(conf_dir)
+    snapshot = registry_from_snapshot(snapshot_bytes(registry), "test")
+    candidates = [
+        (tenant, source)
+        for tenant in ("acme", "globex", "nobody")
+        for source in ("web", "billing", "mobile")
+    ]
+    for loaded in (registry, snapshot):
+        assert [loaded.configures(*key) for key in candidates] == [
+            registry.resolve(*key) is not None for key in candidates
+        ]
+    assert sorted(snapshot.configured_keys()) == sorted(registry.configured_keys())
+    assert len(list(snapshot.configured_keys())) == 6
+
+
+def test_a_tenant_status_table_from_before_lifecycle_gets_the_column(tmp_path: Path) -> None:
+    lake = DeltaLake(str(tmp_path / "lake"))
+    old_schema = pa.schema([f for f in TENANT_STATUS.schema if f.name != "lifecycle"])
+    old_row = {name: None for name in old_schema.names} | {"tenant": "acme", "source": "web"}
+    write_deltalake(lake.table_uri(TENANT_STATUS), pa.Table.from_pylist([old_row], old_schema))
+
+    lake.ensure_tables()
+    lake.ensure_tables()  # a second start changes nothing more
+
+    table = lake.open(TENANT_STATUS)
+    assert table.schema().to_arrow().names == TENANT_STATUS.schema.names
+    assert table.version() == 1
+    assert table.to_pyarrow_table().to_pylist()[0]["lifecycle"] is None
