@@ -17,9 +17,12 @@ _STATELESS = ("offboarded", "configured")
 
 def sources_with_state(lake: DeltaLake, tenant_id: str) -> list[str]:
     """The sources of `tenant_id` whose latest `tenant_status` row says the key has state."""
-    rows = lake.open(TENANT_STATUS).to_pyarrow_table(
-        columns=["source", "batch_id", "lifecycle"], filters=[("tenant", "=", tenant_id)]
+    # Filtered here, not by delta-rs: its `filters` on `tenant` drop every row of files whose
+    # stats have no min/max for string columns, which is how the stream's files are written.
+    table = lake.open(TENANT_STATUS).to_pyarrow_table(
+        columns=["tenant", "source", "batch_id", "lifecycle"]
     )
+    rows = table.filter(pc.equal(table["tenant"], tenant_id))
     if rows.num_rows == 0:
         return []
     # Latest per source: by batch id, and within a batch an `offboarded` row ends the key.
