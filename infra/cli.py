@@ -7,6 +7,7 @@ import importlib.util
 import json
 import logging
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,19 @@ def _parser() -> argparse.ArgumentParser:
     validate = tenant_commands.add_parser("validate", help="check every file under the conf dir")
     validate.add_argument("--conf", type=Path, default=Path("conf"), help="config directory")
     validate.set_defaults(handler=_validate)
+    offboard = tenant_commands.add_parser(
+        "offboard",
+        help="remove a tenant: the stream closes its windows and quarantines its later records",
+    )
+    offboard.add_argument("tenant", help="the tenant id")
+    _settings_options(offboard)
+    offboard.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait until tenant_status shows every key of the tenant closed",
+    )
+    offboard.add_argument("--timeout", default="5m", help="how long --wait waits at most")
+    offboard.set_defaults(handler=_offboard)
 
     sql = commands.add_parser("sql", help="run Spark SQL over the output tables")
     sql.add_argument("query", help='e.g. "SELECT tenant, count(*) FROM events GROUP BY tenant"')
@@ -189,6 +203,42 @@ def _validate(args: argparse.Namespace) -> int:
         f"{routes} routes: OK"
     )
     return 0
+
+
+def _offboard(args: argparse.Namespace) -> int:
+    from storage.delta_lake import DeltaLake
+    from storage.key_lifecycle import sources_with_state
+    from tenants.offboarding import offboard_tenant
+
+    settings = settings_from(args)
+    done = offboard_tenant(settings.conf_dir, args.tenant)
+    recheck_s = settings.stream.config_recheck_interval_ms / 1000
+    print(
+        f"tenant {done.tenant_id!r} offboarded: {done.moved_from} moved to {done.moved_to}.\n"
+        f"The running stream takes the change at its next micro-batch: records of "
+        f"{done.tenant_id!r} go to quarantine as unknown_tenant, and within "
+        f"config_recheck_interval ({recheck_s:g}s) each of its keys "
+        f"({', '.join(done.sources)}) gets a final pane for every open window, a tenant_status "
+        f"row with lifecycle 'offboarded', and no more state.\n"
+        f"To onboard it again, move the file back to {done.moved_from}."
+    )
+    if not args.wait:
+        return 0
+    lake = DeltaLake.from_settings(settings.lake)
+    deadline_s = time.monotonic() + parse_duration_ms(args.timeout) / 1000
+    while True:
+        open_sources = sources_with_state(lake, done.tenant_id)
+        if not open_sources:
+            print(f"every key of {done.tenant_id!r} is closed")
+            return 0
+        if time.monotonic() >= deadline_s:
+            print(
+                f"still open after {args.timeout}: {', '.join(open_sources)} (is the stream "
+                "running? with --available-now a bucket wakes only in batches with data)",
+                file=sys.stderr,
+            )
+            return 1
+        time.sleep(1.0)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from deltalake import DeltaTable, Transaction
+from deltalake.schema import Field as DeltaField
 from deltalake.transaction import AddAction, RemoveAction
 
 from storage.commits import check_fence, commit_without_conflict, conditional
@@ -47,16 +48,18 @@ class DeltaLake:
         return f"{self.root}/{spec.name}"
 
     def ensure_tables(self) -> None:
-        """Create every table that does not exist yet, so readers always find all of them."""
+        """Create every table that does not exist yet, so readers always find all of them, and
+        add the columns a table created by an older release lacks."""
         for spec in ALL_TABLES:
             with reaching(self.root, self.storage_options):
-                DeltaTable.create(
+                table = DeltaTable.create(
                     self.table_uri(spec),
                     spec.schema,
                     mode="ignore",
                     partition_by=list(spec.partition_by),
                     storage_options=self.storage_options,
                 )
+                _add_missing_columns(table, spec)
 
     def open(self, spec: TableSpec) -> DeltaTable:
         with reaching(self.root, self.storage_options):
@@ -154,3 +157,15 @@ class DeltaLake:
             return True
 
         return commit_without_conflict(f"{self.table_uri(spec)}, batch {batch_id}", attempt)
+
+
+def _add_missing_columns(table: DeltaTable, spec: TableSpec) -> None:
+    """Schema evolution for a table created before `spec` gained nullable columns at its end.
+
+    Old rows read the new columns as null. Only added nullable columns are evolved; any other
+    difference is left for the commit to refuse.
+    """
+    present = set(table.schema().to_arrow().names)
+    missing = [field for field in spec.schema if field.name not in present and field.nullable]
+    if missing:
+        table.alter.add_columns([DeltaField.from_arrow(field) for field in missing])

@@ -121,6 +121,9 @@ TENANT_STATUS = TableSpec(
             pa.field("too_late_records", pa.int64()),
             pa.field("quarantined_records", pa.int64()),
             pa.field("batch_id", pa.int64()),
+            # `configured`, `active` or `offboarded` (streaming.keyed_state.Lifecycle); added
+            # after the table's first release, so null in rows written before it.
+            pa.field("lifecycle", pa.string()),
         ]
     ),
     (),

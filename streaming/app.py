@@ -32,6 +32,7 @@ from storage.delta_lake import DeltaLake
 from storage.writer_lease import WriterLease
 from streaming.bucket_state import STATE_LAYOUT
 from streaming.checkpoint_identity import StreamIdentity, check_checkpoint, claim_checkpoint
+from streaming.configured_status import ConfiguredKeyRows
 from streaming.hooks import NO_FAULTS, FaultHook
 from streaming.query import start_query
 from streaming.session import build_spark
@@ -135,6 +136,7 @@ class StreamApp:
             # next micro-batch.
             after_batch=self._after_batch,
             fault_hook=self.fault_hook,
+            driver_files=ConfiguredKeyRows(self.snapshots, settings.stream.checkpoint_dir),
         )
         query = start_query(spark, settings, self.snapshots, sink, available_now, self.fault_hook)
         self._threads.append(

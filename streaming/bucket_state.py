@@ -4,7 +4,9 @@
 the key rather than by the key: 10,000 keys cost 64 group calls a batch, not 10,000. A bucket's
 state is one Arrow IPC blob with a row per key. Only the keys a batch touches are decoded and
 encoded again; the others are carried over as the bytes they were. `idle_deadline_ms` lets a
-batch find the keys whose idle timeout has passed without decoding any state.
+batch find the keys whose idle timeout has passed without decoding any state, and
+`checked_fingerprint` (kept in the blob's schema metadata) lets it skip looking for keys whose
+config is gone while the tenant config has not changed.
 
 Pure: pyarrow only, no Spark.
 """
@@ -22,6 +24,10 @@ STATE_LAYOUT = 2
 """Layout 1 kept one state row per key; layout 2 keeps one per bucket. See `checkpoint_identity`."""
 
 Key = tuple[str, str]
+
+# Schema metadata, not a column: it is one value per bucket, and blobs written before it existed
+# read back as "never checked".
+_CHECKED_FINGERPRINT = b"checked_config_fingerprint"
 
 _SCHEMA = pa.schema(
     [
@@ -54,9 +60,26 @@ class _Row:
 class BucketState:
     """The keys of one bucket; decode with `from_bytes`, change with `get`/`put`/`drop`."""
 
-    def __init__(self, rows: dict[Key, _Row] | None = None) -> None:
+    def __init__(
+        self, rows: dict[Key, _Row] | None = None, checked_fingerprint: str | None = None
+    ) -> None:
         self._rows: dict[Key, _Row] = rows or {}
         self._decoded: dict[Key, StoredKey] = {}
+        self._checked_fingerprint = checked_fingerprint
+        # The blob this state was read from, while nothing changed: a bucket woken only to
+        # look at the config saves it as it was instead of encoding every key again.
+        self._unchanged_blob: bytes | None = None
+
+    @property
+    def checked_fingerprint(self) -> str | None:
+        """The tenant config whose keys this bucket last checked for offboarded ones."""
+        return self._checked_fingerprint
+
+    @checked_fingerprint.setter
+    def checked_fingerprint(self, fingerprint: str) -> None:
+        if fingerprint != self._checked_fingerprint:
+            self._checked_fingerprint = fingerprint
+            self._unchanged_blob = None
 
     @classmethod
     def from_bytes(cls, blob: bytes | None) -> BucketState:
@@ -64,14 +87,20 @@ class BucketState:
             return cls()
         table = pa.ipc.open_stream(blob).read_all()
         columns = [table.column(name).to_pylist() for name in _SCHEMA.names]
-        return cls(
+        checked = (table.schema.metadata or {}).get(_CHECKED_FINGERPRINT)
+        state = cls(
             {
                 (tenant, source): _Row(state_json, quarantined, deadline)
                 for tenant, source, state_json, quarantined, deadline in zip(*columns, strict=True)
-            }
+            },
+            checked.decode() if checked is not None else None,
         )
+        state._unchanged_blob = blob
+        return state
 
     def to_bytes(self) -> bytes:
+        if self._unchanged_blob is not None:
+            return self._unchanged_blob
         for key, stored in self._decoded.items():
             self._rows[key] = _Row(
                 json.dumps(stored.key_state.to_json_dict(), separators=(",", ":")),
@@ -81,6 +110,11 @@ class BucketState:
         self._decoded.clear()
         keys = sorted(self._rows)
         rows = [self._rows[key] for key in keys]
+        schema = (
+            _SCHEMA
+            if self._checked_fingerprint is None
+            else _SCHEMA.with_metadata({_CHECKED_FINGERPRINT: self._checked_fingerprint.encode()})
+        )
         table = pa.table(
             [
                 [tenant for tenant, _ in keys],
@@ -89,10 +123,10 @@ class BucketState:
                 [row.quarantined_records for row in rows],
                 [row.idle_deadline_ms for row in rows],
             ],
-            schema=_SCHEMA,
+            schema=schema,
         )
         sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, _SCHEMA) as writer:
+        with pa.ipc.new_stream(sink, schema) as writer:
             writer.write_table(table)
         return bytes(sink.getvalue())
 
@@ -106,6 +140,7 @@ class BucketState:
         """The key's state, decoded once; a new, empty state for a key not seen before."""
         stored = self._decoded.get(key)
         if stored is None:
+            self._unchanged_blob = None  # the caller may change what it gets
             row = self._rows.pop(key, None)
             stored = (
                 StoredKey(KeyState())
@@ -120,6 +155,7 @@ class BucketState:
         return stored
 
     def drop(self, key: Key) -> None:
+        self._unchanged_blob = None
         self._rows.pop(key, None)
         self._decoded.pop(key, None)
 

@@ -6,15 +6,21 @@ made 10,000 tenants many times slower than 10. The stream therefore groups by
 keys of its bucket at once:
 
 1. sort the bucket's records by (tenant, source, partition, offset): SPEC §2's per-key order;
-2. quarantine what cannot be accepted (unknown key, clock too far ahead), as whole columns;
-3. run the pure windowing logic key by key over plain Python lists, so a key costs a function
+2. when the tenant config changed since the bucket last looked, close the keys whose config
+   is gone (offboarding): each open window gets its final pane, and the key's state is dropped;
+3. quarantine what cannot be accepted (unknown key, clock too far ahead), as whole columns;
+4. run the pure windowing logic key by key over plain Python lists, so a key costs a function
    call, not a pandas round trip;
-4. advance the watermark of the bucket's idle keys (`idle_timeout`);
-5. emit one union row per output row, tagged with the table it belongs to (`kind`), built
+5. advance the watermark of the bucket's idle keys (`idle_timeout`);
+6. emit one union row per output row, tagged with the table it belongs to (`kind`), built
    column-wise once per bucket. The sink splits them by `kind`.
 
 The per-key watermark is untouched by bucketing: each key keeps its own `KeyState`, stored in
 the bucket's state (`bucket_state`).
+
+A bucket runs only when it has records or its processing-time timeout fires, so a bucket with
+state always sets one: its first idle deadline or `config_recheck_interval` from now, whichever
+comes first. Otherwise an offboarded key with no records and no idle timeout would never close.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -41,6 +48,7 @@ from pyspark.sql.types import (
 from storage.tables import EVENTS, LATE_EVENTS, QUARANTINE, TENANT_STATUS, WINDOWS
 from streaming.bucket_state import STATE_LAYOUT, BucketState, Key, StoredKey
 from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
+from streaming.offboarding import close_all_windows
 from streaming.parsing import QuarantineReason
 from streaming.windowing import Assignment, BatchResult, Pane, RecordInput, TooLate, advance
 from tenants.config_store import ConfigSnapshots
@@ -89,6 +97,7 @@ _OUTPUT_FIELDS: list[tuple[str, DataType]] = [
     ("late_records", LongType()),
     ("too_late_records", LongType()),
     ("quarantined_records", LongType()),
+    ("lifecycle", StringType()),
 ]
 OUTPUT_SCHEMA = StructType([StructField(name, data_type) for name, data_type in _OUTPUT_FIELDS])
 # pyspark 4.2 lower-cases nested state schemas on the worker: keep the state flat.
@@ -111,8 +120,20 @@ _EMPTY_BATCH_COLUMNS = ["tenant", "source", "partition", "offset", "reason", "er
 BucketProcessor = Callable[[Any, Iterable[pd.DataFrame], GroupState], Iterator[pd.DataFrame]]
 
 
+class Lifecycle(StrEnum):
+    """Where a key stands, as its `tenant_status` rows say."""
+
+    CONFIGURED = "configured"
+    """Its config appeared in this batch; no record has been processed yet."""
+    ACTIVE = "active"
+    OFFBOARDED = "offboarded"
+    """Its config is gone: its windows got their final panes and its state was dropped."""
+
+
 def make_bucket_processor(
-    snapshots: ConfigSnapshots, fault_hook: FaultHook = NO_FAULTS
+    snapshots: ConfigSnapshots,
+    config_recheck_interval_ms: int,
+    fault_hook: FaultHook = NO_FAULTS,
 ) -> BucketProcessor:
     def process(
         _bucket: Any, frames: Iterable[pd.DataFrame], state: GroupState
@@ -127,7 +148,7 @@ def make_bucket_processor(
         keys = _load(state)
         out = _Output(batch)
         _process_bucket(batch, keys, registry, processing_time_ms, out)
-        _save(state, keys, processing_time_ms)
+        _save(state, keys, processing_time_ms, config_recheck_interval_ms)
         yield out.frame()
 
     return process
@@ -159,6 +180,8 @@ def _process_bucket(
     metric_inputs: list[str | None] = (
         batch["metric_inputs_json"].tolist() if "metric_inputs_json" in batch else []
     )
+    if keys.checked_fingerprint != registry.fingerprint:
+        _offboard_gone_keys(keys, registry, processing_time_ms, out)
     processed: set[Key] = set()
     for first, last in _key_runs(tenants, sources):
         tenant, source = tenants[first], sources[first]
@@ -168,7 +191,9 @@ def _process_bucket(
             if reasons[index] is not None:
                 continue
             if resolved is None:
-                reasons[index], errors[index] = QuarantineReason.UNKNOWN_SOURCE.value, "no rules"
+                # Routing quarantines these already with the same config; this keeps the
+                # reasons right should the two ever disagree.
+                reasons[index], errors[index] = _unknown_key(registry, tenant, source)
             elif event_times[index] > processing_time_ms + resolved.rules.max_future_skew_ms:
                 # One bad clock must not move the key's watermark and close its windows early.
                 reasons[index] = QuarantineReason.FUTURE_SKEW.value
@@ -194,12 +219,38 @@ def _process_bucket(
         stored = keys.get(key)
         resolved = registry.resolve(*key)
         if resolved is None:
-            # Its config is gone: the state stays as it is (closing an offboarded tenant's
-            # windows is not built yet), and its deadline must not keep waking the bucket.
-            stored.idle_deadline_ms = None
-            continue
+            continue  # not reached: `_offboard_gone_keys` dropped the keys whose config is gone
         _advance_key(key, stored, [], [], resolved.rules, processing_time_ms, out)
     out.set_quarantine(reasons, errors)
+
+
+def _offboard_gone_keys(
+    keys: BucketState, registry: TenantRegistry, processing_time_ms: int, out: _Output
+) -> None:
+    """Close and drop every key of the bucket that `registry` no longer configures.
+
+    Called only when the config changed since the bucket last looked, so a bucket of many keys
+    does not resolve each of them in every batch.
+    """
+    for key in sorted(keys.keys()):
+        if registry.configures(*key):
+            continue
+        stored = keys.get(key)
+        out.panes += [(key, pane) for pane in close_all_windows(stored.key_state)]
+        out.add_status(key, stored, processing_time_ms, Lifecycle.OFFBOARDED)
+        keys.drop(key)
+    keys.checked_fingerprint = registry.fingerprint
+
+
+def _unknown_key(
+    registry: TenantRegistry, tenant: str | None, source: str | None
+) -> tuple[str, str]:
+    if tenant is None or not registry.knows_tenant(tenant):
+        return QuarantineReason.UNKNOWN_TENANT.value, f"tenant {tenant!r} is not configured"
+    return (
+        QuarantineReason.UNKNOWN_SOURCE.value,
+        f"source {source!r} is not configured for tenant {tenant!r}",
+    )
 
 
 def _advance_key(
@@ -220,7 +271,7 @@ def _advance_key(
         else None
     )
     out.add_result(key, accepted, result)
-    out.add_status(key, stored, processing_time_ms)
+    out.add_status(key, stored, processing_time_ms, Lifecycle.ACTIVE)
 
 
 def _strings(column: pd.Series) -> list[str | None]:
@@ -265,15 +316,29 @@ def _load(state: GroupState) -> BucketState:
     return BucketState.from_bytes(blob)
 
 
-def _save(state: GroupState, keys: BucketState, processing_time_ms: int) -> None:
+def _save(
+    state: GroupState, keys: BucketState, processing_time_ms: int, config_recheck_interval_ms: int
+) -> None:
     if len(keys) == 0:
         if state.exists:
             state.remove()
         return
     state.update((STATE_LAYOUT, keys.to_bytes()))
-    deadline_ms = keys.next_idle_deadline_ms()
-    if deadline_ms is not None:
-        state.setTimeoutDuration(max(1, deadline_ms - processing_time_ms))
+    state.setTimeoutDuration(
+        wake_up_after_ms(
+            keys.next_idle_deadline_ms(), processing_time_ms, config_recheck_interval_ms
+        )
+    )
+
+
+def wake_up_after_ms(
+    idle_deadline_ms: int | None, processing_time_ms: int, config_recheck_interval_ms: int
+) -> int:
+    """How long until a bucket with state must run again: its first idle deadline, or the next
+    look at the config, so the keys of an offboarded tenant close even if nothing arrives."""
+    recheck_at_ms = processing_time_ms + config_recheck_interval_ms
+    wake_at_ms = recheck_at_ms if idle_deadline_ms is None else min(idle_deadline_ms, recheck_at_ms)
+    return max(1, wake_at_ms - processing_time_ms)
 
 
 @dataclass
@@ -289,7 +354,7 @@ class _Output:
     events: list[tuple[Key, int, Assignment]] = field(default_factory=list)
     late: list[tuple[Key, int, TooLate]] = field(default_factory=list)
     panes: list[tuple[Key, Pane]] = field(default_factory=list)
-    statuses: list[tuple[Key, StoredKey, int]] = field(default_factory=list)
+    statuses: list[tuple[Key, StoredKey, int, Lifecycle]] = field(default_factory=list)
     quarantine_mask: np.ndarray | None = None
 
     def add_result(self, key: Key, accepted: list[int], result: BatchResult) -> None:
@@ -297,8 +362,10 @@ class _Output:
         self.late += [(key, accepted[t.record_index], t) for t in result.too_late]
         self.panes += [(key, pane) for pane in result.panes]
 
-    def add_status(self, key: Key, stored: StoredKey, processing_time_ms: int) -> None:
-        self.statuses.append((key, stored, processing_time_ms))
+    def add_status(
+        self, key: Key, stored: StoredKey, processing_time_ms: int, lifecycle: Lifecycle
+    ) -> None:
+        self.statuses.append((key, stored, processing_time_ms, lifecycle))
 
     def set_quarantine(self, reasons: list[str | None], errors: list[str | None]) -> None:
         if not reasons:
@@ -378,24 +445,23 @@ class _Output:
     def _status_rows(self) -> pd.DataFrame:
         if not self.statuses:
             return pd.DataFrame()
-        stored_keys = [stored for _, stored, _ in self.statuses]
+        stored_keys = [stored for _, stored, _, _ in self.statuses]
         states = [stored.key_state for stored in stored_keys]
         return pd.DataFrame(
             {
                 "kind": TENANT_STATUS.name,
-                "tenant": [key[0] for key, _, _ in self.statuses],
-                "source": [key[1] for key, _, _ in self.statuses],
+                "tenant": [key[0] for key, _, _, _ in self.statuses],
+                "source": [key[1] for key, _, _, _ in self.statuses],
                 "watermark_ms": [state.watermark_ms for state in states],
                 "max_event_time_ms": [state.max_event_time_ms for state in states],
                 "open_windows": [len(state.windows) for state in states],
                 "last_record_processing_ms": [state.last_record_processing_ms for state in states],
-                "processing_time_ms": [now_ms for _, _, now_ms in self.statuses],
+                "processing_time_ms": [now_ms for _, _, now_ms, _ in self.statuses],
                 "on_time_records": [state.on_time_records for state in states],
                 "late_records": [state.late_records for state in states],
                 "too_late_records": [state.too_late_records for state in states],
-                "quarantined_records": [
-                    stored.quarantined_records for _, stored, _ in self.statuses
-                ],
+                "quarantined_records": [stored.quarantined_records for stored in stored_keys],
+                "lifecycle": [lifecycle.value for _, _, _, lifecycle in self.statuses],
             }
         )
 

@@ -57,11 +57,12 @@ def windowed_rows(
     )
     bucketed = routed.selectExpr("*", bucket_expression(settings.stream.state_buckets))
     return bucketed.groupBy(BUCKET_COLUMN).applyInPandasWithState(
-        make_bucket_processor(snapshots, fault_hook),
+        make_bucket_processor(snapshots, settings.stream.config_recheck_interval_ms, fault_hook),
         outputStructType=OUTPUT_SCHEMA,
         stateStructType=STATE_SCHEMA,
         outputMode="append",
-        # A bucket is called back when its first idle key's `idle_timeout` passes.
+        # A bucket is called back when its first idle key's `idle_timeout` passes, or to look
+        # for offboarded keys (`config_recheck_interval`).
         timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
     )
 

@@ -25,6 +25,10 @@ from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
 
 log = logging.getLogger(__name__)
 
+DriverFiles = Callable[[BatchFiles, list[WrittenFile]], list[WrittenFile]]
+"""Rows the driver adds to a batch (e.g. `configured_status`): given the batch's target and the
+executors' files, it writes its own files there and returns them, committed with the rest."""
+
 
 class MicroBatchSink:
     def __init__(
@@ -34,12 +38,14 @@ class MicroBatchSink:
         writer_epoch: int,
         after_batch: Callable[[int], None] | None = None,
         fault_hook: FaultHook = NO_FAULTS,
+        driver_files: DriverFiles | None = None,
     ) -> None:
         self.lake = lake
         self.app_id = app_id
         self.writer_epoch = writer_epoch
         self.after_batch = after_batch
         self.fault_hook = fault_hook
+        self.driver_files = driver_files
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         self.fault_hook.reached(FaultPoint.BATCH_START, batch_id)
@@ -69,6 +75,8 @@ class MicroBatchSink:
             WrittenFile.from_row(row.asDict())
             for row in batch_df.mapInArrow(write_task_files(target), WRITTEN_FILE_DDL).collect()
         ]
+        if self.driver_files is not None:
+            written += self.driver_files(target, written)
         rows: dict[str, int] = {}
         for spec in pending:
             files = [file for file in written if file.table_name == spec.name]

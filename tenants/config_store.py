@@ -14,7 +14,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,11 @@ class _SnapshotTenants(Mapping[str, TenantConfig]):
 
     def __contains__(self, tenant_id: object) -> bool:
         return tenant_id in self._bodies
+
+    def source_ids(self, tenant_id: str) -> Collection[str]:
+        # A published body was validated and dumped by the model: `sources` is a mapping.
+        sources: dict[str, Any] = self._bodies[tenant_id]["sources"]
+        return sources.keys()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._bodies)

@@ -89,6 +89,16 @@ class StreamSettings(_Frozen):
         description="Spark's checkpoint (Kafka offsets and window state) for this stream.",
     )
     trigger_interval_ms: PositiveDurationMs = Field(default=5_000, alias="trigger_interval")
+    config_recheck_interval_ms: PositiveDurationMs = Field(
+        default=60_000,
+        alias="config_recheck_interval",
+        description=(
+            "A bucket of keys with state wakes at least this often (processing time) to close "
+            "the keys whose tenant config is gone (offboarding); it looks at its keys only when "
+            "the config changed. Timeouts fire in batches without data only in the continuous "
+            "stream, not with `--available-now`."
+        ),
+    )
     shuffle_partitions: int = Field(
         default=4, gt=0, description="State partitions; frozen once a checkpoint exists."
     )

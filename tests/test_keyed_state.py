@@ -12,7 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from streaming.bucket_state import BucketState
-from streaming.keyed_state import _Output, _process_bucket, _sorted_batch
+from streaming.keyed_state import _Output, _process_bucket, _sorted_batch, wake_up_after_ms
+from streaming.routing import route_frame
 from streaming.windowing import KeyState, RecordInput, advance
 from tenants.registry import TenantRegistry, load_registry
 
@@ -136,7 +137,7 @@ def test_an_unknown_key_is_quarantined_and_keeps_no_state(tmp_path: Path) -> Non
     )
     rejected = out[out["kind"] == "quarantine"]
     assert list(rejected["tenant"]) == ["gone"]
-    assert list(rejected["reason"]) == ["unknown_source"]
+    assert list(rejected["reason"]) == ["unknown_tenant"]
     assert keys.keys() == {("acme", "web")}
 
 
@@ -158,17 +159,197 @@ def test_an_idle_key_closes_its_windows_while_its_bucket_neighbour_sends(tmp_pat
     assert keys.next_idle_deadline_ms() == later_ms + 120_000
 
 
-def test_an_idle_key_whose_config_is_gone_keeps_its_state_and_stops_waking_its_bucket(
+# Offboarding: a key whose config is gone gets a final pane per open window, then no state.
+
+
+def _offboarding_history(keys: BucketState, registry: TenantRegistry) -> None:
+    """acme/web: [0:00,1:00) sealed with an ON_TIME and a LATE pane, [1:00,2:00) and
+    [2:00,3:00) still open; its idle deadline is set (web has idle_timeout 2m)."""
+    _run_bucket(
+        _routed([("acme", 0, 0, T0_MS + 5_000), ("acme", 0, 1, T0_MS + 80_000)]),
+        keys,
+        registry,
+        T0_MS,
+    )
+    _run_bucket(
+        _routed([("acme", 0, 2, T0_MS + 30_000), ("acme", 0, 3, T0_MS + 125_000)]),
+        keys,
+        registry,
+        T0_MS + 5_000,
+    )
+
+
+def test_offboarding_closes_every_open_window_with_a_final_pane_and_drops_the_state(
     tmp_path: Path,
 ) -> None:
-    before = _registry_with(tmp_path / "before", ["quiet"])  # web: idle_timeout 2m
+    before = _registry_with(tmp_path / "before", ["acme", "globex"])
     keys = BucketState()
-    _run_bucket(_routed([("quiet", 0, 0, T0_MS + 5_000)]), keys, before, T0_MS)
-    assert keys.next_idle_deadline_ms() == T0_MS + 120_000
+    _offboarding_history(keys, before)
+    open_windows = keys.get(("acme", "web")).key_state.windows
+    assert sorted(w.window_id for w in open_windows.values()) == [
+        f"{T0_MS}-{T0_MS + 60_000}",
+        f"{T0_MS + 60_000}-{T0_MS + 120_000}",
+        f"{T0_MS + 120_000}-{T0_MS + 180_000}",
+    ]
+    keys = BucketState.from_bytes(keys.to_bytes())
 
-    after = _registry_with(tmp_path / "after", ["other"])  # quiet's file was removed
-    out = _run_bucket(_routed([]), keys, after, T0_MS + 10 * 60_000)
+    after = _registry_with(tmp_path / "after", ["globex"])  # acme's file was removed
+    out = _run_bucket(_routed([]), keys, after, T0_MS + 6_000)
+
+    panes = out[out["kind"] == "windows"].sort_values("window_start_ms")
+    assert list(panes["window_start_ms"]) == [T0_MS, T0_MS + 60_000, T0_MS + 120_000]
+    assert list(panes["is_final"]) == [True, True, True]
+    # [0:00,1:00) had panes 0 (ON_TIME) and 1 (LATE): its final pane is 2, past its end: LATE.
+    assert list(panes["pane_index"]) == [2, 0, 0]
+    assert list(panes["timing"]) == ["LATE", "ON_TIME", "ON_TIME"]
+    assert list(panes["count"]) == [2, 1, 1]  # web accumulates
+    assert set(panes["watermark_ms"]) == {T0_MS + 115_000}  # W did not move
+    status = out[out["kind"] == "tenant_status"]
+    assert list(
+        zip(status["tenant"], status["lifecycle"], status["open_windows"], strict=True)
+    ) == [("acme", "offboarded", 0)]
+    assert keys.keys() == set()
+    assert keys.next_idle_deadline_ms() is None
+    assert BucketState.from_bytes(keys.to_bytes()).checked_fingerprint == after.fingerprint
+
+
+def test_a_discarding_final_only_window_closes_with_its_totals(tmp_path: Path) -> None:
+    conf = tmp_path / "conf"
+    (conf / "tenants").mkdir(parents=True)
+    (conf / "sources.yaml").write_text((ROOT / "conf" / "sources.yaml").read_text())
+    (conf / "tenants" / "acme.yaml").write_text(
+        "id: acme\nsources:\n  web: {emit: final_only, accumulation: discarding}\n"
+    )
+    keys = BucketState()
+    _offboarding_history(keys, load_registry(conf))
+
+    out = _run_bucket(_routed([]), keys, _registry_with(tmp_path / "after", []), T0_MS + 6_000)
+
+    panes = out[out["kind"] == "windows"].sort_values("window_start_ms")
+    assert list(panes["pane_index"]) == [0, 0, 0]
+    assert list(panes["count"]) == [2, 1, 1]
+    assert list(panes["timing"]) == ["LATE", "ON_TIME", "ON_TIME"]
+    assert list(panes["is_final"]) == [True, True, True]
+
+
+def test_records_after_offboarding_are_quarantined_as_unknown_tenant(tmp_path: Path) -> None:
+    before = _registry_with(tmp_path / "before", ["acme", "globex"])
+    keys = BucketState()
+    _offboarding_history(keys, before)
+    after = _registry_with(tmp_path / "after", ["globex"])
+    _run_bucket(_routed([]), keys, after, T0_MS + 6_000)
+
+    values = [
+        b'{"tenant": "acme", "source": "web", "ts": "2026-01-01T00:00:07Z"}',
+        b'{"tenant": "globex", "source": "billing", "meta": {"event_ms": 1767225607000}}',
+        b'{"tenant": "globex", "source": "web", "ts": "2026-01-01T00:00:07Z"}',
+    ]
+    routed = route_frame(
+        _routed([("acme", 0, 4, 0), ("globex", 0, 5, 0), ("globex", 0, 6, 0)]).assign(value=values),
+        after,
+        max_record_bytes=10_000,
+    )
+    out = _run_bucket(routed, keys, after, T0_MS + 7_000)
+
+    rejected = out[out["kind"] == "quarantine"].sort_values("offset")
+    assert list(zip(rejected["tenant"], rejected["reason"], strict=True)) == [
+        ("acme", "unknown_tenant"),
+        ("globex", "unknown_source"),  # a known tenant's unknown source stays that
+    ]
+    assert keys.keys() == {("globex", "web")}
+
+
+def test_a_tenant_onboarded_again_starts_fresh(tmp_path: Path) -> None:
+    with_acme = _registry_with(tmp_path / "with", ["acme"])
+    keys = BucketState()
+    _offboarding_history(keys, with_acme)
+    _run_bucket(_routed([]), keys, _registry_with(tmp_path / "without", []), T0_MS + 6_000)
+
+    out = _run_bucket(_routed([("acme", 0, 9, T0_MS + 5_000)]), keys, with_acme, T0_MS + 9_000)
+
+    events = out[out["kind"] == "events"]
+    assert list(zip(events["window_id"], events["pane_index"], events["timing"], strict=True)) == [
+        (f"{T0_MS}-{T0_MS + 60_000}", 0, "ON_TIME")  # too late before; a new key now
+    ]
+    status = out[out["kind"] == "tenant_status"]
+    assert list(status["lifecycle"]) == ["active"]
+    assert list(status["on_time_records"]) == [1]
+    assert list(status["late_records"]) == [0]
+
+
+def test_offboarding_one_key_of_200_leaves_the_others_output_unchanged(tmp_path: Path) -> None:
+    tenants = [f"t{n:03d}" for n in range(200)]
+    everyone = _registry_with(tmp_path / "everyone", tenants)
+    without_one = _registry_with(tmp_path / "without", [t for t in tenants if t != "t042"])
+    rng = random.Random(11)
+    first = [
+        (rng.choice(tenants), 0, offset, T0_MS + rng.randrange(90_000)) for offset in range(2_000)
+    ]
+    second = [
+        (rng.choice(tenants), 0, offset, T0_MS + 60_000 + rng.randrange(90_000))
+        for offset in range(2_000, 4_000)
+    ]
+    kept, changed = BucketState(), BucketState()
+    for keys in (kept, changed):
+        _run_bucket(_routed(first), keys, everyone, T0_MS)
+    open_before = sorted(changed.get(("t042", "web")).key_state.windows)
+    assert open_before
+    # In the changed bucket t042 is offboarded in the second batch; its records are quarantined
+    # by routing, as the stream would.
+    second_without = [row if row[0] != "t042" else ("t042", 0, row[2], row[3]) for row in second]
+    routed = _routed(second_without)
+    routed.loc[routed["tenant"] == "t042", "reason"] = "unknown_tenant"
+    kept_out = _run_bucket(_routed(second), kept, everyone, T0_MS + 10_000)
+    changed_out = _run_bucket(routed, changed, without_one, T0_MS + 10_000)
+
+    def others(frame: pd.DataFrame) -> pd.DataFrame:
+        rows = frame[(frame["tenant"] != "t042") & (frame["kind"] != "quarantine")]
+        return rows.sort_values(
+            ["kind", "tenant", "offset", "window_id", "pane_index"]
+        ).reset_index(drop=True)
+
+    assert not others(kept_out).empty
+    pd.testing.assert_frame_equal(others(kept_out), others(changed_out))
+    assert changed.keys() == kept.keys() - {("t042", "web")}
+    for key in sorted(changed.keys()):
+        assert changed.get(key).key_state == kept.get(key).key_state
+    offboarded = changed_out[(changed_out["tenant"] == "t042") & (changed_out["kind"] == "windows")]
+    assert sorted(offboarded["window_id"]) == open_before
+    assert offboarded["is_final"].all()
+
+
+def test_keys_are_not_checked_again_while_the_config_fingerprint_is_unchanged(
+    tmp_path: Path,
+) -> None:
+    registry = _registry_with(tmp_path, ["acme", "globex"])
+    keys = BucketState()
+    _offboarding_history(keys, registry)
+    blob = BucketState.from_bytes(keys.to_bytes()).to_bytes()
+    # A registry without acme that claims the fingerprint the bucket already checked: the bucket
+    # does not look at its keys, so acme stays; this is what spares a resolve per key per batch.
+    same_fingerprint = TenantRegistry.build(
+        registry.sources,
+        {"globex": registry.tenants["globex"]},
+        fingerprint=registry.fingerprint,
+    )
+    woken = BucketState.from_bytes(blob)
+    out = _run_bucket(_routed([]), woken, same_fingerprint, T0_MS + 6_000)
 
     assert out.empty
-    assert keys.get(("quiet", "web")).key_state.windows, "its state is kept"
-    assert keys.next_idle_deadline_ms() is None
+    assert woken.keys() == {("acme", "web")}
+    assert woken.to_bytes() == blob, "a bucket woken for nothing saves its state as it was"
+
+    changed = TenantRegistry.build(
+        registry.sources, {"globex": registry.tenants["globex"]}, fingerprint="changed"
+    )
+    out = _run_bucket(_routed([]), woken, changed, T0_MS + 7_000)
+    assert set(out["lifecycle"].dropna()) == {"offboarded"}
+    assert woken.keys() == set()
+
+
+def test_a_bucket_with_state_wakes_for_its_first_idle_deadline_or_the_config_recheck() -> None:
+    now_ms = T0_MS
+    assert wake_up_after_ms(None, now_ms, 60_000) == 60_000
+    assert wake_up_after_ms(now_ms + 5_000, now_ms, 60_000) == 5_000
+    assert wake_up_after_ms(now_ms + 90_000, now_ms, 60_000) == 60_000
+    assert wake_up_after_ms(now_ms - 1, now_ms, 60_000) == 1  # overdue: as soon as possible

@@ -437,12 +437,29 @@ def test_tenant_status_has_a_row_per_key_and_batch_with_counters_matching_the_ta
 
     pipeline.run_available_now(spark)
 
-    status = pipeline.table("tenant_status")
+    all_status = pipeline.table("tenant_status")
     events, late, quarantine = (pipeline.table(n) for n in ("events", "late_events", "quarantine"))
-    assert status["batch_id"].notna().all()
-    assert not status.duplicated(["tenant", "source", "batch_id"]).any()
+    assert all_status["batch_id"].notna().all()
+    assert not all_status.duplicated(["tenant", "source", "batch_id"]).any()
     keys = {("acme", "web"), ("globex", "billing"), ("initech", "web")}
+    status = all_status[all_status["lifecycle"] == "active"]
     assert set(zip(status["tenant"], status["source"], strict=True)) == keys
+    # Batch 0 also announces every other configured key, with no watermark and zero counters.
+    configured = all_status[all_status["lifecycle"] == "configured"]
+    registry = pipeline.registry()
+    every_key = {
+        (tenant, source)
+        for tenant in registry.tenants
+        for source in registry.tenants[tenant].sources
+    }
+    first = status[status["batch_id"] == 0]
+    in_batch_0 = set(zip(first["tenant"], first["source"], strict=True))
+    assert set(zip(configured["tenant"], configured["source"], strict=True)) == (
+        every_key - in_batch_0
+    )
+    assert set(configured["batch_id"]) == {0}
+    assert configured["watermark"].isna().all()
+    assert (configured["on_time_records"] == 0).all()
 
     quarantine_of_keys = quarantine[quarantine["tenant"].notna()]
     for tenant, source in keys:
@@ -710,7 +727,7 @@ def _run_outputs(pipeline: Pipeline) -> dict[str, Any]:
         "open_sessions": int(
             sum(
                 of_key(status, tenant, "sess").sort_values("batch_id")["open_windows"].iloc[-1]
-                for tenant in set(status["tenant"])
+                for tenant in set(status.loc[status["source"] == "sess", "tenant"])
             )
         ),
     }
