@@ -57,7 +57,7 @@ ALLOWED_FUNCTIONS = _words(
     printf format_number startswith endswith contains ascii chr char base64 unbase64 hex unhex
     md5 sha1 sha2 sha crc32 hash xxhash64 levenshtein soundex space overlay elt find_in_set
     to_char to_varchar to_number try_to_number encode decode url_encode url_decode parse_url
-    mask bit_length octet_length luhn_check
+    mask bit_length octet_length luhn_check like ilike rlike regexp between
     abs ceil ceiling floor round bround sqrt cbrt exp expm1 ln log log10 log2 log1p pow power
     mod pmod sign signum greatest least rand randn random pi e sin cos tan cot sec csc asin acos
     atan atan2 sinh cosh tanh asinh acosh atanh degrees radians factorial negative positive div
