@@ -6,14 +6,14 @@ import argparse
 import importlib.util
 import json
 import logging
+import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from storage.s3 import LakeUnavailableError
 from storage.writer_lease import StreamLeaseHeldError
@@ -112,12 +112,32 @@ def _parser() -> argparse.ArgumentParser:
     offboard.add_argument("--timeout", default="5m", help="how long --wait waits at most")
     offboard.set_defaults(handler=_offboard)
 
-    sql = commands.add_parser("sql", help="run Spark SQL over the output tables")
-    sql.add_argument("query", help='e.g. "SELECT tenant, count(*) FROM events GROUP BY tenant"')
+    sql = commands.add_parser(
+        "sql",
+        help="run Spark SQL over the output tables (docs/querying.md)",
+        description="Spark SQL over the output tables, registered as views named after them. "
+        "With --tenant, a statement sees only that tenant's rows and must pass the guard "
+        "described in docs/querying.md. Without a query, reads statements from a prompt.",
+    )
+    sql.add_argument(
+        "query",
+        nargs="?",
+        help='e.g. "SELECT tenant, count(*) FROM events GROUP BY tenant"; omit it for a prompt',
+    )
     _settings_options(sql)
-    sql.add_argument("--format", choices=["table", "json"], default="table")
-    sql.add_argument("--tenant", help="scope every view to this tenant's rows")
+    sql.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    sql.add_argument(
+        "--tenant", help="scope every view to this tenant's rows (a security boundary)"
+    )
     sql.add_argument("--limit", type=int, default=1000, help="rows to print at most")
+    sql.add_argument(
+        "--as-of-version",
+        action="append",
+        default=[],
+        metavar="N|TABLE=N",
+        help="time travel: read every table at its own Delta version N, or one table at N "
+        "(repeatable)",
+    )
     sql.add_argument(
         "--delta-spark", action="store_true", help="read with delta-spark (cluster with Delta jars)"
     )
@@ -257,24 +277,68 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _sql(args: argparse.Namespace) -> int:
+    from pyspark.errors import AnalysisException
+
+    from infra.sql_shell import SqlOptionError, parse_versions, print_frame, run_prompt
     from storage.delta_lake import DeltaLake
-    from storage.views import register_views
+    from storage.scoped_sql import TenantSql
+    from storage.sql_guard import QueryRefused
+    from storage.views import TableVersionError, register_views
     from streaming.session import build_spark
 
     settings = settings_from(args)
+    try:
+        versions = parse_versions(args.as_of_version)
+        if args.tenant is not None:
+            _check_tenant(args.tenant, settings.conf_dir)
+    except SqlOptionError as error:
+        print(f"{error}", file=sys.stderr)
+        return 2
+    # sqlglot logs a warning for every statement it can only read as a bare command; the guard
+    # refuses those with its own message.
+    logging.getLogger("sqlglot").setLevel(logging.ERROR)
     spark = build_spark("tenant-windows-sql", shuffle_partitions=settings.stream.shuffle_partitions)
-    register_views(spark, DeltaLake.from_settings(settings.lake), args.tenant, args.delta_spark)
-    print_query(spark.sql(args.query), args.format, args.limit)
-    return 0
+    lake = DeltaLake.from_settings(settings.lake)
+    run_query: Callable[[str], DataFrame]
+    try:
+        if args.tenant is None:
+            register_views(spark, lake, None, args.delta_spark, versions)
+            run_query = spark.sql
+        else:
+            run_query = TenantSql.open(spark, lake, args.tenant, args.delta_spark, versions).query
+    except TableVersionError as error:
+        print(f"{error}", file=sys.stderr)
+        return 2
+
+    def run_statement(statement: str) -> bool:
+        try:
+            print_frame(run_query(statement), args.format, args.limit)
+        except QueryRefused as error:
+            print(f"refused: {error.reason}", file=sys.stderr)
+            return False
+        except AnalysisException as error:
+            print(f"query failed: {str(error).splitlines()[0]}", file=sys.stderr)
+            return False
+        return True
+
+    if args.query is not None:
+        return 0 if run_statement(args.query) else 2
+    scope = f"[{args.tenant}]" if args.tenant else ""
+    return run_prompt(run_statement, f"tenant-windows{scope}> ", sys.stdin, sys.stdout)
 
 
-def print_query(frame: DataFrame, output_format: str, limit: int) -> None:
-    if output_format == "json":
-        as_json = frame.limit(limit).select(F.to_json(F.struct("*")).alias("line"))
-        for row in as_json.collect():
-            print(row["line"])
-    else:
-        frame.show(n=limit, truncate=False)
+def _check_tenant(tenant: str, conf_dir: Path) -> None:
+    """A `--tenant` must be a tenant id that the registry knows."""
+    from infra.sql_shell import SqlOptionError
+    from tenants.models import ID_PATTERN
+
+    if re.fullmatch(ID_PATTERN, tenant) is None:
+        raise SqlOptionError(
+            f"--tenant {tenant!r} is not a tenant id (lower-case letters, digits, '_' and '-', "
+            "at most 63, starting with a letter or digit)"
+        )
+    if tenant not in load_registry(conf_dir).tenants:
+        raise SqlOptionError(f"--tenant {tenant!r}: no such tenant in {conf_dir}")
 
 
 def _produce(args: argparse.Namespace) -> int:

@@ -1,18 +1,27 @@
-"""Spark SQL views over the Delta tables, named after the tables.
+"""Spark SQL views over the Delta tables, named after the tables, plus `window_contents`.
 
-Without the Delta jars, a view reads exactly the Parquet files of the table's current Delta
-snapshot (listed by delta-rs); reading the folder as plain Parquet would also read files Delta
-has removed. Where the cluster has delta-spark, `use_delta_spark=True` reads through it.
+Without the Delta jars, a view reads exactly the Parquet files of the table's Delta snapshot
+(listed by delta-rs); reading the folder as plain Parquet would also read files Delta has
+removed. Where the cluster has delta-spark, `use_delta_spark=True` reads through it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from storage.delta_lake import DeltaLake
-from storage.tables import ALL_TABLES, TableSpec
+from storage.tables import ALL_TABLES, EVENTS, WINDOWS, TableSpec
+
+WINDOW_CONTENTS = "window_contents"
+VIEW_NAMES = (*(spec.name for spec in ALL_TABLES), WINDOW_CONTENTS)
+
+
+class TableVersionError(ValueError):
+    """A requested table version that the table does not have."""
 
 
 def register_views(
@@ -20,14 +29,28 @@ def register_views(
     lake: DeltaLake,
     tenant: str | None = None,
     use_delta_spark: bool = False,
-) -> list[str]:
-    """Register one temp view per table; with `tenant`, each view holds that tenant's rows only."""
+    versions: Mapping[str, int] | None = None,
+) -> dict[str, DataFrame]:
+    """Register one temp view per table and `window_contents`; with `tenant`, each view holds
+    that tenant's rows only. `versions` reads a table at that Delta version instead of its
+    current one (time travel). Returns the views' frames by name."""
+    unknown = set(versions or {}) - {spec.name for spec in ALL_TABLES}
+    if unknown:
+        raise TableVersionError(
+            f"no table named {', '.join(sorted(unknown))}; the tables are "
+            f"{', '.join(spec.name for spec in ALL_TABLES)}"
+        )
+    frames: dict[str, DataFrame] = {}
     for spec in ALL_TABLES:
-        frame = read_table(spark, lake, spec, use_delta_spark, tenant)
+        version = (versions or {}).get(spec.name)
+        frame = read_table(spark, lake, spec, use_delta_spark, tenant, version)
         if tenant is not None:
             frame = frame.where(F.col("tenant") == F.lit(tenant))
-        frame.createOrReplaceTempView(spec.name)
-    return [spec.name for spec in ALL_TABLES]
+        frames[spec.name] = frame
+    frames[WINDOW_CONTENTS] = window_contents(frames[WINDOWS.name], frames[EVENTS.name])
+    for name, frame in frames.items():
+        frame.createOrReplaceTempView(name)
+    return frames
 
 
 def read_table(
@@ -36,23 +59,78 @@ def read_table(
     spec: TableSpec,
     use_delta_spark: bool = False,
     tenant: str | None = None,
+    version: int | None = None,
 ) -> DataFrame:
-    """The table's current snapshot; with `tenant`, only the files of that tenant's partitions
-    (where the table is partitioned by tenant) are listed, so a scoped query never opens
-    another tenant's files. The caller still filters the rows."""
+    """The table's current snapshot, or the one at `version`; with `tenant`, only the files of
+    that tenant's partitions (where the table is partitioned by tenant) are listed, so a scoped
+    query never opens another tenant's files. The caller still filters the rows."""
     uri = lake.table_uri(spec)
     if use_delta_spark:
-        return spark.read.format("delta").load(uri)
+        reader = spark.read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", version)
+        return reader.load(uri)
     schema = from_arrow_schema(spec.schema)
     pruned = tenant is not None and "tenant" in spec.partition_by
     partitions = [("tenant", "=", tenant)] if pruned else None
+    table = lake.open(spec)
+    if version is not None:
+        latest = table.version()
+        if not 0 <= version <= latest:
+            raise TableVersionError(
+                f"{spec.name} has versions 0 to {latest}, not {version} "
+                "(each table counts its own versions: see docs/querying.md)"
+            )
+        table.load_as_version(version)
     if not lake.is_local:
         # Spark has no S3 filesystem here (no hadoop-aws jar): read the snapshot with delta-rs
         # and hand Spark the Arrow data. Fine for ad-hoc queries; a cluster with delta-spark
         # and s3a reads at scale with use_delta_spark.
-        return spark.createDataFrame(lake.open(spec).to_pyarrow_table(partitions), schema)
-    files = lake.open(spec).file_uris(file_pruning_predicate=partitions)
+        return spark.createDataFrame(table.to_pyarrow_table(partitions), schema)
+    files = table.file_uris(file_pruning_predicate=partitions)
     if not files:
         return spark.createDataFrame([], schema)
     # basePath makes Spark take the partition columns from the Hive-style folder names.
     return spark.read.schema(schema).option("basePath", uri).parquet(*files)
+
+
+def window_contents(windows: DataFrame, events: DataFrame) -> DataFrame:
+    """Each emitted pane with the records it counts, one row per (pane, record).
+
+    Panes count cumulatively from the window's first record (SPEC §4): an `events` row carries
+    the pane it was first counted in, so pane P of a window holds the window's records with
+    `pane_index <= P`. A session that absorbed others (`merged_window_ids`) also holds their
+    records, which keep their own `window_id` and pane numbering. For a discarding window the
+    pane's own new records are those with `record_window_id = window_id AND record_pane_index =
+    pane_index`.
+    """
+    pane = windows.alias("pane")
+    record = events.alias("record")
+    own = (F.col("record.window_id") == F.col("pane.window_id")) & (
+        F.col("record.pane_index") <= F.col("pane.pane_index")
+    )
+    absorbed = F.array_contains(F.col("pane.merged_window_ids"), F.col("record.window_id"))
+    same_key = (F.col("record.tenant") == F.col("pane.tenant")) & (
+        F.col("record.source") == F.col("pane.source")
+    )
+    return pane.join(record, same_key & (own | absorbed), "inner").select(
+        *(
+            F.col(f"pane.{name}")
+            for name in ("tenant", "source", "window_id", "window_start", "window_end")
+        ),
+        F.col("pane.window_date"),
+        F.col("pane.pane_index"),
+        F.col("pane.timing").alias("pane_timing"),
+        F.col("pane.is_final"),
+        F.col("pane.count").alias("pane_count"),
+        F.col("record.window_id").alias("record_window_id"),
+        F.col("record.pane_index").alias("record_pane_index"),
+        F.col("record.timing").alias("record_timing"),
+        F.col("record.event_time"),
+        F.col("record.event_id"),
+        F.col("record.topic"),
+        F.col("record.partition"),
+        F.col("record.offset"),
+        F.col("record.payload"),
+        F.col("record.batch_id").alias("record_batch_id"),
+    )

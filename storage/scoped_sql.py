@@ -1,0 +1,167 @@
+"""Tenant-scoped Spark SQL: a session that can reach one tenant's rows only, and the checks every
+statement passes before it runs (SPEC §6: a security boundary, not a convenience filter).
+
+Defence in depth, each layer on its own enough for the escapes we know:
+1. `storage.sql_guard` accepts one read-only query over the views, with allow-listed parts.
+2. Spark's own parser reads the same text; its plan must be made of query operators only,
+   name only the views (or the statement's CTEs) and call only allow-listed functions. sqlglot
+   and Spark may disagree on an odd statement: both must accept it.
+3. The session itself reaches nothing else: a fresh session (its own temp views and settings)
+   holding only the scoped views, with SQL on files and `${}` substitution switched off.
+4. The planned query may read only files the scoped views read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+
+from storage.delta_lake import DeltaLake
+from storage.sql_guard import ALLOWED_FUNCTIONS, QueryRefused, check_query
+from storage.views import register_views
+
+SCOPED_SESSION_CONF = {
+    # `SELECT * FROM parquet.`/any/path`` would otherwise read any file the process can.
+    "spark.sql.runSQLOnFiles": "false",
+    # Spark substitutes ${env:NAME} and ${system:NAME} into a statement before parsing it.
+    "spark.sql.variable.substitute": "false",
+}
+# Logical plan operators of a query as Spark's parser builds them. Commands (SET, CACHE,
+# CREATE, INSERT...), script transforms and table-valued functions are not among them.
+QUERY_PLAN_NODES = frozenset(
+    {
+        "Project", "Filter", "Aggregate", "Join", "Generate", "Sort", "GlobalLimit",
+        "LocalLimit", "Offset", "Distinct", "Deduplicate", "Union", "Intersect", "Except",
+        "SubqueryAlias", "UnresolvedWith", "UnresolvedRelation",
+        "UnresolvedSubqueryColumnAliases", "OneRowRelation", "LocalRelation",
+        "UnresolvedInlineTable", "Sample", "WithWindowDefinition", "Window", "Pivot",
+        "UnresolvedHaving", "UnresolvedQualify", "LateralJoin", "Expand", "Tail",
+    }
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TenantSql:
+    """A session holding one tenant's views; `query` runs a statement through every check."""
+
+    session: SparkSession
+    tenant: str
+    views: tuple[str, ...]
+    readable_files: frozenset[str]
+
+    @classmethod
+    def open(
+        cls,
+        spark: SparkSession,
+        lake: DeltaLake,
+        tenant: str,
+        use_delta_spark: bool = False,
+        versions: Mapping[str, int] | None = None,
+    ) -> TenantSql:
+        # A new session shares the SparkContext but not temp views or SQL settings, so nothing
+        # registered on `spark` (unscoped views, the caller's settings) is reachable from here.
+        session = spark.newSession()
+        for key, value in SCOPED_SESSION_CONF.items():
+            session.conf.set(key, value)
+        frames = register_views(session, lake, tenant, use_delta_spark, versions)
+        files = frozenset(path for frame in frames.values() for path in frame.inputFiles())
+        return cls(session, tenant, tuple(frames), files)
+
+    def query(self, statement: str) -> DataFrame:
+        check_query(statement, self.views)
+        check_spark_plan(self.session, statement, self.views)
+        # Parsing above executed nothing; this analyses the query (commands were refused).
+        frame = self.session.sql(statement)
+        outside = set(frame.inputFiles()) - self.readable_files
+        if outside:
+            raise QueryRefused(
+                f"the query would read {len(outside)} files outside tenant {self.tenant}'s views"
+            )
+        return frame
+
+
+def check_spark_plan(session: SparkSession, statement: str, views: tuple[str, ...]) -> None:
+    """Spark's own parse of `statement` (nothing runs) must be a query over `views` only."""
+    parser = session._jsparkSession.sessionState().sqlParser()
+    try:
+        plan = parser.parsePlan(statement)
+    except Exception as error:  # py4j wraps Spark's ParseException
+        raise QueryRefused(f"Spark cannot parse the statement: {error}") from error
+    nodes = list(_plan_nodes(plan))
+    ctes = {name.lower() for node in nodes for name in _cte_names(node)}
+    allowed_relations = {name.lower() for name in views} | ctes
+    for node in nodes:
+        kind = node.getClass().getSimpleName()
+        if kind not in QUERY_PLAN_NODES:
+            raise QueryRefused(f"Spark reads the statement as {kind}, which is not a query step")
+        if kind == "UnresolvedRelation":
+            parts = [str(part) for part in _seq(node.multipartIdentifier())]
+            if len(parts) != 1 or parts[0].lower() not in allowed_relations:
+                raise QueryRefused(f"Spark reads a relation {'.'.join(parts)!r}: not a view")
+        for expression in _seq(node.expressions()):
+            _check_spark_expression(expression)
+
+
+def _check_spark_expression(expression: Any) -> None:
+    for node in _expression_nodes(expression):
+        kind = node.getClass().getSimpleName()
+        if kind == "UnresolvedFunction":
+            parts = [str(part) for part in _seq(node.nameParts())]
+        elif kind == "UnresolvedGenerator":
+            parts = [str(node.name().funcName())]
+        else:
+            continue
+        if len(parts) != 1 or parts[0].lower() not in ALLOWED_FUNCTIONS:
+            raise QueryRefused(
+                f"Spark reads a call of {'.'.join(parts)!r}: not an allow-listed function"
+            )
+
+
+def _plan_nodes(plan: Any) -> Iterator[Any]:
+    """Every plan node, including CTE bodies and subqueries inside expressions."""
+    pending = [plan]
+    while pending:
+        node = pending.pop()
+        yield node
+        pending.extend(_seq(node.children()))
+        pending.extend(
+            child
+            for child in _seq(node.innerChildren())
+            if _is_plan(child)  # UnresolvedWith holds its CTE bodies here
+        )
+        for expression in _seq(node.expressions()):
+            pending.extend(
+                sub.plan()
+                for sub in _expression_nodes(expression)
+                if sub.getClass().getSimpleName() in _SUBQUERY_EXPRESSIONS
+            )
+
+
+_SUBQUERY_EXPRESSIONS = frozenset({"ScalarSubquery", "ListQuery", "Exists", "LateralSubquery"})
+
+
+def _expression_nodes(expression: Any) -> Iterator[Any]:
+    pending = [expression]
+    while pending:
+        node = pending.pop()
+        yield node
+        pending.extend(_seq(node.children()))
+
+
+def _cte_names(node: Any) -> list[str]:
+    if node.getClass().getSimpleName() != "UnresolvedWith":
+        return []
+    return [str(pair._1()) for pair in _seq(node.cteRelations())]
+
+
+def _is_plan(node: Any) -> bool:
+    return bool(
+        node.getClass().getName().startswith("org.apache.spark.sql.catalyst.plans.logical.")
+    )
+
+
+def _seq(scala_seq: Any) -> list[Any]:
+    return [scala_seq.apply(index) for index in range(scala_seq.size())]
