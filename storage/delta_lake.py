@@ -49,7 +49,7 @@ class DeltaLake:
     def ensure_tables(self) -> None:
         """Create every table that does not exist yet, so readers always find all of them."""
         for spec in ALL_TABLES:
-            with reaching(self.root, self.storage_options):
+            with reaching(self.root, self.storage_options, f"creating table {spec.name}"):
                 DeltaTable.create(
                     self.table_uri(spec),
                     spec.schema,
@@ -59,7 +59,7 @@ class DeltaLake:
                 )
 
     def open(self, spec: TableSpec) -> DeltaTable:
-        with reaching(self.root, self.storage_options):
+        with reaching(self.root, self.storage_options, f"opening table {spec.name}"):
             return DeltaTable(self.table_uri(spec), storage_options=self.storage_options)
 
     def committed_batch(self, spec: TableSpec, app_id: str) -> int | None:
@@ -96,7 +96,7 @@ class DeltaLake:
         """
         done = {}
         for spec in ALL_TABLES:
-            with reaching(self.root, self.storage_options):
+            with reaching(self.root, self.storage_options, f"optimizing table {spec.name}"):
                 table = self.open(spec)
                 metrics = table.optimize.compact(target_size=target_file_bytes)
                 table.create_checkpoint()
@@ -143,7 +143,8 @@ class DeltaLake:
             if committed is not None and committed >= batch_id:
                 return False
             before_commit()
-            with reaching(self.root, self.storage_options):
+            doing = f"committing batch {batch_id} to table {spec.name}"
+            with reaching(self.root, self.storage_options, doing):
                 table.create_write_transaction(
                     actions,
                     mode="append",

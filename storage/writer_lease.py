@@ -120,7 +120,7 @@ class WriterLease:
 
     def acquire(self) -> int:
         """Claim the stream and fence every output table; raise if a live instance holds it."""
-        with reaching(self.lake.root, self.lake.storage_options):
+        with reaching(self.lake.root, self.lake.storage_options, "creating the lease table"):
             DeltaTable.create(
                 self.table_uri,
                 CLAIMS_SCHEMA,
@@ -204,7 +204,7 @@ class WriterLease:
         return f"{self.stream}/released_epoch"
 
     def _open(self) -> DeltaTable:
-        with reaching(self.lake.root, self.lake.storage_options):
+        with reaching(self.lake.root, self.lake.storage_options, "reading the writer lease"):
             return DeltaTable(self.table_uri, storage_options=self.lake.storage_options)
 
     def _renewal(self) -> Transaction:
@@ -257,9 +257,13 @@ class WriterLease:
                     f"{self.epoch}); {_describe(self._claim(table, holder), holder)} took it over"
                 )
                 raise self.lost
-            table.create_write_transaction(
-                [], mode="append", schema=CLAIMS_SCHEMA, commit_properties=conditional(transaction)
-            )
+            with reaching(self.lake.root, self.lake.storage_options, "renewing the writer lease"):
+                table.create_write_transaction(
+                    [],
+                    mode="append",
+                    schema=CLAIMS_SCHEMA,
+                    commit_properties=conditional(transaction),
+                )
 
         commit_without_conflict(f"stream {self.stream!r}: {self.table_uri}", attempt)
 

@@ -71,6 +71,20 @@ class S3Settings(_Frozen):
         description="A YAML file with `access_key_id` and `secret_access_key`, e.g. a mounted "
         "secret; read when the keys are not set directly.",
     )
+    timeout_ms: PositiveDurationMs = Field(
+        default=20_000,
+        alias="timeout",
+        description="The longest one S3 request may take, connecting (at most 5 s of it) "
+        "included, in every S3 client: delta-rs on the driver (commits, lease renewals) and "
+        "pyarrow on executors (data files). A failed request is retried only within this "
+        "time, so a store that accepts connections and then stalls fails the micro-batch "
+        "within about twice this, naming the endpoint; see docs/operations.md, "
+        '"Hung dependencies".',
+    )
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True
+    )
 
 
 class LakeSettings(_Frozen):
