@@ -193,7 +193,9 @@ def test_a_broker_hanging_mid_stream_fails_the_query_within_the_bound_and_a_rest
         trigger_interval="300ms",
         environ=environ,
     )
-    hung.produce_samples(samples[: 2 * BATCH_SIZE])
+    # Every record up front, so batches have the same offset ranges, hence batch ids, as the
+    # clean run's, however the hang cuts the run.
+    hung.produce_samples(samples)
     clean = Pipeline(
         broker, tmp_path / "clean", conf_dir, hung.topic, 2, max_offsets_per_trigger=BATCH_SIZE
     )
@@ -202,10 +204,10 @@ def test_a_broker_hanging_mid_stream_fails_the_query_within_the_bound_and_a_rest
     query = stream.query
     try:
         deadline = time.monotonic() + 120
-        while (query.lastProgress or {}).get("batchId", -1) < 1:
+        while (query.lastProgress or {}).get("batchId", -1) < 0:
             assert query.isActive, query.exception()
-            assert time.monotonic() < deadline, "no second batch within 120 s"
-            time.sleep(0.1)
+            assert time.monotonic() < deadline, "no first batch within 120 s"
+            time.sleep(0.05)
         with Frozen(broker):
             frozen = time.monotonic()
             bound_s = timeout_s + SPARK_OVERHEAD_S
@@ -213,17 +215,18 @@ def test_a_broker_hanging_mid_stream_fails_the_query_within_the_bound_and_a_rest
                 time.sleep(0.1)
             failed_after_s = time.monotonic() - frozen
             assert not query.isActive, f"the query still runs {failed_after_s:.0f}s after the hang"
+        completed = [p["batchId"] for p in query.recentProgress if p["numInputRows"] > 0]
     finally:
         stream.stop()
     print(f"the stream failed {failed_after_s:.1f}s after the broker hung (timeout {timeout_s}s)")
     assert failed_after_s < bound_s
+    assert len(completed) < RECORDS // BATCH_SIZE, f"drained before the hang: {completed}"
     message = str(query.exception())
     assert "KafkaUnavailableError" in message and broker.bootstrap_servers in message, message[
         -2000:
     ]
 
-    # The broker answers again: the rest arrives, and a restart loses and repeats nothing.
-    hung.produce_samples(samples[2 * BATCH_SIZE :])
+    # The broker answers again: a restart loses and repeats nothing.
     hung.run_available_now(spark)
     clean.run_available_now(spark)
     assert_every_record_landed_once(hung)
@@ -330,16 +333,16 @@ def test_an_s3_store_stalling_mid_stream_fails_the_process_within_the_bound_and_
         clean = Pipeline(
             kafka, tmp_path / "clean", conf_dir, hung.topic, 2, max_offsets_per_trigger=BATCH_SIZE
         )
-        hung.produce_samples(samples[: 2 * BATCH_SIZE])
+        # Every record up front: the same batches (offset ranges, ids) as the clean run.
+        hung.produce_samples(samples)
         log_path = tmp_path / "stalled-run.log"
         with log_path.open("wb") as log:
             process = start_process(hung, log, available_now=False)
             try:
-                _wait_for_commit_log(hung, 1, process, within_s=180)
+                _wait_for_commit_log(hung, 0, process, within_s=180)
+                # The next batches have records: their data files and commits meet the stall.
                 proxy.stall()
                 stalled = time.monotonic()
-                # The next batch has records: its data files and commits meet the stall.
-                hung.produce_samples(samples[2 * BATCH_SIZE :])
                 # The driver's first S3 call fails after one timeout (no retry once the retry
                 # budget is spent); executors' writes after at most two attempts; local mode
                 # runs each task once (spark.task.maxFailures = 1).
@@ -360,6 +363,8 @@ def test_an_s3_store_stalling_mid_stream_fails_the_process_within_the_bound_and_
             output[-3000:]
         )
         assert SECRET_KEY not in output
+        last_batch = RECORDS // BATCH_SIZE - 1
+        assert not (hung.workdir / "checkpoint" / "commits" / str(last_batch)).exists()
 
         proxy.forward()
         restart_log = tmp_path / "restart.log"
