@@ -14,8 +14,10 @@ only thing every instance shares:
   snapshot, such as a newer instance's fence, makes it fail and look again. A zombie therefore
   never commits after a newer instance fenced the table.
 
-Renewal times are wall-clock milliseconds of the instances' hosts: keep `ttl_ms` well above the
-clock skew between hosts.
+Renewal times are wall-clock milliseconds of the instances' hosts: `ttl_ms` must exceed the
+clock skew between hosts plus a renewal interval (ttl/3) and a renewal's own time. Beyond that
+a live holder may be taken over; the fence keeps that safe (docs/operations.md, "The writer
+lease: clocks").
 """
 
 from __future__ import annotations
