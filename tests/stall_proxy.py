@@ -61,10 +61,6 @@ class StallProxy:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    @property
-    def is_stalled(self) -> bool:
-        return self._stalled.is_set()
-
     def stall(self) -> None:
         """Relay nothing from now on, on old and new connections alike; accept new ones."""
         self._stalled.set()
