@@ -199,9 +199,18 @@ def _write_file(
     pq.write_table(data, encoded, compression="snappy")
     content = encoded.getvalue()
     full_path = f"{base}/{spec.name}/{relative}"
-    filesystem.create_dir(full_path.rsplit("/", 1)[0], recursive=True)
-    with filesystem.open_output_stream(full_path) as out:
-        out.write(content)
+    try:
+        filesystem.create_dir(full_path.rsplit("/", 1)[0], recursive=True)
+        with filesystem.open_output_stream(full_path) as out:
+            out.write(content)
+    except OSError as error:
+        if target.storage_options is None:
+            raise
+        # pyarrow names the key, never the store: the operator needs both.
+        raise OSError(
+            f"the lake {target.root} is unreachable at {lake_endpoint(target.storage_options)} "
+            f"while writing batch {target.batch_id}'s file {spec.name}/{relative}: {error}"
+        ) from error
     return WrittenFile(
         table_name=spec.name,
         path=relative,
@@ -304,11 +313,17 @@ def _stat_value(value: Any) -> Any:
     return value
 
 
+# pyarrow's default retries each request 3 times; with a timeout per attempt, a stalled store
+# would hold a task for 3 timeouts. Two attempts ride out a dropped connection and keep a task
+# within about twice `lake.s3.timeout`, like delta-rs on the driver.
+S3_ATTEMPTS = 2
+
+
 def filesystem_of(
     root: str, storage_options: Mapping[str, str] | None
 ) -> tuple[fs.FileSystem, str]:
     """A pyarrow filesystem and base path for the lake root (local, or `s3://` with the same
-    options delta-rs gets)."""
+    endpoint, keys and timeouts delta-rs gets)."""
     if not root.startswith("s3://"):
         local = root.removeprefix("file://")
         return fs.LocalFileSystem(), local.rstrip("/")
@@ -323,7 +338,22 @@ def filesystem_of(
         region=options.get("AWS_REGION"),
         endpoint_override=endpoint,
         scheme=scheme,
-        connect_timeout=5,
-        request_timeout=20,
+        connect_timeout=duration_s(options.get("connect_timeout", "5s")),
+        request_timeout=duration_s(options.get("timeout", "20s")),
+        retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=S3_ATTEMPTS),
     )
     return s3, root.removeprefix("s3://").rstrip("/")
+
+
+def lake_endpoint(storage_options: Mapping[str, str]) -> str:
+    """The S3 endpoint the options point at, for error messages (never the keys)."""
+    return storage_options.get("AWS_ENDPOINT_URL", f"AWS S3 ({storage_options.get('AWS_REGION')})")
+
+
+def duration_s(text: str) -> float:
+    """Seconds of an object_store duration as `storage.s3` writes them: `250ms` or `5s`."""
+    if text.endswith("ms"):
+        return int(text[:-2]) / 1000
+    if text.endswith("s"):
+        return float(text[:-1])
+    raise ValueError(f"expected a duration like 250ms or 5s; got {text!r}")

@@ -51,7 +51,7 @@ class DeltaLake:
         """Create every table that does not exist yet, so readers always find all of them, and
         add the columns a table created by an older release lacks."""
         for spec in ALL_TABLES:
-            with reaching(self.root, self.storage_options):
+            with reaching(self.root, self.storage_options, f"creating table {spec.name}"):
                 table = DeltaTable.create(
                     self.table_uri(spec),
                     spec.schema,
@@ -62,7 +62,7 @@ class DeltaLake:
                 _add_missing_columns(table, spec)
 
     def open(self, spec: TableSpec) -> DeltaTable:
-        with reaching(self.root, self.storage_options):
+        with reaching(self.root, self.storage_options, f"opening table {spec.name}"):
             return DeltaTable(self.table_uri(spec), storage_options=self.storage_options)
 
     def committed_batch(self, spec: TableSpec, app_id: str) -> int | None:
@@ -99,7 +99,7 @@ class DeltaLake:
         """
         done = {}
         for spec in ALL_TABLES:
-            with reaching(self.root, self.storage_options):
+            with reaching(self.root, self.storage_options, f"optimizing table {spec.name}"):
                 table = self.open(spec)
                 metrics = table.optimize.compact(target_size=target_file_bytes)
                 table.create_checkpoint()
@@ -146,7 +146,8 @@ class DeltaLake:
             if committed is not None and committed >= batch_id:
                 return False
             before_commit()
-            with reaching(self.root, self.storage_options):
+            doing = f"committing batch {batch_id} to table {spec.name}"
+            with reaching(self.root, self.storage_options, doing):
                 table.create_write_transaction(
                     actions,
                     mode="append",

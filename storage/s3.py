@@ -9,19 +9,32 @@ from contextlib import contextmanager
 import yaml
 from pydantic import SecretStr
 
+from storage.data_files import lake_endpoint
 from tenants.registry import ConfigError
 from tenants.settings import LakeSettings, S3Settings
 
 # object_store's defaults retry a failing request for up to 3 minutes, with 30 s per attempt:
 # an unreachable lake would stall a micro-batch for minutes before the query fails. These bound
-# it while still riding out a short blip. Measured against SeaweedFS on loopback: a stopped
-# server fails a request in about 1 s (5 retries), a hung one in 20 s (the request timeout).
-CLIENT_OPTIONS = {
-    "connect_timeout": "5s",
-    "timeout": "20s",
-    "max_retries": "5",
-    "retry_timeout": "15s",
-}
+# it by `lake.s3.timeout` while still riding out a short blip: a stopped server fails a request
+# in about 1 s (5 quick retries, measured against SeaweedFS on loopback); a server that accepts
+# connections and then stalls fails it after one timeout, because no retry starts once the
+# retry budget (the same timeout) is spent.
+MAX_CONNECT_TIMEOUT_MS = 5_000
+MAX_RETRIES = 5
+
+
+def client_options(timeout_ms: int) -> dict[str, str]:
+    """object_store's client options (delta-rs) for a per-request timeout of `timeout_ms`.
+
+    `storage.data_files.filesystem_of` reads `timeout` and `connect_timeout` back, so pyarrow's
+    S3 client on executors uses the same bounds.
+    """
+    return {
+        "connect_timeout": f"{min(timeout_ms, MAX_CONNECT_TIMEOUT_MS)}ms",
+        "timeout": f"{timeout_ms}ms",
+        "max_retries": str(MAX_RETRIES),
+        "retry_timeout": f"{timeout_ms}ms",
+    }
 
 
 def storage_options(lake: LakeSettings) -> dict[str, str] | None:
@@ -29,7 +42,7 @@ def storage_options(lake: LakeSettings) -> dict[str, str] | None:
     if not lake.root.startswith("s3://"):
         return None
     s3 = lake.s3
-    options = {"AWS_REGION": s3.region, **CLIENT_OPTIONS}
+    options = {"AWS_REGION": s3.region, **client_options(s3.timeout_ms)}
     if s3.endpoint_url:
         options["AWS_ENDPOINT_URL"] = s3.endpoint_url
     if s3.allow_http:
@@ -66,12 +79,14 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @contextmanager
-def reaching(root: str, options: dict[str, str] | None) -> Iterator[None]:
+def reaching(
+    root: str, options: dict[str, str] | None, doing: str = "opening a table"
+) -> Iterator[None]:
     """Turn delta-rs's I/O errors on an S3 lake into one line naming the lake and endpoint.
 
     delta-rs reports "Generic S3 error" with a multi-line chain; the operator needs which lake,
-    at which endpoint, and the innermost cause. Only the root, the endpoint and that cause are
-    quoted, never the options themselves (they may hold keys).
+    at which endpoint, doing what, and the innermost cause. Only the root, the endpoint and that
+    cause are quoted, never the options themselves (they may hold keys).
     """
     try:
         yield
@@ -80,8 +95,8 @@ def reaching(root: str, options: dict[str, str] | None) -> Iterator[None]:
             raise
         lines = [line.strip(" ↳") for line in _ANSI.sub("", str(error)).splitlines()]
         cause = next((line for line in reversed(lines) if line), type(error).__name__)
-        endpoint = options.get("AWS_ENDPOINT_URL", f"AWS S3 ({options.get('AWS_REGION')})")
         raise LakeUnavailableError(
-            f"the lake {root} is unreachable at {endpoint}: {cause} (after retries); "
+            f"the lake {root} is unreachable at {lake_endpoint(options)} while {doing}: "
+            f"{cause} (after retries); "
             "the stream resumes from its checkpoint once the store is back"
         ) from error

@@ -14,8 +14,10 @@ only thing every instance shares:
   snapshot, such as a newer instance's fence, makes it fail and look again. A zombie therefore
   never commits after a newer instance fenced the table.
 
-Renewal times are wall-clock milliseconds of the instances' hosts: keep `ttl_ms` well above the
-clock skew between hosts.
+Renewal times are wall-clock milliseconds of the instances' hosts: `ttl_ms` must exceed the
+clock skew between hosts plus a renewal interval (ttl/3) and a renewal's own time. Beyond that
+a live holder may be taken over; the fence keeps that safe (docs/operations.md, "The writer
+lease: clocks").
 """
 
 from __future__ import annotations
@@ -120,7 +122,7 @@ class WriterLease:
 
     def acquire(self) -> int:
         """Claim the stream and fence every output table; raise if a live instance holds it."""
-        with reaching(self.lake.root, self.lake.storage_options):
+        with reaching(self.lake.root, self.lake.storage_options, "creating the lease table"):
             DeltaTable.create(
                 self.table_uri,
                 CLAIMS_SCHEMA,
@@ -204,7 +206,7 @@ class WriterLease:
         return f"{self.stream}/released_epoch"
 
     def _open(self) -> DeltaTable:
-        with reaching(self.lake.root, self.lake.storage_options):
+        with reaching(self.lake.root, self.lake.storage_options, "reading the writer lease"):
             return DeltaTable(self.table_uri, storage_options=self.lake.storage_options)
 
     def _renewal(self) -> Transaction:
@@ -257,9 +259,13 @@ class WriterLease:
                     f"{self.epoch}); {_describe(self._claim(table, holder), holder)} took it over"
                 )
                 raise self.lost
-            table.create_write_transaction(
-                [], mode="append", schema=CLAIMS_SCHEMA, commit_properties=conditional(transaction)
-            )
+            with reaching(self.lake.root, self.lake.storage_options, "renewing the writer lease"):
+                table.create_write_transaction(
+                    [],
+                    mode="append",
+                    schema=CLAIMS_SCHEMA,
+                    commit_properties=conditional(transaction),
+                )
 
         commit_without_conflict(f"stream {self.stream!r}: {self.table_uri}", attempt)
 

@@ -46,9 +46,10 @@ class KafkaSettings(_Frozen):
     broker_timeout_ms: PositiveDurationMs = Field(
         default=120_000,
         alias="broker_timeout",
-        description="How long the stream waits for an unreachable broker (offset lookups, "
-        "reads without progress) before the query fails with an error naming the bootstrap "
-        "servers; restarted once the broker is back, it resumes from its checkpoint.",
+        description="How long the stream waits for an unreachable or silent broker (offset "
+        "lookups, reads without progress; no single request waits longer) before the query "
+        "fails with an error naming the bootstrap servers; restarted once the broker is back, "
+        "it resumes from its checkpoint.",
     )
 
 
@@ -70,6 +71,19 @@ class S3Settings(_Frozen):
         default=None,
         description="A YAML file with `access_key_id` and `secret_access_key`, e.g. a mounted "
         "secret; read when the keys are not set directly.",
+    )
+    timeout_ms: PositiveDurationMs = Field(
+        default=20_000,
+        alias="timeout",
+        description="The longest one S3 request may take, connecting (at most 5 s of it) "
+        "included, in every S3 client: delta-rs on the driver (commits, lease renewals) and "
+        "pyarrow on executors (data files, 2 attempts). A store that accepts connections and "
+        "then stalls fails the micro-batch with an error naming the endpoint, within about "
+        'twice this plus Spark\'s overhead; see docs/operations.md, "Hung dependencies".',
+    )
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True
     )
 
 

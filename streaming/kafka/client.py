@@ -1,7 +1,9 @@
 """kafka-python consumers as this source uses them, on the driver and on executors alike.
 
 Both sides bound every wait and fail with `KafkaUnavailableError`, so a broker outage stops the
-query instead of hanging it.
+query instead of hanging it. That includes a broker that accepts connections and never answers:
+bootstrapping and every single request are cut to the caller's budget, so no request outlives it
+(kafka-python's own 30 s request timeout would otherwise overrun a shorter budget).
 """
 
 from __future__ import annotations
@@ -10,20 +12,29 @@ from typing import Any
 
 # kafka-python's own default; a lookup never gets more than what is left of its budget.
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
+# kafka-python requires a request timeout above its fetch wait (500 ms by default).
+MIN_REQUEST_TIMEOUT_MS = 1_000
 
 
 class KafkaUnavailableError(TimeoutError):
     """The broker did not answer within the source's time budget; the query should fail."""
 
 
+def request_timeout_within(request_timeout_ms: int | None, budget_ms: int) -> int:
+    """The per-request timeout a client with `budget_ms` left may use: never longer than it."""
+    configured = request_timeout_ms or DEFAULT_REQUEST_TIMEOUT_MS
+    return max(min(configured, budget_ms), MIN_REQUEST_TIMEOUT_MS)
+
+
 def consumer_config(
     bootstrap_servers: str,
     request_timeout_ms: int | None,
     client_id: str,
-    bootstrap_timeout_ms: int | None = None,
+    budget_ms: int,
 ) -> dict[str, Any]:
-    """kafka-python settings for a consumer that never joins a group or commits."""
-    config: dict[str, Any] = {
+    """kafka-python settings for a consumer that never joins a group or commits, and never
+    waits longer than `budget_ms` for a broker: to bootstrap, or for any one request."""
+    return {
         "bootstrap_servers": bootstrap_servers,
         "client_id": client_id,
         # Offsets live in Spark's checkpoint; a group would only add rebalances and commits.
@@ -33,11 +44,10 @@ def consumer_config(
         "allow_auto_create_topics": False,
         # Fail instead of silently jumping elsewhere when a requested offset is gone.
         "auto_offset_reset": "none",
-    }
-    if request_timeout_ms is not None:
-        config["request_timeout_ms"] = request_timeout_ms
-    if bootstrap_timeout_ms is not None:
         # Creating a consumer blocks until a broker answers; unbounded it would outlast the
-        # caller's own deadline when the broker is down.
-        config["bootstrap_timeout_ms"] = max(bootstrap_timeout_ms, 1)
-    return config
+        # caller's own deadline when the broker is down or silent.
+        "bootstrap_timeout_ms": max(budget_ms, 1),
+        # Calls without a timeout argument (metadata in `topics()`, `close()`) wait this long
+        # for a silent broker.
+        "request_timeout_ms": request_timeout_within(request_timeout_ms, budget_ms),
+    }

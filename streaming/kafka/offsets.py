@@ -18,9 +18,9 @@ from kafka.errors import KafkaError
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
 from streaming.kafka.client import (
-    DEFAULT_REQUEST_TIMEOUT_MS,
     KafkaUnavailableError,
     consumer_config,
+    request_timeout_within,
 )
 from streaming.kafka.options import (
     EARLIEST,
@@ -282,7 +282,7 @@ class OffsetPlanner:
                     self.options.bootstrap_servers,
                     self.options.request_timeout_ms,
                     client_id=f"{SOURCE_NAME}-planner-{self.options.topic}",
-                    bootstrap_timeout_ms=budget_ms,
+                    budget_ms=budget_ms,
                 )
             )
         return self._consumer
@@ -302,15 +302,17 @@ class OffsetPlanner:
         query fails, so an outage never hangs it and a stale answer is never planned from.
         """
         options = self.options
-        deadline = time.monotonic() + options.fetch_offset_timeout_ms / 1000
-        request_timeout_ms = options.request_timeout_ms or DEFAULT_REQUEST_TIMEOUT_MS
+        started = time.monotonic()
+        deadline = started + options.fetch_offset_timeout_ms / 1000
         attempts = 0
         while True:
             attempts += 1
             remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
             try:
                 consumer = self._driver_consumer(remaining_ms)
-                return lookup(consumer, min(request_timeout_ms, remaining_ms))
+                return lookup(
+                    consumer, request_timeout_within(options.request_timeout_ms, remaining_ms)
+                )
             except KafkaError as error:
                 last_error: Exception = error
                 # A new client after a failure bootstraps afresh instead of trusting the
@@ -328,8 +330,10 @@ class OffsetPlanner:
             ) from None
         raise KafkaUnavailableError(
             f"{SOURCE_NAME}: {what} of topic {options.topic!r} from bootstrap servers "
-            f"{options.bootstrap_servers} kept failing for {options.fetch_offset_timeout_ms} ms "
-            f"(fetchOffset.timeoutMs, {attempts} attempts); last error: {last_error!r}. The query "
+            f"{options.bootstrap_servers} kept failing for "
+            f"{(time.monotonic() - started) * 1000:.0f} ms (fetchOffset.timeoutMs "
+            f"{options.fetch_offset_timeout_ms}, {attempts} attempts); last error: "
+            f"{last_error!r}. The query "
             "stops; once the broker is reachable, restart it: it resumes from its checkpoint."
         ) from last_error
 

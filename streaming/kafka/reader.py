@@ -114,7 +114,7 @@ def read_partition(
                 split.bootstrap_servers,
                 split.request_timeout_ms,
                 client_id=f"{SOURCE_NAME}-reader-{split.topic}-{split.partition}",
-                bootstrap_timeout_ms=split.poll_timeout_ms,
+                budget_ms=split.poll_timeout_ms,
             ),
             max_poll_records=ARROW_BATCH_ROWS,
         )
