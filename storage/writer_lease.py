@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
@@ -294,9 +295,10 @@ class WriterLease:
     def _claim(self, table: DeltaTable, epoch: int | None) -> Claim | None:
         if epoch is None:
             return None
-        rows = table.to_pyarrow_table(
-            filters=[("stream", "=", self.stream), ("epoch", "=", epoch)]
-        ).to_pylist()
+        # Through a dataset: `to_pyarrow_table` left a thread that aborted the interpreter at
+        # exit ("terminate called without an active exception") in a short-lived process.
+        matching = (pc.field("stream") == self.stream) & (pc.field("epoch") == epoch)
+        rows = table.to_pyarrow_dataset().to_table(filter=matching).to_pylist()
         return Claim(**rows[0]) if rows else None
 
 

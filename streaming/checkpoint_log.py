@@ -59,10 +59,6 @@ class CheckpointLog:
         ]
         return max(batch_ids, default=None)
 
-    def is_committed(self, batch_id: int) -> bool:
-        info = self._filesystem.get_file_info(f"{self._path}/{COMMITS_DIR}/{batch_id}")
-        return bool(info.type == fs.FileType.File)
-
     def offsets(self, batch_id: int, topic: str) -> dict[int, int]:
         """The offsets batch `batch_id` ends at (exclusive), per partition."""
         with self._filesystem.open_input_stream(f"{self._path}/{OFFSETS_DIR}/{batch_id}") as file:

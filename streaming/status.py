@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 
 KAFKA_TIMEOUT_MS = 5_000
 NO_DATA_YET = "no data yet"
+KEYS = "keys"
+KAFKA_LAG = "kafka lag"
+LAST_BATCH = "last batch"
+WRITER_LEASE = "writer lease"
 _KEY_COLUMNS = [
     "watermark",
     "max_event_time",
@@ -60,31 +64,34 @@ class StatusSection(BaseModel):
     note: str | None = None
 
 
-SectionSource = Callable[[AppSettings], StatusSection]
+SectionSource = Callable[[AppSettings, DeltaLake], StatusSection]
+"""Reads one section; given the settings and the lake."""
 
 
 def gather_status(
-    settings: AppSettings, extra_sections: Sequence[SectionSource] = ()
+    settings: AppSettings, extra_sections: Mapping[str, SectionSource] | None = None
 ) -> list[StatusSection]:
-    """Every section, in display order; `extra_sections` (e.g. dead-letter deliveries) last."""
+    """Every section, in display order. `extra_sections` (title: reader) come last: the
+    extension point for sections other parts own, e.g. "dead-letter deliveries"."""
     lake = DeltaLake.from_settings(settings.lake)
-    sources: list[SectionSource] = [
-        lambda s: key_status_section(s, lake),
-        kafka_lag_section,
-        last_batch_section,
-        lambda s: writer_lease_section(s, lake),
-        *extra_sections,
-    ]
-    return [_guarded(source, settings) for source in sources]
+    readers: dict[str, SectionSource] = {
+        KEYS: key_status_section,
+        KAFKA_LAG: kafka_lag_section,
+        LAST_BATCH: last_batch_section,
+        WRITER_LEASE: writer_lease_section,
+        **(extra_sections or {}),
+    }
+    return [_guarded(title, reader, settings, lake) for title, reader in readers.items()]
 
 
-def _guarded(source: SectionSource, settings: AppSettings) -> StatusSection:
+def _guarded(
+    title: str, reader: SectionSource, settings: AppSettings, lake: DeltaLake
+) -> StatusSection:
     try:
-        return source(settings)
+        return reader(settings, lake)
     except Exception as error:
         # One unreadable part must not hide the others.
-        name = getattr(source, "__name__", "section").removesuffix("_section").replace("_", " ")
-        return StatusSection(title=name, rows=[], note=f"could not be read: {error}")
+        return StatusSection(title=title, rows=[], note=f"could not be read: {error}")
 
 
 # -- keys: the latest tenant_status row per (tenant, source) ------------------------------------
@@ -106,7 +113,8 @@ def latest_per_key(status_rows: pa.Table) -> pa.Table:
 def key_status_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
     """Watermark, how far it trails the newest record, open windows and counters per key;
     configured keys without a row yet are listed as having no data."""
-    table = lake.open(TENANT_STATUS).to_pyarrow_table(columns=["tenant", "source", *_KEY_COLUMNS])
+    columns = ["tenant", "source", *_KEY_COLUMNS]
+    table = lake.open(TENANT_STATUS).to_pyarrow_dataset().to_table(columns=columns)
     latest = latest_per_key(table)
     trailing_ms = pc.subtract(
         pc.cast(latest["max_event_time"], pa.int64()), pc.cast(latest["watermark"], pa.int64())
@@ -134,7 +142,7 @@ def key_status_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
                 {"tenant": tenant, "source": source, "watermark": NO_DATA_YET},
             )
     return StatusSection(
-        title="keys",
+        title=KEYS,
         rows=[rows[key] for key in sorted(rows)],
         note="trailing_s: newest event time minus the watermark",
     )
@@ -143,7 +151,7 @@ def key_status_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
 # -- Kafka lag: broker end offsets against the checkpoint's offsets ----------------------------
 
 
-def kafka_lag_section(settings: AppSettings) -> StatusSection:
+def kafka_lag_section(settings: AppSettings, _lake: DeltaLake) -> StatusSection:
     checkpoint = CheckpointLog(settings.stream.checkpoint_dir)
     committed = checkpoint.latest_batch(COMMITS_DIR)
     planned = checkpoint.latest_batch(OFFSETS_DIR)
@@ -166,7 +174,7 @@ def kafka_lag_section(settings: AppSettings) -> StatusSection:
         note = f"committed offsets: after batch {committed}, the last one written to the tables"
         if planned is not None and planned != committed:
             note += f"; batch {planned} is in progress"
-    return StatusSection(title="kafka lag", rows=rows, note=note)
+    return StatusSection(title=KAFKA_LAG, rows=rows, note=note)
 
 
 def backlog_records(settings: AppSettings) -> int | None:
@@ -222,10 +230,10 @@ def _partitions_of(consumer: KafkaConsumer, topic: str) -> list[int]:
 # -- the last batch, as the driver recorded it -------------------------------------------------
 
 
-def last_batch_section(settings: AppSettings) -> StatusSection:
+def last_batch_section(settings: AppSettings, _lake: DeltaLake) -> StatusSection:
     last = LastBatchFile(settings.stream.checkpoint_dir).read()
     if last is None:
-        return StatusSection(title="last batch", rows=[], note="no batch finished yet")
+        return StatusSection(title=LAST_BATCH, rows=[], note="no batch finished yet")
     row: dict[str, Any] = {
         "batch_id": last.batch_id,
         "finished_at": last.finished_at,
@@ -235,7 +243,7 @@ def last_batch_section(settings: AppSettings) -> StatusSection:
         **{f"rows.{table}": count for table, count in last.rows.items()},
     }
     note = "already committed before: a replay, nothing written" if last.already_committed else None
-    return StatusSection(title="last batch", rows=[row], note=note)
+    return StatusSection(title=LAST_BATCH, rows=[row], note=note)
 
 
 # -- the writer lease -------------------------------------------------------------------------
@@ -244,7 +252,7 @@ def last_batch_section(settings: AppSettings) -> StatusSection:
 def writer_lease_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
     lease = read_lease(lake, settings.stream.name, settings.stream.lease_ttl_ms)
     if lease is None:
-        return StatusSection(title="writer lease", rows=[], note="never claimed")
+        return StatusSection(title=WRITER_LEASE, rows=[], note="never claimed")
     row = {
         "holder": lease.instance_id,
         "epoch": lease.epoch,
@@ -254,7 +262,7 @@ def writer_lease_section(settings: AppSettings, lake: DeltaLake) -> StatusSectio
         "expires_at": _iso_ms(lease.expires_at_ms),
         "state": lease.state,
     }
-    return StatusSection(title="writer lease", rows=[row])
+    return StatusSection(title=WRITER_LEASE, rows=[row])
 
 
 def _iso(value: datetime | None) -> str | None:
