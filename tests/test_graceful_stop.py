@@ -78,7 +78,9 @@ def test_sigterm_mid_batch_commits_that_batch_exits_0_and_a_restart_matches_a_cl
     checkpoint = CheckpointLog(stopped.settings.stream.checkpoint_dir)
     committed = checkpoint.latest_batch(COMMITS_DIR)
     assert committed is not None and PAUSED_BATCH <= committed < RECORDS // BATCH_SIZE - 1
-    assert checkpoint.latest_batch(OFFSETS_DIR) == committed
+    # Spark may have planned the next batch in the moment before the query stopped; then it
+    # wrote nothing of it (the table check below), and the restart runs it.
+    assert checkpoint.latest_batch(OFFSETS_DIR) in (committed, committed + 1)
     lake = stopped.lake
     assert {spec.name: lake.committed_batch(spec, stopped.stream_name) for spec in ALL_TABLES} == {
         spec.name: committed for spec in ALL_TABLES
