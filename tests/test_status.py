@@ -128,11 +128,15 @@ def finished_run(
     pipeline.produce_samples(generate(spec, {n: s.event_time for n, s in registry.sources.items()}))
     records: list[logging.LogRecord] = []
     handler = _Collect(records)
+    progress_log = logging.getLogger("tenant_windows.progress")
+    level = progress_log.level
+    progress_log.setLevel(logging.INFO)  # the CLI logs INFO; pytest's root logger WARNING
     logging.getLogger().addHandler(handler)
     try:
         pipeline.run_available_now(spark)
     finally:
         logging.getLogger().removeHandler(handler)
+        progress_log.setLevel(level)
     pipeline.produce(
         [{"tenant": "acme", "source": "web", "ts": "2026-01-01T01:00:00Z"}] * PRODUCED_AFTER_RUN
     )
