@@ -263,11 +263,11 @@ def run_stream(
         query = app.query
         while query.isActive and not stop_requested.is_set():
             query.awaitTermination(timeout=1)
+        if query.isActive:
+            app.wait_between_batches(settings.stream.stop_grace_ms / 1000, stop_now)
         # A query that ended by itself may have failed; awaitTermination raises if it did.
         if not query.isActive:
             query.awaitTermination()
-        else:
-            app.wait_between_batches(settings.stream.stop_grace_ms / 1000, stop_now)
     except StreamingQueryException as failure:
         log.error("the stream failed: %s", failure)
         return 1
