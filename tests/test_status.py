@@ -7,6 +7,7 @@ say balances with the tables, the topic and the checkpoint.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -20,6 +21,8 @@ import pyarrow as pa
 import pytest
 
 from infra.dev.load_generator import LoadSpec, generate
+from infra.progress_bar import ProgressBar
+from infra.status_view import render_json, render_table
 from streaming.app import StreamApp
 from streaming.checkpoint_log import COMMITS_DIR, CheckpointLog, parse_offsets_file
 from streaming.progress import BatchProgress, LastBatchFile, kafka_lag
@@ -29,6 +32,7 @@ from streaming.status import (
     LAST_BATCH,
     NO_DATA_YET,
     WRITER_LEASE,
+    StatusSection,
     gather_status,
     latest_per_key,
 )
@@ -91,20 +95,47 @@ def test_the_last_batch_file_is_replaced_whole(tmp_path: Path) -> None:
     file = LastBatchFile(str(tmp_path / "checkpoint"))
     assert file.read() is None
     for batch_id in range(3):
-        file.write(
-            BatchProgress(
-                stream="s",
-                batch_id=batch_id,
-                finished_at="2026-11-23T00:00:00Z",
-                records_read=10,
-                rows={"events": 9},
-                duration_ms=5,
-                max_kafka_lag=1,
-            )
-        )
+        file.write(_progress(batch_id, records_read=10))
     last = file.read()
     assert last is not None and last.batch_id == 2
     assert os.listdir(tmp_path / "checkpoint" / "progress") == ["last_batch.json"]
+
+
+def test_the_progress_bar_counts_records_read_against_the_backlog() -> None:
+    out = io.StringIO()
+    bar = ProgressBar(backlog_records=300, out=out)
+    for batch_id in range(3):
+        bar(_progress(batch_id, records_read=100))
+    bar.close()
+    last = out.getvalue().rsplit("\r", 1)[1]
+    assert "100% 300/300 records, batch 2" in last
+
+
+def test_the_table_format_shows_keys_without_data_under_the_same_columns() -> None:
+    section = StatusSection(
+        title=KEYS,
+        rows=[
+            {"tenant": "acme", "source": "web", "watermark": "2026-01-01T00:00:00", "late": 3},
+            {"tenant": "initech", "source": "web", "watermark": NO_DATA_YET},
+        ],
+    )
+    header, acme, initech = render_table([section]).splitlines()[1:4]
+    assert header.split() == ["tenant", "source", "watermark", "late"]
+    assert acme.split() == ["acme", "web", "2026-01-01T00:00:00", "3"]
+    assert initech.split() == ["initech", "web", "no", "data", "yet"]
+    assert json.loads(render_json([section]))[KEYS]["rows"][1]["watermark"] == NO_DATA_YET
+
+
+def _progress(batch_id: int, records_read: int) -> BatchProgress:
+    return BatchProgress(
+        stream="s",
+        batch_id=batch_id,
+        finished_at="2026-11-23T00:00:00Z",
+        records_read=records_read,
+        rows={"events": records_read},
+        duration_ms=5,
+        max_kafka_lag=1,
+    )
 
 
 # -- one real run ---------------------------------------------------------------------------------
