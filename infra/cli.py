@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame
 
@@ -22,6 +22,9 @@ from streaming.hooks import NO_FAULTS, FaultHook
 from tenants.models import parse_duration_ms
 from tenants.registry import ConfigError, load_registry
 from tenants.settings import AppSettings, load_settings
+
+if TYPE_CHECKING:
+    from infra.progress_bar import ProgressBar
 
 log = logging.getLogger("tenant_windows")
 DEFAULT_APP_CONFIG = Path("conf/app.yaml")
@@ -92,6 +95,15 @@ def _parser() -> argparse.ArgumentParser:
         "(spark://, yarn, k8s://) gets the code and executor dependencies shipped",
     )
     run.set_defaults(handler=_run)
+
+    status = commands.add_parser(
+        "status",
+        help="per-key watermarks and counters, Kafka lag, the last batch, the writer lease "
+        "(reads only: works while the stream runs)",
+    )
+    _settings_options(status)
+    status.add_argument("--format", choices=["table", "json"], default="table")
+    status.set_defaults(handler=_status)
 
     tenants = commands.add_parser("tenants", help="tenant config")
     tenant_commands = tenants.add_subparsers(required=True, metavar="ACTION")
@@ -271,9 +283,39 @@ def _run(args: argparse.Namespace) -> int:
 
         # Executors on other machines have neither this checkout nor its virtualenv.
         spark_conf = build_artifacts().spark_conf()
-    return run_stream(
-        settings_from(args), args.master, args.available_now, args.fault_hook, spark_conf
-    )
+    settings = settings_from(args)
+    bar = _progress_bar(settings) if args.available_now and sys.stderr.isatty() else None
+    try:
+        return run_stream(
+            settings, args.master, args.available_now, args.fault_hook, spark_conf, on_batch=bar
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _progress_bar(settings: AppSettings) -> ProgressBar | None:
+    from infra.progress_bar import ProgressBar
+    from streaming.status import backlog_records
+
+    try:
+        return ProgressBar(backlog_records(settings))
+    except Exception as error:  # the stream reports an unreachable broker itself
+        log.warning("no progress bar: the backlog could not be read (%s)", error)
+        return None
+
+
+def _status(args: argparse.Namespace) -> int:
+    from infra.status_view import render_json, render_table
+    from streaming.status import gather_status
+
+    # Dead-letter deliveries of notifications join here: `extra_sections={"dead-letter
+    # deliveries": reader}`.
+    sections = gather_status(settings_from(args))
+    print(render_json(sections) if args.format == "json" else render_table(sections), end="")
+    if args.format == "json":
+        print()
+    return 0
 
 
 def _sql(args: argparse.Namespace) -> int:

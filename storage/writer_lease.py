@@ -33,7 +33,9 @@ from dataclasses import asdict, dataclass
 from functools import partial
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import TableNotFoundError
 
 from storage.commits import (
     FencedError,
@@ -299,10 +301,60 @@ class WriterLease:
     def _claim(self, table: DeltaTable, epoch: int | None) -> Claim | None:
         if epoch is None:
             return None
-        rows = table.to_pyarrow_table(
-            filters=[("stream", "=", self.stream), ("epoch", "=", epoch)]
-        ).to_pylist()
+        # Through a dataset: `to_pyarrow_table` left a thread that aborted the interpreter at
+        # exit ("terminate called without an active exception") in a short-lived process.
+        matching = (pc.field("stream") == self.stream) & (pc.field("epoch") == epoch)
+        rows = table.to_pyarrow_dataset().to_table(filter=matching).to_pylist()
         return Claim(**rows[0]) if rows else None
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """The stream's lease as a reader sees it (`tenant-windows status`): holder and expiry."""
+
+    instance_id: str | None
+    epoch: int
+    host: str | None
+    pid: int | None
+    renewed_at_ms: int | None
+    expires_at_ms: int | None
+    state: str
+    """`held`, `released` or `expired` (not renewed within the TTL: may be taken over)."""
+
+
+def read_lease(
+    lake: DeltaLake,
+    stream: str,
+    ttl_ms: int,
+    clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+) -> LeaseView | None:
+    """The lease of `stream`, read without claiming or renewing it; None if never claimed."""
+    probe = WriterLease(lake, stream, ttl_ms, clock_ms)
+    try:
+        table = probe._open()
+    except TableNotFoundError:
+        return None
+    epoch = table.transaction_version(probe._epoch_id)
+    if epoch is None:
+        return None
+    renewed_at_ms = table.transaction_version(probe._renewed_id)
+    expires_at_ms = None if renewed_at_ms is None else renewed_at_ms + ttl_ms
+    if table.transaction_version(probe._released_id) == epoch:
+        state = "released"
+    elif expires_at_ms is None or expires_at_ms < clock_ms():
+        state = "expired"
+    else:
+        state = "held"
+    holder = probe._claim(table, epoch)
+    return LeaseView(
+        instance_id=holder.instance_id if holder else None,
+        epoch=epoch,
+        host=holder.host if holder else None,
+        pid=holder.pid if holder else None,
+        renewed_at_ms=renewed_at_ms,
+        expires_at_ms=expires_at_ms,
+        state=state,
+    )
 
 
 def _process_exists(pid: int) -> bool:

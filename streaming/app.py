@@ -12,6 +12,7 @@ Lifecycle, in the order the methods run:
 - `start(spark)`: claims if not yet, publishes the config, starts the query and the threads.
 - the query runs; between micro-batches the config is re-read and published.
 - `stop()`: idempotent; the query stops, the threads end, the lease is released.
+  A graceful stop first calls `wait_between_batches()`: the batch in progress finishes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import FrameType
 
 from pyspark.errors import StreamingQueryException
@@ -32,8 +33,10 @@ from storage.delta_lake import DeltaLake
 from storage.writer_lease import WriterLease
 from streaming.bucket_state import STATE_LAYOUT
 from streaming.checkpoint_identity import StreamIdentity, check_checkpoint, claim_checkpoint
+from streaming.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
 from streaming.configured_status import ConfiguredKeyRows
 from streaming.hooks import NO_FAULTS, FaultHook
+from streaming.progress import BatchProgress, LastBatchFile, ProgressListener
 from streaming.query import start_query
 from streaming.session import build_spark
 from streaming.sink import MicroBatchSink
@@ -43,6 +46,10 @@ from tenants.settings import AppSettings
 log = logging.getLogger(__name__)
 
 CONFIG_POLL_INTERVAL_S = 1.0
+# How long `stop()` waits for Spark's progress event of the last finished batch.
+PROGRESS_DRAIN_S = 5.0
+# How often a graceful stop looks at the checkpoint for the batch in progress to be committed.
+STOP_POLL_INTERVAL_S = 0.01
 
 
 class StreamApp:
@@ -53,7 +60,9 @@ class StreamApp:
         settings: AppSettings,
         lake: DeltaLake | None = None,
         fault_hook: FaultHook = NO_FAULTS,
+        on_batch: Callable[[BatchProgress], None] | None = None,
     ) -> None:
+        """`on_batch` is told about each finished micro-batch (e.g. to draw a progress bar)."""
         self.settings = settings
         self.lake = lake or DeltaLake.from_settings(settings.lake)
         self.fault_hook = fault_hook
@@ -72,6 +81,10 @@ class StreamApp:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._query: StreamingQuery | None = None
+        self._spark: SparkSession | None = None
+        self.progress = ProgressListener(
+            settings.stream.name, LastBatchFile(settings.stream.checkpoint_dir), on_batch
+        )
 
     @property
     def query(self) -> StreamingQuery:
@@ -102,9 +115,12 @@ class StreamApp:
         """Claim the stream (if not yet) and start its query; `conf/` must be valid now, and is
         re-read later."""
         writer_epoch = self.claim()
+        spark.streams.addListener(self.progress)
+        self._spark = spark
         try:
             self._query = self._start_query(spark, writer_epoch, available_now)
         except BaseException:
+            self._remove_listener()
             self.lease.release()
             raise
         self._threads.append(
@@ -117,10 +133,47 @@ class StreamApp:
         self._stopping.set()
         if self._query is not None:
             self._query.stop()
+            if not self.progress.drain(PROGRESS_DRAIN_S):
+                log.warning("the last batch's progress was not reported")
+        self._remove_listener()
         for thread in self._threads:
             thread.join()
         self._threads.clear()
         self.lease.release()
+
+    def wait_between_batches(self, grace_s: float, stop_now: threading.Event) -> None:
+        """Return once no batch is in progress (the batch Spark planned last is committed), so
+        that `stop()` interrupts nothing.
+
+        Waits at most `grace_s`, or until `stop_now` is set; a batch stopped mid-way is safe
+        too (its commits are idempotent and it is replayed), only not graceful.
+        """
+        checkpoint = CheckpointLog(self.settings.stream.checkpoint_dir)
+        deadline = time.monotonic() + grace_s
+        while self._query is not None and self._query.isActive:
+            planned = checkpoint.latest_batch(OFFSETS_DIR)
+            committed = checkpoint.latest_batch(COMMITS_DIR)
+            if planned == committed:
+                # The next trigger has not planned a batch yet: nothing is half done.
+                log.info("stopping between batches: batch %s is committed", committed)
+                break
+            if stop_now.is_set():
+                log.warning("stopping now: batch %d is interrupted", planned)
+                break
+            if time.monotonic() > deadline:
+                log.warning(
+                    "stopping: batch %d did not finish within the grace period of %.0fs; it is "
+                    "replayed on restart",
+                    planned,
+                    grace_s,
+                )
+                break
+            time.sleep(STOP_POLL_INTERVAL_S)
+
+    def _remove_listener(self) -> None:
+        if self._spark is not None:
+            self._spark.streams.removeListener(self.progress)
+            self._spark = None
 
     def _start_query(
         self, spark: SparkSession, writer_epoch: int, available_now: bool
@@ -137,6 +190,7 @@ class StreamApp:
             after_batch=self._after_batch,
             fault_hook=self.fault_hook,
             driver_files=ConfiguredKeyRows(self.snapshots, settings.stream.checkpoint_dir),
+            report=self.progress.record,
         )
         query = start_query(spark, settings, self.snapshots, sink, available_now, self.fault_hook)
         self._threads.append(
@@ -169,12 +223,15 @@ def run_stream(
     available_now: bool = False,
     fault_hook: FaultHook = NO_FAULTS,
     spark_conf: Mapping[str, str] | None = None,
+    on_batch: Callable[[BatchProgress], None] | None = None,
 ) -> int:
     """Run the stream until it ends, fails or gets SIGTERM/SIGINT; the process's exit code.
 
-    `spark_conf` adds session settings, e.g. what ships the code to a cluster's executors.
+    A first signal lets the batch in progress finish (at most `stream.stop_grace`), then stops
+    and exits 0; a second one stops at once. `spark_conf` adds session settings, e.g. what
+    ships the code to a cluster's executors; `on_batch` is told about each finished batch.
     """
-    app = StreamApp(settings, fault_hook=fault_hook)
+    app = StreamApp(settings, fault_hook=fault_hook, on_batch=on_batch)
     app.claim()
     try:
         spark = build_spark(
@@ -183,12 +240,22 @@ def run_stream(
     except BaseException:
         app.stop()
         raise
-    # The handler only sets a flag: stopping the query inside it would interrupt the py4j call
+    # The handler only sets flags: stopping the query inside it would interrupt the py4j call
     # the main thread is blocked in.
     stop_requested = threading.Event()
+    stop_now = threading.Event()
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:
-        log.info("signal %d: stopping the stream", signum)
+        if stop_requested.is_set():
+            log.info("signal %d again: stopping the stream now", signum)
+            stop_now.set()
+            return
+        log.info(
+            "signal %d: stopping the stream once the batch in progress is committed (at most "
+            "%.0fs; a second signal stops it now)",
+            signum,
+            settings.stream.stop_grace_ms / 1000,
+        )
         stop_requested.set()
 
     signal.signal(signal.SIGTERM, request_stop)
@@ -198,6 +265,8 @@ def run_stream(
         query = app.query
         while query.isActive and not stop_requested.is_set():
             query.awaitTermination(timeout=1)
+        if query.isActive:
+            app.wait_between_batches(settings.stream.stop_grace_ms / 1000, stop_now)
         # A query that ended by itself may have failed; awaitTermination raises if it did.
         if not query.isActive:
             query.awaitTermination()

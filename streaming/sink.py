@@ -22,6 +22,8 @@ from storage.data_files import WRITTEN_FILE_DDL, BatchFiles, WrittenFile, write_
 from storage.delta_lake import DeltaLake
 from storage.tables import ALL_TABLES, TableSpec
 from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
+from streaming.progress import BatchOutcome
+from streaming.quarantine_log import log_quarantined
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,7 @@ class MicroBatchSink:
         after_batch: Callable[[int], None] | None = None,
         fault_hook: FaultHook = NO_FAULTS,
         driver_files: DriverFiles | None = None,
+        report: Callable[[BatchOutcome], None] | None = None,
     ) -> None:
         self.lake = lake
         self.app_id = app_id
@@ -46,6 +49,8 @@ class MicroBatchSink:
         self.after_batch = after_batch
         self.fault_hook = fault_hook
         self.driver_files = driver_files
+        self.report = report
+        """Told what each batch committed, once all of its tables are done."""
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         self.fault_hook.reached(FaultPoint.BATCH_START, batch_id)
@@ -55,12 +60,19 @@ class MicroBatchSink:
             # fails the batch if it does not. Only the Delta commits are skipped.
             batch_df.write.format("noop").mode("overwrite").save()
             log.info("batch %d already committed to every table; skipped", batch_id)
+            outcome = BatchOutcome(batch_id=batch_id, rows={}, already_committed=True)
         else:
-            self._commit(batch_df, batch_id, pending)
+            rows = self._commit(batch_df, batch_id, pending)
+            outcome = BatchOutcome(batch_id=batch_id, rows=rows)
+        if self.report is not None:
+            self.report(outcome)
         if self.after_batch is not None:
             self.after_batch(batch_id)
 
-    def _commit(self, batch_df: DataFrame, batch_id: int, pending: list[TableSpec]) -> None:
+    def _commit(
+        self, batch_df: DataFrame, batch_id: int, pending: list[TableSpec]
+    ) -> dict[str, int]:
+        """Write and commit the batch to the `pending` tables; rows committed per table."""
         started = time.monotonic()
         target = BatchFiles(
             root=self.lake.root,
@@ -101,6 +113,8 @@ class MicroBatchSink:
             time.monotonic() - started,
             " ".join(f"{name}={count}" for name, count in rows.items()),
         )
+        log_quarantined(self.lake, written, batch_id)
+        return rows
 
     def _holds(self, spec: TableSpec, batch_id: int) -> bool:
         # Batches commit in order, so a table whose newest commit of this stream is at or past

@@ -144,6 +144,15 @@ class StreamSettings(_Frozen):
         ),
     )
 
+    stop_grace_ms: PositiveDurationMs = Field(
+        default=60_000,
+        alias="stop_grace",
+        description=(
+            "On SIGTERM or SIGINT the stream lets the micro-batch in progress finish and commit, "
+            "waiting at most this long, then stops; a second signal stops it at once."
+        ),
+    )
+
     model_config = ConfigDict(
         frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True
     )

@@ -7,14 +7,17 @@ tenants' data late.
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_stack import LocalKafka
+from infra.progress_bar import ProgressBar
 from storage.delta_lake import DeltaLake
 from storage.views import register_views
 from streaming.app import StreamApp
 from streaming.session import build_spark
+from streaming.status import backlog_records
 from tenants.registry import load_registry
 from tenants.settings import load_settings
 
@@ -83,9 +86,13 @@ def run_demo(workdir: Path, count: int) -> int:
         )
         try:
             lake = DeltaLake.from_settings(settings.lake)
-            stream = StreamApp(settings, lake).start(spark, True)
+            # On a terminal a progress bar; otherwise the progress log lines say the same.
+            bar = ProgressBar(backlog_records(settings)) if sys.stderr.isatty() else None
+            stream = StreamApp(settings, lake, on_batch=bar).start(spark, True)
             finished = stream.query.awaitTermination(timeout=600)
             stream.stop()
+            if bar is not None:
+                bar.close()
             if not finished:
                 raise TimeoutError("the demo stream did not catch up within 600 s")
             if stream.query.exception() is not None:

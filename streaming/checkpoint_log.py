@@ -1,0 +1,65 @@
+"""Read Spark's checkpoint logs without Spark: which batch is planned, which is committed, and
+the Kafka offsets a batch ends at.
+
+Spark writes `offsets/<batch>` before a batch runs (line 1 the version `v1`, line 2 the batch
+metadata, then one line per source with that source's offset JSON) and `commits/<batch>` after
+its sink returned. A batch in `offsets/` without a `commits/` entry is in progress, or is
+replayed on restart.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pyarrow import fs
+
+OFFSETS_DIR = "offsets"
+COMMITS_DIR = "commits"
+
+
+def parse_offsets_file(text: str, topic: str) -> dict[int, int]:
+    """The next offset per partition of `topic` recorded in one `offsets/<batch>` file.
+
+    The source line is this project's reader's `{"<partition>": offset}` or Spark's own Kafka
+    source's `{"<topic>": {"<partition>": offset}}`.
+    """
+    lines = text.splitlines()
+    if len(lines) < 3 or lines[0].strip() != "v1":
+        raise ValueError(f"not a Spark offset log entry: {lines[:1]!r}, {len(lines)} lines")
+    offsets = json.loads(lines[2])
+    if not isinstance(offsets, dict):
+        raise ValueError(f"the source offsets are not a JSON object: {lines[2][:200]!r}")
+    if offsets and all(isinstance(value, dict) for value in offsets.values()):
+        offsets = offsets.get(topic, {})
+    return {int(partition): int(offset) for partition, offset in offsets.items()}
+
+
+def checkpoint_filesystem(checkpoint_dir: str) -> tuple[fs.FileSystem, str]:
+    """A pyarrow filesystem and path for a checkpoint folder: a local path or a URI."""
+    location = checkpoint_dir if "://" in checkpoint_dir else str(Path(checkpoint_dir).resolve())
+    filesystem, path = fs.FileSystem.from_uri(location)
+    return filesystem, str(path)
+
+
+class CheckpointLog:
+    """The offset and commit logs of one checkpoint folder (local or a pyarrow-supported URI)."""
+
+    def __init__(self, checkpoint_dir: str) -> None:
+        self._filesystem, self._path = checkpoint_filesystem(checkpoint_dir)
+
+    def latest_batch(self, log: str) -> int | None:
+        """The highest batch id in `log` (`offsets` or `commits`), None if it has none."""
+        selector = fs.FileSelector(f"{self._path}/{log}", allow_not_found=True)
+        batch_ids = [
+            int(info.base_name)
+            for info in self._filesystem.get_file_info(selector)
+            # Spark writes to a hidden temp file and renames: only whole entries are numbers.
+            if info.type == fs.FileType.File and info.base_name.isdigit()
+        ]
+        return max(batch_ids, default=None)
+
+    def offsets(self, batch_id: int, topic: str) -> dict[int, int]:
+        """The offsets batch `batch_id` ends at (exclusive), per partition."""
+        with self._filesystem.open_input_stream(f"{self._path}/{OFFSETS_DIR}/{batch_id}") as file:
+            return parse_offsets_file(file.read().decode("utf-8"), topic)

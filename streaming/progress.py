@@ -1,0 +1,189 @@
+"""One summary per micro-batch: a structured log line, and the last one kept in the checkpoint.
+
+The sink knows what a batch wrote (rows per table); Spark's progress event knows what it read
+(records, offsets, the broker's latest offsets) and how long the whole batch took. The two meet
+here: the sink hands its `BatchOutcome` over, and `ProgressListener` joins it with the batch's
+progress event, logs one JSON line on `tenant_windows.progress`, writes
+`<checkpoint>/progress/last_batch.json` for `tenant-windows status`, and tells an optional
+observer (a progress bar). Spark posts progress events from its listener bus, after the batch's
+commit log entry, so nothing here slows the batch itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pyarrow import fs
+from pydantic import BaseModel, ConfigDict
+from pyspark.sql.streaming.listener import (
+    QueryIdleEvent,
+    QueryProgressEvent,
+    QueryStartedEvent,
+    QueryTerminatedEvent,
+    StreamingQueryListener,
+)
+
+from streaming.checkpoint_log import checkpoint_filesystem
+
+progress_log = logging.getLogger("tenant_windows.progress")
+log = logging.getLogger(__name__)
+
+PROGRESS_DIR = "progress"
+LAST_BATCH_FILE = "last_batch.json"
+
+
+class BatchOutcome(BaseModel):
+    """What the sink did with one micro-batch."""
+
+    model_config = ConfigDict(frozen=True)
+
+    batch_id: int
+    rows: dict[str, int]
+    """Rows committed per table; empty when the batch was already committed (a replay)."""
+    already_committed: bool = False
+
+
+class BatchProgress(BaseModel):
+    """One finished micro-batch, as logged and as `status` shows it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    stream: str
+    batch_id: int
+    finished_at: str
+    """Spark's timestamp of the batch's trigger (ISO 8601, UTC)."""
+    records_read: int
+    rows: dict[str, int]
+    duration_ms: int
+    max_kafka_lag: int | None
+    """Records in the topic after this batch's end offsets, at the largest partition; None if
+    the source did not report the broker's latest offsets."""
+    already_committed: bool = False
+
+
+def kafka_lag(latest_offset_json: str | None, end_offset_json: str | None) -> dict[int, int]:
+    """Records per partition between a batch's end offsets and the broker's latest offsets.
+
+    Both are a source's offset JSON (`{"<partition>": offset}`, or Spark's Kafka source's
+    `{"<topic>": {...}}`); a missing one gives no lag.
+    """
+    if not latest_offset_json or not end_offset_json:
+        return {}
+    latest = _per_partition(json.loads(latest_offset_json))
+    end = _per_partition(json.loads(end_offset_json))
+    return {partition: max(latest[partition] - end.get(partition, 0), 0) for partition in latest}
+
+
+def _per_partition(offsets: Mapping[str, Any]) -> dict[int, int]:
+    if offsets and all(isinstance(value, dict) for value in offsets.values()):
+        # Spark's Kafka source: one topic per query here.
+        offsets = next(iter(offsets.values()))
+    return {int(partition): int(offset) for partition, offset in offsets.items()}
+
+
+class LastBatchFile:
+    """`<checkpoint>/progress/last_batch.json`, written whole (temp file, then rename)."""
+
+    def __init__(self, checkpoint_dir: str) -> None:
+        self._filesystem, root = checkpoint_filesystem(checkpoint_dir)
+        self._folder = f"{root}/{PROGRESS_DIR}"
+
+    @property
+    def _path(self) -> str:
+        return f"{self._folder}/{LAST_BATCH_FILE}"
+
+    def write(self, progress: BatchProgress) -> None:
+        self._filesystem.create_dir(self._folder, recursive=True)
+        # A reader never sees half a file: the rename replaces the old one in one step.
+        temp = f"{self._folder}/.{LAST_BATCH_FILE}.{uuid.uuid4().hex}.tmp"
+        with self._filesystem.open_output_stream(temp) as out:
+            out.write(progress.model_dump_json().encode("utf-8"))
+        self._filesystem.move(temp, self._path)
+
+    def read(self) -> BatchProgress | None:
+        if self._filesystem.get_file_info(self._path).type != fs.FileType.File:
+            return None
+        with self._filesystem.open_input_stream(self._path) as file:
+            return BatchProgress.model_validate_json(file.read())
+
+
+class ProgressListener(StreamingQueryListener):
+    """Joins the sink's outcomes with the stream's progress events; one per running stream.
+
+    The camelCase method names are Spark's API (hence the `noqa: N802`).
+    """
+
+    def __init__(
+        self,
+        stream: str,
+        last_batch: LastBatchFile,
+        observer: Callable[[BatchProgress], None] | None = None,
+    ) -> None:
+        self.stream = stream
+        self.last_batch = last_batch
+        self.observer = observer
+        self._pending: dict[int, BatchOutcome] = {}
+        self._changed = threading.Condition()
+
+    def record(self, outcome: BatchOutcome) -> None:
+        """Called by the sink when a batch's commits are done; reported with its progress event."""
+        with self._changed:
+            self._pending[outcome.batch_id] = outcome
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until every recorded outcome is reported, then forget the rest; False if one was
+        not reported in time (its batch was stopped before Spark finished it)."""
+        with self._changed:
+            reported = self._changed.wait_for(lambda: not self._pending, timeout=timeout_s)
+            self._pending.clear()
+            return reported
+
+    def onQueryStarted(self, event: QueryStartedEvent) -> None:  # noqa: N802
+        return None
+
+    def onQueryProgress(self, event: QueryProgressEvent) -> None:  # noqa: N802
+        progress = event.progress
+        if progress.name != self.stream:
+            return
+        with self._changed:
+            outcome = self._pending.pop(progress.batchId, None)
+        if outcome is None:
+            return  # a trigger that ran no batch
+        try:
+            self._report(outcome, progress)
+        except Exception:
+            # The listener bus must keep running: a lost summary is not worth failing over.
+            log.exception("batch %d: could not report progress", outcome.batch_id)
+        finally:
+            with self._changed:
+                self._changed.notify_all()
+
+    def onQueryIdle(self, event: QueryIdleEvent) -> None:  # noqa: N802
+        return None
+
+    def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:  # noqa: N802
+        return None
+
+    def _report(self, outcome: BatchOutcome, progress: Any) -> None:
+        lags: dict[int, int] = {}
+        for source in progress.sources:
+            lags.update(kafka_lag(source.latestOffset, source.endOffset))
+        summary = BatchProgress(
+            stream=self.stream,
+            batch_id=outcome.batch_id,
+            finished_at=progress.timestamp,
+            records_read=progress.numInputRows,
+            rows=outcome.rows,
+            duration_ms=progress.batchDuration,
+            max_kafka_lag=max(lags.values()) if lags else None,
+            already_committed=outcome.already_committed,
+        )
+        progress_log.info(summary.model_dump_json())
+        self.last_batch.write(summary)
+        if self.observer is not None:
+            self.observer(summary)

@@ -1,0 +1,275 @@
+"""What `tenant-windows status` shows, gathered without Spark and without the writer lease.
+
+Every part is a plain read that works while the stream runs: the latest `tenant_status` row per
+key (delta-rs and pyarrow), Kafka lag (the broker's end offsets against the offsets in Spark's
+checkpoint log), the last batch's summary the driver keeps in the checkpoint, and the lease
+table. A part that cannot be read (a broker down, no checkpoint yet) becomes a section that says
+why, so the others are still shown.
+
+Each part is a `StatusSection`: a title and rows of named values. Sections other parts of the
+product own (e.g. dead-letter deliveries of notifications) join through `gather_status`'s
+`extra_sections`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
+from pydantic import BaseModel, ConfigDict
+
+from storage.delta_lake import DeltaLake
+from storage.tables import TENANT_STATUS
+from storage.writer_lease import read_lease
+from streaming.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
+from streaming.kafka.client import consumer_config
+from streaming.progress import LastBatchFile
+from tenants.registry import load_registry
+from tenants.settings import AppSettings
+
+log = logging.getLogger(__name__)
+
+KAFKA_TIMEOUT_MS = 5_000
+NO_DATA_YET = "no data yet"
+KEYS = "keys"
+KAFKA_LAG = "kafka lag"
+LAST_BATCH = "last batch"
+WRITER_LEASE = "writer lease"
+_KEY_COLUMNS = [
+    "watermark",
+    "max_event_time",
+    "open_windows",
+    "on_time_records",
+    "late_records",
+    "too_late_records",
+    "quarantined_records",
+    "batch_id",
+]
+
+
+class StatusSection(BaseModel):
+    """One titled part of the status: rows of named values, and a note (e.g. why it is empty)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    title: str
+    rows: list[dict[str, Any]]
+    note: str | None = None
+
+
+SectionSource = Callable[[AppSettings, DeltaLake], StatusSection]
+"""Reads one section; given the settings and the lake."""
+
+
+def gather_status(
+    settings: AppSettings, extra_sections: Mapping[str, SectionSource] | None = None
+) -> list[StatusSection]:
+    """Every section, in display order. `extra_sections` (title: reader) come last: the
+    extension point for sections other parts own, e.g. "dead-letter deliveries"."""
+    lake = DeltaLake.from_settings(settings.lake)
+    readers: dict[str, SectionSource] = {
+        KEYS: key_status_section,
+        KAFKA_LAG: kafka_lag_section,
+        LAST_BATCH: last_batch_section,
+        WRITER_LEASE: writer_lease_section,
+        **(extra_sections or {}),
+    }
+    return [_guarded(title, reader, settings, lake) for title, reader in readers.items()]
+
+
+def _guarded(
+    title: str, reader: SectionSource, settings: AppSettings, lake: DeltaLake
+) -> StatusSection:
+    try:
+        return reader(settings, lake)
+    except Exception as error:
+        # One unreadable part must not hide the others.
+        return StatusSection(title=title, rows=[], note=f"could not be read: {error}")
+
+
+# -- keys: the latest tenant_status row per (tenant, source) ------------------------------------
+
+
+def latest_per_key(status_rows: pa.Table) -> pa.Table:
+    """The row of the highest `batch_id` per (tenant, source), vectorised, ordered by key."""
+    if status_rows.num_rows == 0:
+        return status_rows.select(["tenant", "source", *_KEY_COLUMNS])
+    ordered = status_rows.sort_by([("batch_id", "ascending")])
+    # "last" is an ordered aggregation: without threads it follows the sorted input.
+    latest = ordered.group_by(["tenant", "source"], use_threads=False).aggregate(
+        [(column, "last") for column in _KEY_COLUMNS]
+    )
+    latest = latest.rename_columns([name.removesuffix("_last") for name in latest.column_names])
+    return latest.sort_by([("tenant", "ascending"), ("source", "ascending")])
+
+
+def key_status_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
+    """Watermark, how far it trails the newest record, open windows and counters per key;
+    configured keys without a row yet are listed as having no data."""
+    columns = ["tenant", "source", *_KEY_COLUMNS]
+    table = lake.open(TENANT_STATUS).to_pyarrow_dataset().to_table(columns=columns)
+    latest = latest_per_key(table)
+    trailing_ms = pc.subtract(
+        pc.cast(latest["max_event_time"], pa.int64()), pc.cast(latest["watermark"], pa.int64())
+    )
+    latest = latest.append_column("trailing_ms", pc.divide(trailing_ms, 1_000))
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in latest.to_pylist():
+        rows[(row["tenant"], row["source"])] = {
+            "tenant": row["tenant"],
+            "source": row["source"],
+            "watermark": _iso(row["watermark"]),
+            "trailing_s": None if row["trailing_ms"] is None else row["trailing_ms"] / 1000,
+            "open_windows": row["open_windows"],
+            "on_time": row["on_time_records"],
+            "late": row["late_records"],
+            "too_late": row["too_late_records"],
+            "quarantined": row["quarantined_records"],
+            "batch_id": row["batch_id"],
+        }
+    registry = load_registry(settings.conf_dir)
+    for tenant, config in registry.tenants.items():
+        for source in config.sources:
+            rows.setdefault(
+                (tenant, source),
+                {"tenant": tenant, "source": source, "watermark": NO_DATA_YET},
+            )
+    return StatusSection(
+        title=KEYS,
+        rows=[rows[key] for key in sorted(rows)],
+        note="trailing_s: newest event time minus the watermark",
+    )
+
+
+# -- Kafka lag: broker end offsets against the checkpoint's offsets ----------------------------
+
+
+def kafka_lag_section(settings: AppSettings, _lake: DeltaLake) -> StatusSection:
+    checkpoint = CheckpointLog(settings.stream.checkpoint_dir)
+    committed = checkpoint.latest_batch(COMMITS_DIR)
+    planned = checkpoint.latest_batch(OFFSETS_DIR)
+    topic = settings.kafka.topic
+    written = {} if committed is None else checkpoint.offsets(committed, topic)
+    end_offsets = broker_end_offsets(settings.kafka.bootstrap_servers, topic)
+    rows = [
+        {
+            "topic": topic,
+            "partition": partition,
+            "end_offset": end,
+            "committed_offset": written.get(partition),
+            "lag": end - written[partition] if partition in written else None,
+        }
+        for partition, end in sorted(end_offsets.items())
+    ]
+    if committed is None:
+        note = "no batch committed yet: nothing read"
+    else:
+        note = f"committed offsets: after batch {committed}, the last one written to the tables"
+        if planned is not None and planned != committed:
+            note += f"; batch {planned} is in progress"
+    return StatusSection(title=KAFKA_LAG, rows=rows, note=note)
+
+
+def backlog_records(settings: AppSettings) -> int | None:
+    """Records the stream has yet to read: the broker's end offsets minus the last committed
+    batch's offsets (a new checkpoint starting at `earliest`: the beginning offsets); None
+    when a new checkpoint starts elsewhere."""
+    checkpoint = CheckpointLog(settings.stream.checkpoint_dir)
+    committed = checkpoint.latest_batch(COMMITS_DIR)
+    topic = settings.kafka.topic
+    if committed is not None:
+        start = checkpoint.offsets(committed, topic)
+    elif settings.kafka.starting_offsets == "earliest":
+        start = broker_end_offsets(settings.kafka.bootstrap_servers, topic, beginning=True)
+    else:
+        return None
+    end = broker_end_offsets(settings.kafka.bootstrap_servers, topic)
+    return sum(max(offset - start.get(partition, 0), 0) for partition, offset in end.items())
+
+
+def broker_end_offsets(
+    bootstrap_servers: str, topic: str, beginning: bool = False
+) -> dict[int, int]:
+    """The next offset to be written (`beginning`: the first one kept), per partition of
+    `topic`; every wait is bounded."""
+    consumer = KafkaConsumer(
+        **consumer_config(
+            bootstrap_servers,
+            request_timeout_ms=KAFKA_TIMEOUT_MS,
+            client_id="tenant-windows-status",
+            budget_ms=KAFKA_TIMEOUT_MS,
+        )
+    )
+    try:
+        partitions = _partitions_of(consumer, topic)
+        wanted = [TopicPartition(topic, p) for p in partitions]
+        ends = consumer.beginning_offsets(wanted) if beginning else consumer.end_offsets(wanted)
+    finally:
+        consumer.close()
+    return {tp.partition: offset for tp, offset in ends.items()}
+
+
+def _partitions_of(consumer: KafkaConsumer, topic: str) -> list[int]:
+    deadline = time.monotonic() + KAFKA_TIMEOUT_MS / 1000
+    while True:
+        partitions = consumer.partitions_for_topic(topic)
+        if partitions:
+            return sorted(partitions)
+        if time.monotonic() > deadline:
+            raise KafkaError(f"topic {topic!r} has no partitions on the broker")
+        time.sleep(0.1)
+
+
+# -- the last batch, as the driver recorded it -------------------------------------------------
+
+
+def last_batch_section(settings: AppSettings, _lake: DeltaLake) -> StatusSection:
+    last = LastBatchFile(settings.stream.checkpoint_dir).read()
+    if last is None:
+        return StatusSection(title=LAST_BATCH, rows=[], note="no batch finished yet")
+    row: dict[str, Any] = {
+        "batch_id": last.batch_id,
+        "finished_at": last.finished_at,
+        "duration_ms": last.duration_ms,
+        "records_read": last.records_read,
+        "max_kafka_lag": last.max_kafka_lag,
+        **{f"rows.{table}": count for table, count in last.rows.items()},
+    }
+    note = "already committed before: a replay, nothing written" if last.already_committed else None
+    return StatusSection(title=LAST_BATCH, rows=[row], note=note)
+
+
+# -- the writer lease -------------------------------------------------------------------------
+
+
+def writer_lease_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
+    lease = read_lease(lake, settings.stream.name, settings.stream.lease_ttl_ms)
+    if lease is None:
+        return StatusSection(title=WRITER_LEASE, rows=[], note="never claimed")
+    row = {
+        "holder": lease.instance_id,
+        "epoch": lease.epoch,
+        "host": lease.host,
+        "pid": lease.pid,
+        "renewed_at": _iso_ms(lease.renewed_at_ms),
+        "expires_at": _iso_ms(lease.expires_at_ms),
+        "state": lease.state,
+    }
+    return StatusSection(title=WRITER_LEASE, rows=[row])
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat(timespec="milliseconds")
+
+
+def _iso_ms(epoch_ms: int | None) -> str | None:
+    if epoch_ms is None:
+        return None
+    return _iso(datetime.fromtimestamp(epoch_ms / 1000, tz=UTC))
