@@ -50,6 +50,7 @@ _KEY_COLUMNS = [
     "late_records",
     "too_late_records",
     "quarantined_records",
+    "lifecycle",
     "batch_id",
 ]
 
@@ -125,22 +126,20 @@ def key_status_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
         rows[(row["tenant"], row["source"])] = {
             "tenant": row["tenant"],
             "source": row["source"],
-            "watermark": _iso(row["watermark"]),
+            # A `configured` row: the key is known but has not sent anything yet.
+            "watermark": NO_DATA_YET if row["watermark"] is None else _iso(row["watermark"]),
             "trailing_s": None if row["trailing_ms"] is None else row["trailing_ms"] / 1000,
             "open_windows": row["open_windows"],
             "on_time": row["on_time_records"],
             "late": row["late_records"],
             "too_late": row["too_late_records"],
             "quarantined": row["quarantined_records"],
+            # null on rows written before the column existed
+            "lifecycle": row["lifecycle"],
             "batch_id": row["batch_id"],
         }
-    registry = load_registry(settings.conf_dir)
-    for tenant, config in registry.tenants.items():
-        for source in config.sources:
-            rows.setdefault(
-                (tenant, source),
-                {"tenant": tenant, "source": source, "watermark": NO_DATA_YET},
-            )
+    for key in load_registry(settings.conf_dir).configured_keys():
+        rows.setdefault(key, {"tenant": key[0], "source": key[1], "watermark": NO_DATA_YET})
     return StatusSection(
         title=KEYS,
         rows=[rows[key] for key in sorted(rows)],

@@ -80,14 +80,17 @@ def test_latest_per_key_takes_each_keys_row_of_its_highest_batch() -> None:
             "late_records": [0, 0, 0, 0, 0],
             "too_late_records": [0, 0, 0, 0, 0],
             "quarantined_records": [0, 0, 0, 0, 0],
+            "lifecycle": ["active", "configured", "offboarded", None, "active"],
             "batch_id": [3, 1, 7, 0, 5],
         }
     )
     latest = latest_per_key(rows).to_pylist()
-    assert [(r["tenant"], r["source"], r["batch_id"], r["watermark"]) for r in latest] == [
-        ("a", "billing", 0, 100),
-        ("a", "web", 3, 3),
-        ("b", "web", 7, 20),
+    assert [
+        (r["tenant"], r["source"], r["batch_id"], r["watermark"], r["lifecycle"]) for r in latest
+    ] == [
+        ("a", "billing", 0, 100, None),
+        ("a", "web", 3, 3, "active"),
+        ("b", "web", 7, 20, "offboarded"),
     ]
 
 
@@ -240,7 +243,11 @@ def test_status_shows_keys_lag_last_batch_and_lease(
         assert shown["open_windows"] == row.open_windows
         assert shown["on_time"] == row.on_time_records
         assert shown["too_late"] == row.too_late_records
-        assert shown["trailing_s"] == (row.max_event_time - row.watermark).total_seconds()
+        assert shown["lifecycle"] == row.lifecycle
+        if row.lifecycle == "configured":
+            assert shown["watermark"] == NO_DATA_YET and shown["trailing_s"] is None
+        else:
+            assert shown["trailing_s"] == (row.max_event_time - row.watermark).total_seconds()
     # Configured, but nothing produced for it.
     assert keys[("initech", "web")]["watermark"] == NO_DATA_YET
     assert keys[("initech", "billing")]["watermark"] == NO_DATA_YET
