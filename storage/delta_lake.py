@@ -15,7 +15,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from storage.commits import check_fence, commit_without_conflict, conditional
 from storage.data_files import WrittenFile
 from storage.s3 import reaching, storage_options
-from storage.tables import ALL_TABLES, TableSpec
+from storage.tables import LAKE_TABLES, TableSpec
 from tenants.settings import LakeSettings
 
 
@@ -48,7 +48,7 @@ class DeltaLake:
 
     def ensure_tables(self) -> None:
         """Create every table that does not exist yet, so readers always find all of them."""
-        for spec in ALL_TABLES:
+        for spec in LAKE_TABLES:
             with reaching(self.root, self.storage_options):
                 DeltaTable.create(
                     self.table_uri(spec),
@@ -82,7 +82,7 @@ class DeltaLake:
                 # Also files no commit ever referenced, not only those removed by a commit.
                 full=True,
             )
-            for spec in ALL_TABLES
+            for spec in LAKE_TABLES
         }
 
     def optimize(self, target_file_bytes: int | None = None) -> dict[str, TableMaintenance]:
@@ -95,7 +95,7 @@ class DeltaLake:
         carry `dataChange = false`, and the stream's own commits retry around them.
         """
         done = {}
-        for spec in ALL_TABLES:
+        for spec in LAKE_TABLES:
             with reaching(self.root, self.storage_options):
                 table = self.open(spec)
                 metrics = table.optimize.compact(target_size=target_file_bytes)
