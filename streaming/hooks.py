@@ -28,7 +28,7 @@ class FaultPoint(StrEnum):
     BEFORE_DELIVERY = "before_delivery"
     """Driver, notifier: before a request announcing a pane; position: the pane's batch id."""
     AFTER_DELIVERY_BEFORE_RECORD = "after_delivery_before_record"
-    """Driver, notifier: a request was answered, its attempt not yet recorded; position: as above."""
+    """Driver, notifier: a request was answered, its attempt not recorded; position: as above."""
 
 
 DELIVERY_POINTS = frozenset({FaultPoint.BEFORE_DELIVERY, FaultPoint.AFTER_DELIVERY_BEFORE_RECORD})
