@@ -205,6 +205,14 @@ class NotifyTarget(_Frozen):
         default=5_000, alias="timeout", description="How long one request may take."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _on_read_as_a_key(cls, data: object) -> object:
+        # YAML 1.1 (PyYAML) reads a bare `on:` key as the boolean true.
+        if isinstance(data, dict) and any(key is True for key in data):
+            data = {("on" if key is True else key): value for key, value in data.items()}
+        return data
+
     @field_validator("url")
     @classmethod
     def _url_is_http_or_a_reference(cls, url: SecretStr) -> SecretStr:
