@@ -208,6 +208,7 @@ class _Run:
         self.planned = -1
         self.outstanding: Counter[int] = Counter()  # unfinished deliveries per windows batch
         self.pending: list[AttemptRow] = []
+        self.resumed: dict[tuple[str, str], Progress] = {}
         self.last_commit_s = time.monotonic()
 
     def _deliver(self, delivery: Delivery) -> None:
@@ -227,14 +228,15 @@ class _Run:
         if self.recorded is None:
             self.recorded = notifier.outbox.delivered_through()
             self.planned = self.recorded
+            # What an earlier run did past the mark; this run adds rows only for what it plans.
+            self.resumed = notifier.outbox.progress_after(self.recorded)
             notifier._set_recorded(self.recorded)
             self.windows = notifier.lake.open(WINDOWS)
         assert self.windows is not None
         self.windows.update_incremental()
         committed = notifier._committed_windows_batch(self.windows)
         if committed > self.planned:
-            done = notifier.outbox.progress_after(self.planned)
-            for delivery in notifier.plan(self.windows, self.planned, committed, done):
+            for delivery in notifier.plan(self.windows, self.planned, committed, self.resumed):
                 self.outstanding[delivery.pane.batch_id] += 1
                 self.lanes.submit(delivery)
             self.planned = committed
