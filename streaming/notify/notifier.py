@@ -85,7 +85,8 @@ class Notifier:
         self._has_notify: dict[str, bool] = {}  # by config fingerprint
         self._progress = threading.Condition()
         self._recorded_through: int | None = None
-        self._flush_now = threading.Event()
+        # Set by a waiter: commit the high-water mark now rather than at the next interval.
+        self.flush_requested = threading.Event()
 
     def start(self, stopping: threading.Event) -> threading.Thread:
         """Deliver in threads until `stopping` is set; the caller joins the returned thread,
@@ -97,12 +98,12 @@ class Notifier:
     def wait_until_drained(self, abandon: threading.Event) -> bool:
         """Block until every pane committed to `windows` so far is delivered or dead-lettered
         (bounded: each delivery has a bounded number of attempts); False if `abandon` is set."""
-        target = self._committed_windows_batch(self.lake.open(WINDOWS))
+        target = self.committed_windows_batch(self.lake.open(WINDOWS))
         with self._progress:
             while not abandon.is_set():
                 if self._recorded_through is not None and self._recorded_through >= target:
                     return True
-                self._flush_now.set()
+                self.flush_requested.set()
                 self._progress.wait(timeout=0.5)
         return False
 
@@ -119,12 +120,14 @@ class Notifier:
         finally:
             run.finish()
 
-    def _set_recorded(self, through: int) -> None:
+    def publish_recorded(self, through: int) -> None:
+        """The outbox's high-water mark is now `through`: wake `wait_until_drained`."""
         with self._progress:
             self._recorded_through = through
             self._progress.notify_all()
 
-    def _committed_windows_batch(self, windows: DeltaTable) -> int:
+    def committed_windows_batch(self, windows: DeltaTable) -> int:
+        """The newest batch this stream committed to `windows`; -1 before any."""
         committed = windows.transaction_version(self.stream)
         return -1 if committed is None else committed
 
@@ -230,18 +233,18 @@ class _Run:
             self.planned = self.recorded
             # What an earlier run did past the mark; this run adds rows only for what it plans.
             self.resumed = notifier.outbox.progress_after(self.recorded)
-            notifier._set_recorded(self.recorded)
+            notifier.publish_recorded(self.recorded)
             self.windows = notifier.lake.open(WINDOWS)
         assert self.windows is not None
         self.windows.update_incremental()
-        committed = notifier._committed_windows_batch(self.windows)
+        committed = notifier.committed_windows_batch(self.windows)
         if committed > self.planned:
             for delivery in notifier.plan(self.windows, self.planned, committed, self.resumed):
                 self.outstanding[delivery.pane.batch_id] += 1
                 self.lanes.submit(delivery)
             self.planned = committed
         self._collect(timeout_s=notifier.settings.poll_interval_ms / 1000)
-        self._commit(force=notifier._flush_now.is_set())
+        self._commit(force=notifier.flush_requested.is_set())
 
     def finish(self) -> None:
         self.lanes.join()
@@ -268,12 +271,12 @@ class _Run:
         if not self.pending and not (advance and due):
             return
         self.notifier.outbox.record(self.pending, through if advance else None)
-        self.notifier._flush_now.clear()
+        self.notifier.flush_requested.clear()
         self.outstanding, self.pending = outstanding, []
         self.last_commit_s = time.monotonic()
         if advance:
             self.recorded = through
-            self.notifier._set_recorded(through)
+            self.notifier.publish_recorded(through)
 
 
 def _drain(results: queue.Queue[AttemptRow], timeout_s: float) -> Iterator[AttemptRow]:
