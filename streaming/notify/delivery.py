@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from storage.deliveries import AttemptRow, Outcome
 from streaming.hooks import FaultHook, FaultPoint
 from streaming.notify.endpoints import Endpoint, SendResult
-from streaming.notify.payloads import Pane
+from streaming.notify.payloads import Pane, iso_utc
 from tenants.settings import NotifySettings
 
 log = logging.getLogger(__name__)
@@ -78,11 +78,11 @@ def deliver(
         if outcome is not Outcome.RETRYING:
             if outcome is Outcome.DEAD_LETTER:
                 log.warning(
-                    "notification dead-lettered: %s/%s pane %d of %s to %s after %d attempts: %s",
+                    "notification dead-lettered: %s/%s window %s pane %d to %s after %d attempts: %s",
                     pane.tenant,
                     pane.source,
+                    iso_utc(pane.window_start_ms),
                     pane.pane_index,
-                    pane.window_start_ms,
                     delivery.endpoint.redacted,
                     attempt,
                     result.error,
