@@ -78,7 +78,7 @@ def deliver(
         if outcome is not Outcome.RETRYING:
             if outcome is Outcome.DEAD_LETTER:
                 log.warning(
-                    "notification dead-lettered: %s/%s window %s pane %d to %s after %d attempts: %s",
+                    "dead-lettered: %s/%s window %s pane %d to %s after %d attempts: %s",
                     pane.tenant,
                     pane.source,
                     iso_utc(pane.window_start_ms),
