@@ -173,11 +173,14 @@ class NotifyOn(StrEnum):
 
 def check_endpoint_url(url: str) -> str:
     """Raise unless `url` is an absolute http(s) URL with a host; the error never quotes it."""
+    if any(character.isspace() or not character.isprintable() for character in url):
+        raise ValueError("the URL contains spaces or control characters")
     try:
         parts = urlsplit(url)
         has_host = bool(parts.hostname)
+        parts.port  # noqa: B018 - raises for a port that is not a number in range
     except ValueError:
-        raise ValueError("not a valid URL") from None
+        raise ValueError("not a valid URL (check the host and port)") from None
     if parts.scheme.lower() not in URL_SCHEMES:
         raise ValueError(
             f"only http and https URLs are accepted (got scheme {parts.scheme or 'none'!r})"

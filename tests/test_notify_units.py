@@ -197,6 +197,8 @@ def _write_conf(tmp_path: Path, notify_yaml: str) -> Path:
         ("      - {kind: webhook, url: 'http://127.0.0.1/x', on: sometimes}\n", "final"),
         ("      - {kind: webhook, url: 'http://127.0.0.1/x', timeout: soon}\n", "duration"),
         ("      - {kind: webhook, url: 'secret:'}\n", "file path"),
+        ("      - {kind: webhook, url: 'http://127.0.0.1:99999/no-host'}\n", "host and port"),
+        ("      - {kind: webhook, url: 'http://127.0.0.1/a no-host'}\n", "spaces"),
     ],
 )
 def test_a_bad_endpoint_is_refused_naming_the_file_and_field(

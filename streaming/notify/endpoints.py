@@ -138,6 +138,9 @@ def post(endpoint: Endpoint, idempotency_key: str, body: bytes) -> SendResult:
         error.close()
         retryable = error.code in RETRYABLE_STATUS or error.code >= 500
         return SendResult(error.code, f"HTTP {error.code}", retryable)
+    except (ValueError, http.client.InvalidURL) as error:
+        # Complaints about a malformed URL quote it: keep only what kind of problem it was.
+        return SendResult(None, f"{type(error).__name__}: malformed URL", retryable=False)
     except (urllib.error.URLError, OSError, http.client.HTTPException) as error:
         reason = error.reason if isinstance(error, urllib.error.URLError) else error
         text = f"{type(reason).__name__}: {reason}"
