@@ -143,8 +143,8 @@ class NotifySettings(_Frozen):
     endpoint_workers: int = Field(
         default=8,
         gt=0,
-        description="Delivery threads; each endpoint is bound to one, so a slow endpoint "
-        "delays only the endpoints sharing its thread (none, up to this many endpoints).",
+        description="Delivery threads shared by all endpoints; an endpoint is served by one "
+        "at a time and not at all while it backs off, so a slow endpoint occupies at most one.",
     )
     poll_interval_ms: PositiveDurationMs = Field(
         default=1_000,

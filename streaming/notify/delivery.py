@@ -1,20 +1,24 @@
-"""Deliver one pane to one endpoint: bounded attempts with full-jitter backoff, then dead-letter.
+"""Deliver panes to endpoints: bounded attempts with full-jitter backoff, then dead-letter.
 
-Each endpoint is bound to one lane (a thread with its own queue) of a bounded pool, so a slow or
-failing endpoint holds up only its own lane, never other tenants' endpoints or the micro-batches.
-Every attempt is reported as an `AttemptRow` for the outbox; the key and body are the same on
-every attempt, so an attempt repeated after a crash is deduplicated by the receiver.
+`EndpointScheduler` keeps one queue per endpoint and a bounded pool of workers. A worker makes
+one attempt at a time, for an endpoint no other worker is serving, and a failed attempt's
+backoff is a time before which that endpoint is not picked, not a sleeping worker. So a slow
+endpoint ties up at most one worker (for at most its timeout per attempt), a failing one none
+while it backs off, and other tenants' endpoints, like the micro-batches, never wait for them.
+Each endpoint's deliveries go in order. Every attempt is reported as an `AttemptRow` for the
+outbox; the key and body are the same on every attempt, so an attempt repeated after a crash is
+deduplicated by the receiver.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from storage.deliveries import AttemptRow, Outcome
 from streaming.hooks import FaultHook, FaultPoint
@@ -25,7 +29,7 @@ from tenants.settings import NotifySettings
 log = logging.getLogger(__name__)
 
 Send = Callable[[Endpoint, str, bytes], SendResult]
-_QUEUE_POLL_S = 0.2
+_IDLE_POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -50,46 +54,32 @@ def backoff_ms(failed_attempts: int, settings: NotifySettings, rng: random.Rando
     return rng.randint(0, backoff_ceiling_ms(failed_attempts, settings))
 
 
-def deliver(
-    delivery: Delivery,
-    send: Send,
-    settings: NotifySettings,
-    fault_hook: FaultHook,
-    stopping: threading.Event,
-    report: Callable[[AttemptRow], None],
-    rng: random.Random,
-) -> None:
-    """Attempt `delivery` until it succeeds, fails for good, or `settings.max_attempts` attempts
-    of this run have failed; report every attempt. Returns early (unfinished) when `stopping`."""
-    last_attempt = delivery.first_attempt + settings.max_attempts - 1
+def attempt(
+    delivery: Delivery, number: int, last: int, send: Send, fault_hook: FaultHook
+) -> AttemptRow:
+    """Make attempt `number` of `delivery` (of at most `last`) and say how it ended."""
     pane = delivery.pane
-    for attempt in range(delivery.first_attempt, last_attempt + 1):
-        fault_hook.reached(FaultPoint.BEFORE_DELIVERY, pane.batch_id)
-        attempted_at_ms = _now_ms()
-        result = send(delivery.endpoint, delivery.idempotency_key, delivery.body)
-        fault_hook.reached(FaultPoint.AFTER_DELIVERY_BEFORE_RECORD, pane.batch_id)
-        if result.succeeded:
-            outcome = Outcome.SUCCEEDED
-        elif result.retryable and attempt < last_attempt:
-            outcome = Outcome.RETRYING
-        else:
-            outcome = Outcome.DEAD_LETTER
-        report(_attempt_row(delivery, attempt, result, outcome, attempted_at_ms))
-        if outcome is not Outcome.RETRYING:
-            if outcome is Outcome.DEAD_LETTER:
-                log.warning(
-                    "dead-lettered: %s/%s window %s pane %d to %s after %d attempts: %s",
-                    pane.tenant,
-                    pane.source,
-                    iso_utc(pane.window_start_ms),
-                    pane.pane_index,
-                    delivery.endpoint.redacted,
-                    attempt,
-                    result.error,
-                )
-            return
-        if stopping.wait(backoff_ms(attempt - delivery.first_attempt + 1, settings, rng) / 1000):
-            return
+    fault_hook.reached(FaultPoint.BEFORE_DELIVERY, pane.batch_id)
+    attempted_at_ms = _now_ms()
+    result = send(delivery.endpoint, delivery.idempotency_key, delivery.body)
+    fault_hook.reached(FaultPoint.AFTER_DELIVERY_BEFORE_RECORD, pane.batch_id)
+    if result.succeeded:
+        outcome = Outcome.SUCCEEDED
+    elif result.retryable and number < last:
+        outcome = Outcome.RETRYING
+    else:
+        outcome = Outcome.DEAD_LETTER
+        log.warning(
+            "dead-lettered: %s/%s window %s pane %d to %s after %d attempts: %s",
+            pane.tenant,
+            pane.source,
+            iso_utc(pane.window_start_ms),
+            pane.pane_index,
+            delivery.endpoint.redacted,
+            number,
+            result.error,
+        )
+    return _attempt_row(delivery, number, result, outcome, attempted_at_ms)
 
 
 def _attempt_row(
@@ -117,49 +107,122 @@ def _attempt_row(
     )
 
 
-class EndpointLanes:
-    """`lanes` threads, each with its own queue; an endpoint is bound to one lane for good.
+@dataclass
+class _Job:
+    delivery: Delivery
+    next_attempt: int
 
-    Endpoints take free lanes in the order they first appear, so up to `lanes` endpoints never
-    share one; beyond that they are spread round-robin.
+
+@dataclass
+class _EndpointQueue:
+    jobs: deque[_Job] = field(default_factory=deque)
+    busy: bool = False
+    not_before_s: float = 0.0
+    """Monotonic time before which the endpoint is backing off."""
+
+
+class EndpointScheduler:
+    """A bounded pool of workers over one queue per endpoint; see the module doc.
+
+    Each delivery gets `settings.max_attempts` attempts from its `first_attempt` on; every
+    attempt is passed to `report` (from a worker thread). Workers end when `stopping` is set,
+    after their attempt in flight; what is left unfinished is not reported.
     """
 
     def __init__(
-        self, lanes: int, run: Callable[[Delivery], None], stopping: threading.Event
+        self,
+        settings: NotifySettings,
+        send: Send,
+        fault_hook: FaultHook,
+        report: Callable[[AttemptRow], None],
+        stopping: threading.Event,
+        rng: random.Random | None = None,
     ) -> None:
-        self._run = run
+        self._settings = settings
+        self._send = send
+        self._fault_hook = fault_hook
+        self._report = report
         self._stopping = stopping
-        self._queues: list[queue.Queue[Delivery]] = [queue.Queue() for _ in range(lanes)]
-        self._lane_of: dict[str, int] = {}
-        self._threads = [
-            threading.Thread(target=self._work, args=(lane,), name=f"notify-lane-{n}", daemon=True)
-            for n, lane in enumerate(self._queues)
+        self._rng = rng or random.Random()
+        self._changed = threading.Condition()
+        # In the order endpoints last started an attempt, so every endpoint gets its turn.
+        self._endpoints: dict[str, _EndpointQueue] = {}
+        self._workers = [
+            threading.Thread(target=self._work, name=f"notify-worker-{n}", daemon=True)
+            for n in range(settings.endpoint_workers)
         ]
-        for thread in self._threads:
-            thread.start()
+        for worker in self._workers:
+            worker.start()
 
     def submit(self, delivery: Delivery) -> None:
-        endpoint = delivery.endpoint.endpoint_id
-        lane = self._lane_of.setdefault(endpoint, len(self._lane_of) % len(self._queues))
-        self._queues[lane].put(delivery)
+        with self._changed:
+            endpoint = delivery.endpoint.endpoint_id
+            queue = self._endpoints.setdefault(endpoint, _EndpointQueue())
+            queue.jobs.append(_Job(delivery, delivery.first_attempt))
+            self._changed.notify()
+
+    def wait_idle(self) -> None:
+        """Block until every submitted delivery has finished (each has bounded attempts), or
+        `stopping` is set."""
+        with self._changed:
+            while self._endpoints and not self._stopping.is_set():
+                self._changed.wait(timeout=_IDLE_POLL_S)
 
     def join(self) -> None:
-        """Wait for the lanes to end; the caller sets `stopping` first."""
-        for thread in self._threads:
-            thread.join()
+        """Wait for the workers to end; the caller sets `stopping` first."""
+        for worker in self._workers:
+            worker.join()
 
-    def _work(self, lane: queue.Queue[Delivery]) -> None:
+    def _work(self) -> None:
         while not self._stopping.is_set():
+            with self._changed:
+                picked = self._pick(time.monotonic())
+                if picked is None:
+                    self._changed.wait(timeout=self._idle_wait_s(time.monotonic()))
+                    continue
+                endpoint, job = picked
+            delivery = job.delivery
+            last = delivery.first_attempt + self._settings.max_attempts - 1
             try:
-                delivery = lane.get(timeout=_QUEUE_POLL_S)
-            except queue.Empty:
-                continue
-            try:
-                self._run(delivery)
+                row: AttemptRow | None = attempt(
+                    delivery, job.next_attempt, last, self._send, self._fault_hook
+                )
             except Exception:
-                # A bug must not end the lane: the delivery stays unfinished and is planned
-                # again after a restart.
+                # A bug must not end the worker; the delivery stays unfinished, so the
+                # high-water mark waits for it and a restart plans it again.
                 log.exception("delivery to %s failed", delivery.endpoint.redacted)
+                row = None
+            if row is not None:
+                self._report(row)
+            with self._changed:
+                self._finish(endpoint, job, row)
+                self._changed.notify_all()
+
+    def _pick(self, now_s: float) -> tuple[str, _Job] | None:
+        for endpoint, queue in self._endpoints.items():
+            if not queue.busy and queue.not_before_s <= now_s:
+                queue.busy = True
+                # To the back of the turn order.
+                self._endpoints[endpoint] = self._endpoints.pop(endpoint)
+                return endpoint, queue.jobs[0]
+        return None
+
+    def _idle_wait_s(self, now_s: float) -> float:
+        waiting = [q.not_before_s - now_s for q in self._endpoints.values() if not q.busy]
+        return max(0.0, min([_IDLE_POLL_S, *waiting]))
+
+    def _finish(self, endpoint: str, job: _Job, row: AttemptRow | None) -> None:
+        queue = self._endpoints[endpoint]
+        queue.busy = False
+        if row is not None and row.outcome is Outcome.RETRYING:
+            failures = job.next_attempt - job.delivery.first_attempt + 1
+            job.next_attempt += 1
+            wait_ms = backoff_ms(failures, self._settings, self._rng)
+            queue.not_before_s = time.monotonic() + wait_ms / 1000
+            return
+        queue.jobs.popleft()
+        if not queue.jobs:
+            del self._endpoints[endpoint]
 
 
 def _now_ms() -> int:

@@ -16,12 +16,10 @@ import json
 import logging
 import os
 import queue
-import random
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +31,7 @@ from storage.deliveries import AttemptRow, DeliveryOutbox, Outcome, Progress
 from storage.delta_lake import DeltaLake
 from storage.tables import WINDOWS
 from streaming.hooks import NO_FAULTS, FaultHook
-from streaming.notify.delivery import Delivery, EndpointLanes, Send, deliver
+from streaming.notify.delivery import Delivery, EndpointScheduler, Send
 from streaming.notify.endpoints import Endpoint, post, resolve_endpoint
 from streaming.notify.payloads import Pane, body_for, idempotency_key, qualifies
 from tenants.config_store import ConfigSnapshots
@@ -90,7 +88,7 @@ class Notifier:
 
     def start(self, stopping: threading.Event) -> threading.Thread:
         """Deliver in threads until `stopping` is set; the caller joins the returned thread,
-        which joins the delivery lanes."""
+        which joins the delivery workers."""
         thread = threading.Thread(target=self._run, args=(stopping,), name="notifier", daemon=True)
         thread.start()
         return thread
@@ -204,8 +202,9 @@ class _Run:
         self.notifier = notifier
         self.stopping = stopping
         self.results: queue.Queue[AttemptRow] = queue.Queue()
-        self.rng = random.Random()
-        self.lanes = EndpointLanes(notifier.settings.endpoint_workers, self._deliver, stopping)
+        self.scheduler = EndpointScheduler(
+            notifier.settings, notifier.send, notifier.fault_hook, self.results.put, stopping
+        )
         self.windows: DeltaTable | None = None
         self.recorded: int | None = None
         self.planned = -1
@@ -213,18 +212,6 @@ class _Run:
         self.pending: list[AttemptRow] = []
         self.resumed: dict[tuple[str, str], Progress] = {}
         self.last_commit_s = time.monotonic()
-
-    def _deliver(self, delivery: Delivery) -> None:
-        notifier = self.notifier
-        deliver(
-            delivery,
-            notifier.send,
-            notifier.settings,
-            notifier.fault_hook,
-            self.stopping,
-            self.results.put,
-            self.rng,
-        )
 
     def step(self) -> None:
         notifier = self.notifier
@@ -241,13 +228,13 @@ class _Run:
         if committed > self.planned:
             for delivery in notifier.plan(self.windows, self.planned, committed, self.resumed):
                 self.outstanding[delivery.pane.batch_id] += 1
-                self.lanes.submit(delivery)
+                self.scheduler.submit(delivery)
             self.planned = committed
         self._collect(timeout_s=notifier.settings.poll_interval_ms / 1000)
         self._commit(force=notifier.flush_requested.is_set())
 
     def finish(self) -> None:
-        self.lanes.join()
+        self.scheduler.join()
         self._collect(timeout_s=0)
         if self.recorded is not None:
             try:
@@ -323,34 +310,31 @@ def retry_dead_letters(
     to the endpoint as the current config resolves it; each gets a fresh retry budget."""
     outbox = DeliveryOutbox(lake, settings.stream.name)
     registry = load_registry(settings.conf_dir)
-    by_endpoint: dict[str, list[Delivery]] = {}
+    deliveries: list[Delivery] = []
     endpoint_gone = 0
     for row in outbox.dead_letters(tenant):
         endpoint = _endpoint_now(registry, row, settings.conf_dir, environ)
         if endpoint is None:
             endpoint_gone += 1
             continue
-        delivery = Delivery(
-            row.stream,
-            row.idempotency_key,
-            _pane_of(row),
-            endpoint,
-            row.body.encode(),
-            first_attempt=row.attempt + 1,
+        deliveries.append(
+            Delivery(
+                row.stream,
+                row.idempotency_key,
+                _pane_of(row),
+                endpoint,
+                row.body.encode(),
+                first_attempt=row.attempt + 1,
+            )
         )
-        by_endpoint.setdefault(endpoint.endpoint_id, []).append(delivery)
     results: queue.Queue[AttemptRow] = queue.Queue()
-    never_stop = threading.Event()
-
-    def deliver_in_turn(deliveries: list[Delivery]) -> None:
-        # One endpoint's deliveries in order; endpoints in parallel, as in the stream.
-        rng = random.Random()
-        for delivery in deliveries:
-            deliver(delivery, send, settings.notify, fault_hook, never_stop, results.put, rng)
-
-    with ThreadPoolExecutor(settings.notify.endpoint_workers, "notify-retry") as pool:
-        for done in pool.map(deliver_in_turn, by_endpoint.values()):
-            del done
+    finished = threading.Event()
+    scheduler = EndpointScheduler(settings.notify, send, fault_hook, results.put, finished)
+    for delivery in deliveries:
+        scheduler.submit(delivery)
+    scheduler.wait_idle()
+    finished.set()
+    scheduler.join()
     attempts = list(_drain(results, timeout_s=0))
     if attempts:
         outbox.record(attempts)
