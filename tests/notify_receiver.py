@@ -1,7 +1,8 @@
 """A real HTTP endpoint on 127.0.0.1 for the notification tests: records every request it gets.
 
 Paths choose the behaviour: `/<run>/ok/...` answers 200; `/<run>/flaky/...` answers 503 to its
-first `flaky_failures` requests, then 200; `/<run>/down/...` answers 503 while `down` is set.
+first `flaky_failures` requests, then 200; `/<run>/down/...` answers 503 while `down` is set;
+`/<run>/hang/...` answers 200 only once `release` is set (at most `HANG_LIMIT_S` later).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MAX_BODY_BYTES = 1_000_000
+HANG_LIMIT_S = 60
 
 
 @dataclass(frozen=True)
@@ -25,11 +27,14 @@ class Received:
 class Receiver:
     flaky_failures: int = 2
     down: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
     requests: list[Received] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _flaky_seen: dict[str, int] = field(default_factory=dict)
 
     def answer(self, path: str, key: str, body: bytes) -> int:
+        if "/hang/" in path:
+            self.release.wait(timeout=HANG_LIMIT_S)
         with self._lock:
             status = 200
             if "/flaky/" in path:

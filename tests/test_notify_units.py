@@ -5,12 +5,17 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from pydantic import SecretStr
 
-from streaming.notify.delivery import backoff_ceiling_ms, backoff_ms
+from storage.deliveries import AttemptRow, Outcome
+from streaming.hooks import NO_FAULTS
+from streaming.notify.delivery import Delivery, EndpointScheduler, backoff_ceiling_ms, backoff_ms
 from streaming.notify.endpoints import post, resolve_endpoint
 from streaming.notify.payloads import (
     Pane,
@@ -301,3 +306,52 @@ def test_a_post_carries_the_key_and_body_and_reports_the_answer(tmp_path: Path) 
     unreachable = post(endpoint("/ok/x"), "key-2", b"{}")  # type: ignore[arg-type]
     assert unreachable.status_code is None and unreachable.retryable
     assert unreachable.error is not None and str(port) not in unreachable.error
+
+
+def test_a_hanging_endpoint_holds_up_no_other_endpoint(tmp_path: Path) -> None:
+    receiver = Receiver()
+    server = serve(receiver)
+    port = server.server_address[1]
+    rows: list[AttemptRow] = []
+    stopping = threading.Event()
+    # Two workers, six endpoints: one hangs until released, five answer at once.
+    scheduler = EndpointScheduler(
+        NotifySettings(endpoint_workers=2), post, NO_FAULTS, rows.append, stopping
+    )
+    try:
+        paths = ["/hang/0", *(f"/ok/{n}" for n in range(1, 6))]
+        for path in paths:
+            target = NotifyTarget(
+                kind=NotifyKind.WEBHOOK,
+                url=SecretStr(f"http://127.0.0.1:{port}{path}"),
+                timeout="2m",
+            )
+            endpoint = resolve_endpoint(target, tmp_path, {})
+            for pane_index in range(3):
+                pane = Pane(**{**PANE.__dict__, "pane_index": pane_index})
+                key = idempotency_key("s", pane)
+                scheduler.submit(Delivery("s", key, pane, endpoint, webhook_body(pane)))
+        fast_done = _wait_for(lambda: sum(r.status_code == 200 for r in list(rows)) == 15)
+        hanging_meanwhile = receiver.received("/hang/") == []
+        receiver.release.set()
+        scheduler.wait_idle()
+    finally:
+        receiver.release.set()
+        stopping.set()
+        scheduler.join()
+        server.shutdown()
+        server.server_close()
+    assert fast_done and hanging_meanwhile
+    assert sorted((r.path, r.status) for r in receiver.requests) == sorted(
+        [(path, 200) for path in paths for _ in range(3)]
+    )
+    assert {r.outcome for r in rows} == {Outcome.SUCCEEDED}
+
+
+def _wait_for(condition: Callable[[], bool], limit_s: float = 60) -> bool:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
