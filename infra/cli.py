@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -188,6 +189,8 @@ def _parser() -> argparse.ArgumentParser:
         "--target-file-mb", type=int, default=None, help="size of compacted files (default: 100)"
     )
     optimize.set_defaults(handler=_optimize)
+
+    _notify_parser(commands)
 
     demo = commands.add_parser(
         "demo", help="local broker + sample load + stream + summary, then stop"
@@ -439,6 +442,43 @@ def _optimize(args: argparse.Namespace) -> int:
             f"{table}: {done.files_removed} files compacted into {done.files_added}, "
             f"version {done.version}"
         )
+    return 0
+
+
+def _notify_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    notify = commands.add_parser("notify", help="pane notifications: dead letters, retry")
+    actions = notify.add_subparsers(required=True, metavar="ACTION")
+    retry = actions.add_parser(
+        "retry", help="attempt dead-lettered deliveries again (same key and body)"
+    )
+    _settings_options(retry)
+    retry.add_argument("--tenant", help="only this tenant's dead letters")
+    retry.set_defaults(handler=_notify_retry)
+    dead = actions.add_parser("dead-letters", help="dead-lettered deliveries per endpoint")
+    _settings_options(dead)
+    dead.set_defaults(handler=_notify_dead_letters)
+
+
+def _notify_retry(args: argparse.Namespace) -> int:
+    from storage.delta_lake import DeltaLake
+    from streaming.notify.notifier import retry_dead_letters
+
+    settings = settings_from(args)
+    report = retry_dead_letters(
+        settings, DeltaLake.from_settings(settings.lake), args.tenant, args.fault_hook
+    )
+    print(json.dumps(dataclasses.asdict(report)))
+    return 0 if report.dead_lettered == 0 else 1
+
+
+def _notify_dead_letters(args: argparse.Namespace) -> int:
+    from storage.deliveries import dead_letter_summary
+    from storage.delta_lake import DeltaLake
+
+    settings = settings_from(args)
+    summary = dead_letter_summary(DeltaLake.from_settings(settings.lake), settings.stream.name)
+    for group in summary:
+        print(json.dumps(dataclasses.asdict(group)))
     return 0
 
 

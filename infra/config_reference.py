@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types
 import yaml
-from pydantic import BaseModel, BeforeValidator
+from pydantic import BaseModel, BeforeValidator, SecretStr
 from pydantic.fields import FieldInfo
 
 from tenants.models import (
@@ -305,6 +305,7 @@ def _base_text(annotation: Any, metadata: Sequence[Any]) -> str:
 
 
 _TYPE_NAMES: tuple[tuple[type, str], ...] = (
+    (SecretStr, "string (secret)"),
     (bool, "boolean"),
     (int, "integer"),
     (float, "number"),

@@ -16,7 +16,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from storage.commits import check_fence, commit_without_conflict, conditional
 from storage.data_files import WrittenFile
 from storage.s3 import reaching, storage_options
-from storage.tables import ALL_TABLES, TableSpec
+from storage.tables import LAKE_TABLES, TableSpec
 from tenants.settings import LakeSettings
 
 
@@ -50,7 +50,7 @@ class DeltaLake:
     def ensure_tables(self) -> None:
         """Create every table that does not exist yet, so readers always find all of them, and
         add the columns a table created by an older release lacks."""
-        for spec in ALL_TABLES:
+        for spec in LAKE_TABLES:
             with reaching(self.root, self.storage_options, f"creating table {spec.name}"):
                 table = DeltaTable.create(
                     self.table_uri(spec),
@@ -85,7 +85,7 @@ class DeltaLake:
                 # Also files no commit ever referenced, not only those removed by a commit.
                 full=True,
             )
-            for spec in ALL_TABLES
+            for spec in LAKE_TABLES
         }
 
     def optimize(self, target_file_bytes: int | None = None) -> dict[str, TableMaintenance]:
@@ -98,7 +98,7 @@ class DeltaLake:
         carry `dataChange = false`, and the stream's own commits retry around them.
         """
         done = {}
-        for spec in ALL_TABLES:
+        for spec in LAKE_TABLES:
             with reaching(self.root, self.storage_options, f"optimizing table {spec.name}"):
                 table = self.open(spec)
                 metrics = table.optimize.compact(target_size=target_file_bytes)

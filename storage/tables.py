@@ -129,6 +129,36 @@ TENANT_STATUS = TableSpec(
     (),
 )
 ALL_TABLES = (EVENTS, WINDOWS, LATE_EVENTS, QUARANTINE, TENANT_STATUS)
+"""The stream's output: every micro-batch commits to each of these (`streaming.sink`)."""
+
+# Notification deliveries (storage/deliveries.py): one row per attempt to tell an endpoint about
+# a committed pane. Written by the notifier, never by a micro-batch, so not in ALL_TABLES.
+DELIVERIES = TableSpec(
+    "deliveries",
+    pa.schema(
+        [
+            pa.field("stream", pa.string()),
+            pa.field("idempotency_key", pa.string()),
+            *_KEY,
+            pa.field("window_start", TIMESTAMP),
+            pa.field("pane_index", pa.int32()),
+            pa.field("windows_batch_id", pa.int64()),
+            pa.field("endpoint_id", pa.string()),
+            pa.field("endpoint", pa.string()),
+            pa.field("kind", pa.string()),
+            pa.field("attempt", pa.int32()),
+            pa.field("status_code", pa.int32()),
+            pa.field("error", pa.string()),
+            pa.field("outcome", pa.string()),
+            pa.field("attempted_at", TIMESTAMP),
+            pa.field("succeeded_at", TIMESTAMP),
+            pa.field("body", pa.string()),
+        ]
+    ),
+    (),
+)
+LAKE_TABLES = (*ALL_TABLES, DELIVERIES)
+"""Every table under the lake root: what is created, vacuumed and optimized."""
 
 
 def rows_for_table(batch: pa.Table, spec: TableSpec, batch_id: int) -> pa.Table:

@@ -2,8 +2,8 @@
 
 `StreamApp` is the one place that wires the application and owns its lifecycle: it checks the
 checkpoint, creates the tables, claims the writer lease, publishes the tenant config, starts
-the query, and runs the two background threads (lease renewal, config watcher). `stop()` stops
-all of it and joins the threads. `run_stream` is what `tenant-windows run` calls.
+the query, and runs the background threads (lease renewal, config watcher, notifier). `stop()`
+stops all of it and joins the threads. `run_stream` is what `tenant-windows run` calls.
 
 Lifecycle, in the order the methods run:
 - `claim()`: needs no Spark; checks the config and the checkpoint, creates the tables, claims
@@ -36,6 +36,7 @@ from streaming.checkpoint_identity import StreamIdentity, check_checkpoint, clai
 from streaming.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
 from streaming.configured_status import ConfiguredKeyRows
 from streaming.hooks import NO_FAULTS, FaultHook
+from streaming.notify.notifier import Notifier
 from streaming.progress import BatchProgress, LastBatchFile, ProgressListener
 from streaming.query import start_query
 from streaming.session import build_spark
@@ -78,6 +79,7 @@ class StreamApp:
         )
         self.watcher = ConfigWatcher(settings.conf_dir, self.snapshots)
         self.lease: WriterLease = WriterLease.for_stream(self.lake, settings.stream)
+        self.notifier = Notifier(settings, self.lake, self.snapshots, fault_hook)
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._query: StreamingQuery | None = None
@@ -196,7 +198,14 @@ class StreamApp:
         self._threads.append(
             self.watcher.watch(self._stopping, interval_s=CONFIG_POLL_INTERVAL_S, clock_ms=_now_ms)
         )
+        # Off the batch path: a slow endpoint never delays a micro-batch.
+        self._threads.append(self.notifier.start(self._stopping))
         return query
+
+    def wait_for_notifications(self, abandon: threading.Event) -> bool:
+        """Wait until every committed pane's deliveries succeeded or were dead-lettered;
+        False if `abandon` was set first."""
+        return self.notifier.wait_until_drained(abandon)
 
     def _after_batch(self, batch_id: int) -> None:
         self.watcher.refresh(_now_ms())
@@ -270,6 +279,8 @@ def run_stream(
         # A query that ended by itself may have failed; awaitTermination raises if it did.
         if not query.isActive:
             query.awaitTermination()
+            if available_now:
+                app.wait_for_notifications(stop_requested)
     except StreamingQueryException as failure:
         log.error("the stream failed: %s", failure)
         return 1

@@ -25,6 +25,14 @@ class FaultPoint(StrEnum):
     """Driver, after a table's fence and batch checks, before its Delta commit."""
     AFTER_DELTA_COMMITS = "after_delta_commits"
     """Driver, after every Delta commit, before Spark writes its commit log entry."""
+    BEFORE_DELIVERY = "before_delivery"
+    """Driver, notifier: before a request announcing a pane; position: the pane's batch id."""
+    AFTER_DELIVERY_BEFORE_RECORD = "after_delivery_before_record"
+    """Driver, notifier: a request was answered, its attempt not recorded; position: as above."""
+
+
+DELIVERY_POINTS = frozenset({FaultPoint.BEFORE_DELIVERY, FaultPoint.AFTER_DELIVERY_BEFORE_RECORD})
+"""Reached only where some tenant has `notify` endpoints."""
 
 
 class FaultHook(Protocol):

@@ -9,8 +9,18 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 # An id is used as a Delta partition value and a path component, so nothing else is accepted.
 ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
@@ -37,6 +47,11 @@ DurationMs = Annotated[int, BeforeValidator(parse_duration_ms)]
 PositiveDurationMs = Annotated[int, BeforeValidator(parse_duration_ms), Field(gt=0)]
 NonNegativeDurationMs = Annotated[int, BeforeValidator(parse_duration_ms), Field(ge=0)]
 Identifier = Annotated[str, Field(pattern=ID_PATTERN)]
+# How a notify URL may be given: `${ENV_VAR}`, `secret:path/to/file` (relative to the conf dir),
+# or the URL itself. Only the URL itself can be checked here; the others when they are resolved.
+ENV_REFERENCE_RE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+SECRET_FILE_PREFIX = "secret:"
+URL_SCHEMES = ("http", "https")
 
 
 class _Frozen(BaseModel):
@@ -146,6 +161,79 @@ class MetricSpec(_Frozen):
         return tuple(self.field.split(".")) if self.field else ()
 
 
+class NotifyKind(StrEnum):
+    WEBHOOK = "webhook"
+    SLACK = "slack"
+
+
+class NotifyOn(StrEnum):
+    FINAL = "final"
+    EVERY_PANE = "every_pane"
+
+
+def check_endpoint_url(url: str) -> str:
+    """Raise unless `url` is an absolute http(s) URL with a host; the error never quotes it."""
+    if any(character.isspace() or not character.isprintable() for character in url):
+        raise ValueError("the URL contains spaces or control characters")
+    try:
+        parts = urlsplit(url)
+        has_host = bool(parts.hostname)
+        parts.port  # noqa: B018 - raises for a port that is not a number in range
+    except ValueError:
+        raise ValueError("not a valid URL (check the host and port)") from None
+    if parts.scheme.lower() not in URL_SCHEMES:
+        raise ValueError(
+            f"only http and https URLs are accepted (got scheme {parts.scheme or 'none'!r})"
+        )
+    if not has_host:
+        raise ValueError("the URL has no host")
+    return url
+
+
+class NotifyTarget(_Frozen):
+    """An endpoint told about a key's panes once they are committed (docs/notifications.md)."""
+
+    kind: NotifyKind = Field(
+        description="`webhook`: a JSON POST of the pane; `slack`: a Slack incoming-webhook message."
+    )
+    url: SecretStr = Field(
+        description="An http(s) URL, `${ENV_VAR}` or `secret:path/to/file` (relative to the "
+        "conf dir); a secret: never logged, stored or shown."
+    )
+    on: NotifyOn = Field(
+        default=NotifyOn.FINAL,
+        description="`final`: only a window's final pane; `every_pane`: each pane.",
+    )
+    timeout_ms: PositiveDurationMs = Field(
+        default=5_000, alias="timeout", description="How long one request may take."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_read_as_a_key(cls, data: object) -> object:
+        # YAML 1.1 (PyYAML) reads a bare `on:` key as the boolean true.
+        if isinstance(data, dict) and any(key is True for key in data):
+            data = {("on" if key is True else key): value for key, value in data.items()}
+        return data
+
+    @field_validator("url")
+    @classmethod
+    def _url_is_http_or_a_reference(cls, url: SecretStr) -> SecretStr:
+        text = url.get_secret_value().strip()
+        if ENV_REFERENCE_RE.match(text):
+            return SecretStr(text)
+        if text.startswith(SECRET_FILE_PREFIX):
+            if not text[len(SECRET_FILE_PREFIX) :].strip():
+                raise ValueError("`secret:` needs a file path, e.g. `secret:hooks/acme.url`")
+            return SecretStr(text)
+        return SecretStr(check_endpoint_url(text))
+
+    @field_serializer("url", when_used="always")
+    def _url_as_configured(self, url: SecretStr) -> str:
+        # The config snapshot must read back as written; `repr` and logs still show `**********`.
+        return url.get_secret_value()
+
+
 class RuleOverrides(_Frozen):
     """Window rules a tenant may override per source; unset fields keep the source's value."""
 
@@ -161,6 +249,9 @@ class RuleOverrides(_Frozen):
     metrics: dict[Identifier, MetricSpec] | None = None
     idle_timeout_ms: PositiveDurationMs | None = Field(default=None, alias="idle_timeout")
     max_future_skew_ms: PositiveDurationMs | None = Field(default=None, alias="max_future_skew")
+    notify: tuple[NotifyTarget, ...] | None = Field(
+        default=None, description="Replaces the source's `notify` list for this tenant."
+    )
 
 
 class WindowRules(_Frozen):
@@ -202,7 +293,12 @@ class WindowRules(_Frozen):
     )
 
     def with_overrides(self, overrides: RuleOverrides) -> WindowRules:
-        changes = {name: value for name, value in overrides if value is not None}
+        # `notify` is not a window rule: windows never see it (`SourceConfig.notify_targets`).
+        changes = {
+            name: value
+            for name, value in overrides
+            if value is not None and name in WindowRules.model_fields
+        }
         return self.model_copy(update=changes)
 
 
@@ -210,11 +306,21 @@ class SourceConfig(WindowRules):
     """A kind of data source: where its event time is, and its default window rules."""
 
     event_time: EventTimeSpec
+    # Kept out of WindowRules: window state stores its rules, and must hold no endpoint secret.
+    notify: tuple[NotifyTarget, ...] = Field(
+        default=(), description="Endpoints told about committed panes (docs/notifications.md)."
+    )
 
     def rules(self) -> WindowRules:
         return WindowRules.model_validate(
             {name: getattr(self, name) for name in WindowRules.model_fields}
         )
+
+    def notify_targets(self, overrides: RuleOverrides | None) -> tuple[NotifyTarget, ...]:
+        """The endpoints of a tenant's key: its override's list if it sets one, else this one."""
+        if overrides is not None and overrides.notify is not None:
+            return overrides.notify
+        return self.notify
 
 
 class TenantConfig(_Frozen):

@@ -158,11 +158,46 @@ class StreamSettings(_Frozen):
     )
 
 
+class NotifySettings(_Frozen):
+    """How committed panes are delivered to `notify` endpoints (docs/notifications.md)."""
+
+    max_attempts: int = Field(
+        default=5, gt=0, description="Attempts per delivery before it is dead-lettered."
+    )
+    first_backoff_ms: PositiveDurationMs = Field(
+        default=1_000,
+        alias="first_backoff",
+        description="Ceiling of the random wait after the first failed attempt; it doubles "
+        "after each further failure (full jitter).",
+    )
+    max_backoff_ms: PositiveDurationMs = Field(
+        default=60_000, alias="max_backoff", description="Largest ceiling of that wait."
+    )
+    endpoint_workers: int = Field(
+        default=8,
+        gt=0,
+        description="Delivery threads shared by all endpoints; an endpoint is served by one "
+        "at a time and not at all while it backs off, so a slow endpoint occupies at most one.",
+    )
+    poll_interval_ms: PositiveDurationMs = Field(
+        default=1_000,
+        alias="poll_interval",
+        description="How often the `windows` table is checked for newly committed panes.",
+    )
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True
+    )
+
+
 class AppSettings(_Frozen):
     conf_dir: Path = Field(default=Path("conf"), description="Holds sources.yaml and tenants/.")
     kafka: KafkaSettings = KafkaSettings()
     lake: LakeSettings = LakeSettings()
     stream: StreamSettings = StreamSettings()
+    notify: NotifySettings = Field(
+        default_factory=NotifySettings, description="Delivery of pane notifications."
+    )
 
 
 def load_settings(

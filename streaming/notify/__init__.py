@@ -1,0 +1,1 @@
+"""Exactly-once side effects: tell endpoints about committed panes (docs/notifications.md)."""
