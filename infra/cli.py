@@ -312,8 +312,6 @@ def _status(args: argparse.Namespace) -> int:
     from infra.status_view import render_json, render_table
     from streaming.status import gather_status
 
-    # Dead-letter deliveries of notifications join here: `extra_sections={"dead-letter
-    # deliveries": reader}`.
     sections = gather_status(settings_from(args))
     print(render_json(sections) if args.format == "json" else render_table(sections), end="")
     if args.format == "json":

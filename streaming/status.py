@@ -3,19 +3,17 @@
 Every part is a plain read that works while the stream runs: the latest `tenant_status` row per
 key (delta-rs and pyarrow), Kafka lag (the broker's end offsets against the offsets in Spark's
 checkpoint log), the last batch's summary the driver keeps in the checkpoint, and the lease
-table. A part that cannot be read (a broker down, no checkpoint yet) becomes a section that says
-why, so the others are still shown.
+table, and the notifications that went to dead-letter. A part that cannot be read (a broker
+down, no checkpoint yet) becomes a section that says why, so the others are still shown.
 
-Each part is a `StatusSection`: a title and rows of named values. Sections other parts of the
-product own (e.g. dead-letter deliveries of notifications) join through `gather_status`'s
-`extra_sections`.
+Each part is a `StatusSection`: a title and rows of named values.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +23,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 from pydantic import BaseModel, ConfigDict
 
+from storage.deliveries import dead_letter_summary
 from storage.delta_lake import DeltaLake
 from storage.tables import TENANT_STATUS
 from storage.writer_lease import read_lease
@@ -42,6 +41,7 @@ KEYS = "keys"
 KAFKA_LAG = "kafka lag"
 LAST_BATCH = "last batch"
 WRITER_LEASE = "writer lease"
+DEAD_LETTERS = "dead-letter notifications"
 _KEY_COLUMNS = [
     "watermark",
     "max_event_time",
@@ -69,18 +69,15 @@ SectionSource = Callable[[AppSettings, DeltaLake], StatusSection]
 """Reads one section; given the settings and the lake."""
 
 
-def gather_status(
-    settings: AppSettings, extra_sections: Mapping[str, SectionSource] | None = None
-) -> list[StatusSection]:
-    """Every section, in display order. `extra_sections` (title: reader) come last: the
-    extension point for sections other parts own, e.g. "dead-letter deliveries"."""
+def gather_status(settings: AppSettings) -> list[StatusSection]:
+    """Every section, in display order."""
     lake = DeltaLake.from_settings(settings.lake)
     readers: dict[str, SectionSource] = {
         KEYS: key_status_section,
         KAFKA_LAG: kafka_lag_section,
         LAST_BATCH: last_batch_section,
         WRITER_LEASE: writer_lease_section,
-        **(extra_sections or {}),
+        DEAD_LETTERS: dead_letter_section,
     }
     return [_guarded(title, reader, settings, lake) for title, reader in readers.items()]
 
@@ -262,6 +259,22 @@ def writer_lease_section(settings: AppSettings, lake: DeltaLake) -> StatusSectio
         "state": lease.state,
     }
     return StatusSection(title=WRITER_LEASE, rows=[row])
+
+
+def dead_letter_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
+    """Notifications that used up their retries, per tenant, source and endpoint (redacted)."""
+    rows = [
+        {
+            "tenant": count.tenant,
+            "source": count.source,
+            "endpoint": count.endpoint,
+            "deliveries": count.deliveries,
+            "last_error": count.last_error,
+        }
+        for count in dead_letter_summary(lake, settings.stream.name)
+    ]
+    note = "tenant-windows notify retry sends them again" if rows else "none"
+    return StatusSection(title=DEAD_LETTERS, rows=rows, note=note)
 
 
 def _iso(value: datetime | None) -> str | None:
