@@ -14,6 +14,7 @@ from enum import StrEnum
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 from deltalake import CommitProperties, Transaction, write_deltalake
 
 from storage.delta_lake import DeltaLake
@@ -119,8 +120,7 @@ class DeliveryOutbox:
         return [row for row in latest if row.outcome is Outcome.DEAD_LETTER]
 
     def _rows(self) -> pa.Table:
-        table = self.lake.open(DELIVERIES).to_pyarrow_table()
-        return table.filter(pc.equal(table["stream"], self.stream))
+        return self.lake.read_arrow(DELIVERIES, row_filter=ds.field("stream") == self.stream)
 
 
 def dead_letter_summary(lake: DeltaLake, stream: str) -> list[DeadLetterCount]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import pyarrow as pa
+import pyarrow.dataset as ds
 from deltalake import DeltaTable, Transaction
 from deltalake.schema import Field as DeltaField
 from deltalake.transaction import AddAction, RemoveAction
@@ -16,6 +18,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from storage.commits import check_fence, commit_without_conflict, conditional
 from storage.data_files import WrittenFile
 from storage.s3 import reaching, storage_options
+from storage.snapshot_reader import read_snapshot
 from storage.tables import LAKE_TABLES, TableSpec
 from tenants.settings import LakeSettings
 
@@ -64,6 +67,24 @@ class DeltaLake:
     def open(self, spec: TableSpec) -> DeltaTable:
         with reaching(self.root, self.storage_options, f"opening table {spec.name}"):
             return DeltaTable(self.table_uri(spec), storage_options=self.storage_options)
+
+    def read_arrow(
+        self,
+        spec: TableSpec,
+        columns: list[str] | None = None,
+        row_filter: ds.Expression | None = None,
+    ) -> pa.Table:
+        """The table's current rows (`columns` of those matching `row_filter`), read by pyarrow
+        from the snapshot's files (`storage.snapshot_reader` says why not by delta-rs)."""
+        with reaching(self.root, self.storage_options, f"reading table {spec.name}"):
+            return read_snapshot(
+                self.open(spec),
+                spec.schema,
+                spec.partition_by,
+                self.storage_options,
+                columns,
+                row_filter,
+            )
 
     def committed_batch(self, spec: TableSpec, app_id: str) -> int | None:
         """The highest batch id `app_id` has committed to the table, if any."""

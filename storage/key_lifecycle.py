@@ -8,6 +8,7 @@ their final panes and its state was dropped; `configured` means it never had sta
 from __future__ import annotations
 
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 
 from storage.delta_lake import DeltaLake
 from storage.tables import TENANT_STATUS
@@ -17,12 +18,11 @@ _STATELESS = ("offboarded", "configured")
 
 def sources_with_state(lake: DeltaLake, tenant_id: str) -> list[str]:
     """The sources of `tenant_id` whose latest `tenant_status` row says the key has state."""
-    # Filtered here, not by delta-rs: its `filters` on `tenant` drop every row of files whose
-    # stats have no min/max for string columns, which is how the stream's files are written.
-    table = lake.open(TENANT_STATUS).to_pyarrow_table(
-        columns=["tenant", "source", "batch_id", "lifecycle"]
+    rows = lake.read_arrow(
+        TENANT_STATUS,
+        columns=["tenant", "source", "batch_id", "lifecycle"],
+        row_filter=ds.field("tenant") == tenant_id,
     )
-    rows = table.filter(pc.equal(table["tenant"], tenant_id))
     if rows.num_rows == 0:
         return []
     # Latest per source: by batch id, and within a batch an `offboarded` row ends the key.

@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from storage.delta_lake import DeltaLake
+from storage.snapshot_reader import read_snapshot
 from storage.tables import ALL_TABLES, EVENTS, WINDOWS, TableSpec
 
 WINDOW_CONTENTS = "window_contents"
@@ -86,7 +87,10 @@ def read_table(
         # Spark has no S3 filesystem here (no hadoop-aws jar): read the snapshot with delta-rs
         # and hand Spark the Arrow data. Fine for ad-hoc queries; a cluster with delta-spark
         # and s3a reads at scale with use_delta_spark.
-        return spark.createDataFrame(table.to_pyarrow_table(partitions), schema)
+        rows = read_snapshot(
+            table, spec.schema, spec.partition_by, lake.storage_options, partitions=partitions
+        )
+        return spark.createDataFrame(rows, schema)
     files = table.file_uris(file_pruning_predicate=partitions)
     if not files:
         return spark.createDataFrame([], schema)

@@ -45,6 +45,7 @@ from storage.commits import (
 )
 from storage.delta_lake import DeltaLake
 from storage.s3 import reaching
+from storage.snapshot_reader import read_snapshot
 from storage.tables import ALL_TABLES, TableSpec
 from tenants.settings import StreamSettings
 
@@ -301,10 +302,10 @@ class WriterLease:
     def _claim(self, table: DeltaTable, epoch: int | None) -> Claim | None:
         if epoch is None:
             return None
-        # Through a dataset: `to_pyarrow_table` left a thread that aborted the interpreter at
-        # exit ("terminate called without an active exception") in a short-lived process.
         matching = (pc.field("stream") == self.stream) & (pc.field("epoch") == epoch)
-        rows = table.to_pyarrow_dataset().to_table(filter=matching).to_pylist()
+        rows = read_snapshot(
+            table, CLAIMS_SCHEMA, (), self.lake.storage_options, row_filter=matching
+        ).to_pylist()
         return Claim(**rows[0]) if rows else None
 
 

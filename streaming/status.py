@@ -19,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake.exceptions import TableNotFoundError
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 from pydantic import BaseModel, ConfigDict
@@ -112,7 +113,7 @@ def key_status_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
     """Watermark, how far it trails the newest record, open windows and counters per key;
     configured keys without a row yet are listed as having no data."""
     columns = ["tenant", "source", *_KEY_COLUMNS]
-    table = lake.open(TENANT_STATUS).to_pyarrow_dataset().to_table(columns=columns)
+    table = lake.read_arrow(TENANT_STATUS, columns=columns)
     latest = latest_per_key(table)
     trailing_ms = pc.subtract(
         pc.cast(latest["max_event_time"], pa.int64()), pc.cast(latest["watermark"], pa.int64())
@@ -263,6 +264,11 @@ def writer_lease_section(settings: AppSettings, lake: DeltaLake) -> StatusSectio
 
 def dead_letter_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
     """Notifications that used up their retries, per tenant, source and endpoint (redacted)."""
+    try:
+        summary = dead_letter_summary(lake, settings.stream.name)
+    except TableNotFoundError:
+        # A lake from before notifications: the stream creates the table at its next start.
+        return StatusSection(title=DEAD_LETTERS, rows=[], note="no deliveries table yet")
     rows = [
         {
             "tenant": count.tenant,
@@ -271,7 +277,7 @@ def dead_letter_section(settings: AppSettings, lake: DeltaLake) -> StatusSection
             "deliveries": count.deliveries,
             "last_error": count.last_error,
         }
-        for count in dead_letter_summary(lake, settings.stream.name)
+        for count in summary
     ]
     note = "tenant-windows notify retry sends them again" if rows else "none"
     return StatusSection(title=DEAD_LETTERS, rows=rows, note=note)

@@ -29,6 +29,7 @@ from pyarrow import fs
 
 from storage.deliveries import AttemptRow, DeliveryOutbox, Outcome, Progress
 from storage.delta_lake import DeltaLake
+from storage.snapshot_reader import read_snapshot
 from storage.tables import WINDOWS
 from streaming.hooks import NO_FAULTS, FaultHook
 from streaming.notify.delivery import Delivery, EndpointScheduler, Send
@@ -145,9 +146,14 @@ class Notifier:
         batch_id = ds.field("batch_id")
         panes = [
             Pane.from_row(row)
-            for row in windows.to_pyarrow_dataset()
-            .to_table(columns=_PANE_COLUMNS, filter=(batch_id > after) & (batch_id <= through))
-            .to_pylist()
+            for row in read_snapshot(
+                windows,
+                WINDOWS.schema,
+                WINDOWS.partition_by,
+                self.lake.storage_options,
+                _PANE_COLUMNS,
+                (batch_id > after) & (batch_id <= through),
+            ).to_pylist()
         ]
         panes.sort(key=lambda p: (p.batch_id, p.tenant, p.source, p.window_start_ms, p.pane_index))
         endpoints: dict[NotifyTarget, Endpoint] = {}
