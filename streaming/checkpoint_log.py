@@ -59,6 +59,18 @@ class CheckpointLog:
         ]
         return max(batch_ids, default=None)
 
+    def batch_timestamp_ms(self, batch_id: int) -> int | None:
+        """The batch's timestamp (what its config and timeouts go by), None once Spark purged
+        the entry or if it is not a whole entry."""
+        try:
+            with self._filesystem.open_input_stream(
+                f"{self._path}/{OFFSETS_DIR}/{batch_id}"
+            ) as file:
+                lines = file.read().decode("utf-8").splitlines()
+            return int(json.loads(lines[1])["batchTimestampMs"])
+        except (OSError, IndexError, KeyError, ValueError):
+            return None
+
     def offsets(self, batch_id: int, topic: str) -> dict[int, int]:
         """The offsets batch `batch_id` ends at (exclusive), per partition."""
         with self._filesystem.open_input_stream(f"{self._path}/{OFFSETS_DIR}/{batch_id}") as file:

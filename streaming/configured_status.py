@@ -14,10 +14,8 @@ batch's transaction id.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
@@ -27,6 +25,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from storage.data_files import BatchFiles, WrittenFile, filesystem_of, write_task_files
 from storage.tables import TENANT_STATUS
 from streaming.bucket_state import Key
+from streaming.checkpoint_log import CheckpointLog
 from streaming.keyed_state import OUTPUT_SCHEMA, Lifecycle, output_frame
 from tenants.config_store import ConfigSnapshots
 from tenants.registry import TenantRegistry
@@ -45,16 +44,6 @@ def newly_configured_keys(previous: TenantRegistry | None, current: TenantRegist
         return []
     before = set(previous.configured_keys()) if previous is not None else set()
     return sorted(set(current.configured_keys()) - before)
-
-
-def batch_timestamp_ms(checkpoint_dir: str, batch_id: int) -> int | None:
-    """The batch's timestamp from Spark's offset log (`offsets/<id>`: version, metadata, ...)."""
-    path = Path(checkpoint_dir) / "offsets" / str(batch_id)
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return None
-    return int(json.loads(lines[1])["batchTimestampMs"])
 
 
 def status_rows(keys: list[Key], processing_time_ms: int) -> pa.Table:
@@ -92,7 +81,7 @@ class ConfiguredKeyRows:
         keys = self._new_keys(target.batch_id)
         if not keys:
             return []
-        processing_time_ms = batch_timestamp_ms(self.checkpoint_dir, target.batch_id)
+        processing_time_ms = CheckpointLog(self.checkpoint_dir).batch_timestamp_ms(target.batch_id)
         assert processing_time_ms is not None  # `_new_keys` found it
         touched = _keys_in(target, [f for f in written if f.table_name == TENANT_STATUS.name])
         keys = [key for key in keys if key not in touched]
@@ -110,14 +99,14 @@ class ConfiguredKeyRows:
         ]
 
     def _new_keys(self, batch_id: int) -> list[Key]:
-        now_ms = batch_timestamp_ms(self.checkpoint_dir, batch_id)
+        now_ms = CheckpointLog(self.checkpoint_dir).batch_timestamp_ms(batch_id)
         if now_ms is None:
             log.warning("batch %d has no offset log entry; no configured-key rows", batch_id)
             return []
         current = self.snapshots.registry_at(now_ms)
         if batch_id == 0:
             return newly_configured_keys(None, current)
-        previous_ms = batch_timestamp_ms(self.checkpoint_dir, batch_id - 1)
+        previous_ms = CheckpointLog(self.checkpoint_dir).batch_timestamp_ms(batch_id - 1)
         if previous_ms is None:
             # Spark keeps the offset log of many recent batches; without the previous one,
             # announcing every key again would read as a reset, so announce none.

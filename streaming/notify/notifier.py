@@ -12,7 +12,6 @@ idempotency key, which the receiver deduplicates.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -25,12 +24,12 @@ from pathlib import Path
 
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
-from pyarrow import fs
 
 from storage.deliveries import AttemptRow, DeliveryOutbox, Outcome, Progress
 from storage.delta_lake import DeltaLake
 from storage.snapshot_reader import read_snapshot
 from storage.tables import WINDOWS
+from streaming.checkpoint_log import CheckpointLog
 from streaming.hooks import NO_FAULTS, FaultHook
 from streaming.notify.delivery import Delivery, EndpointScheduler, Send
 from streaming.notify.endpoints import Endpoint, post, resolve_endpoint
@@ -74,7 +73,7 @@ class Notifier:
         self.stream = settings.stream.name
         self.settings = settings.notify
         self.conf_dir = settings.conf_dir
-        self.checkpoint_dir = settings.stream.checkpoint_dir
+        self.checkpoint_log = CheckpointLog(settings.stream.checkpoint_dir)
         self.lake = lake
         self.snapshots = snapshots
         self.fault_hook = fault_hook
@@ -183,7 +182,7 @@ class Notifier:
         return deliveries
 
     def _registry_at_batch(self, batch_id: int) -> TenantRegistry:
-        timestamp_ms = batch_timestamp_ms(self.checkpoint_dir, batch_id)
+        timestamp_ms = self.checkpoint_log.batch_timestamp_ms(batch_id)
         if timestamp_ms is None:
             # Spark purges old offset log entries; a pane that old gets today's rules.
             return self.snapshots.registry_at(2**62)
@@ -282,18 +281,6 @@ def _drain(results: queue.Queue[AttemptRow], timeout_s: float) -> Iterator[Attem
             yield results.get_nowait()
         except queue.Empty:
             return
-
-
-def batch_timestamp_ms(checkpoint_dir: str, batch_id: int) -> int | None:
-    """The micro-batch's timestamp from Spark's offset log, if the entry is still there."""
-    location = checkpoint_dir if "://" in checkpoint_dir else str(Path(checkpoint_dir).resolve())
-    filesystem, path = fs.FileSystem.from_uri(location)
-    try:
-        with filesystem.open_input_stream(f"{path}/offsets/{batch_id}") as stream:
-            lines = stream.read().decode().splitlines()
-        return int(json.loads(lines[1])["batchTimestampMs"])
-    except (OSError, IndexError, KeyError, ValueError):
-        return None
 
 
 @dataclass(frozen=True)
