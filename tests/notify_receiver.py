@@ -3,6 +3,9 @@
 Paths choose the behaviour: `/<run>/ok/...` answers 200; `/<run>/flaky/...` answers 503 to its
 first `flaky_failures` requests, then 200; `/<run>/down/...` answers 503 while `down` is set;
 `/<run>/hang/...` answers 200 only once `release` is set (at most `HANG_LIMIT_S` later).
+
+A request whose body ends before its `Content-Length` (the sender died mid-send, as the crash
+tests make it) is not a request an HTTP server acts on: it is kept apart in `incomplete`.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class Receiver:
     down: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
     requests: list[Received] = field(default_factory=list)
+    incomplete: list[Received] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _flaky_seen: dict[str, int] = field(default_factory=dict)
 
@@ -46,6 +50,10 @@ class Receiver:
             self.requests.append(Received(path, key, body, status))
             return status
 
+    def cut_short(self, path: str, key: str, body: bytes) -> None:
+        with self._lock:
+            self.incomplete.append(Received(path, key, body, status=0))
+
     def received(self, prefix: str) -> list[Received]:
         with self._lock:
             return [request for request in self.requests if request.path.startswith(prefix)]
@@ -59,7 +67,12 @@ def serve(receiver: Receiver) -> ThreadingHTTPServer:
         def do_POST(self) -> None:
             length = min(int(self.headers.get("Content-Length", "0")), MAX_BODY_BYTES)
             body = self.rfile.read(length)
-            status = receiver.answer(self.path, self.headers.get("Idempotency-Key", ""), body)
+            key = self.headers.get("Idempotency-Key", "")
+            if len(body) < length:
+                receiver.cut_short(self.path, key, body)
+                self.close_connection = True
+                return
+            status = receiver.answer(self.path, key, body)
             self.send_response(status)
             self.send_header("Content-Length", "0")
             self.end_headers()

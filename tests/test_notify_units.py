@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -306,6 +307,34 @@ def test_a_post_carries_the_key_and_body_and_reports_the_answer(tmp_path: Path) 
     unreachable = post(endpoint("/ok/x"), "key-2", b"{}")  # type: ignore[arg-type]
     assert unreachable.status_code is None and unreachable.retryable
     assert unreachable.error is not None and str(port) not in unreachable.error
+
+
+def test_a_request_cut_short_by_a_dying_sender_is_not_a_delivery(tmp_path: Path) -> None:
+    # http.client sends the headers and the body in two writes: a SIGKILL between them leaves
+    # the receiver a key with no body. The redelivery after restart is the delivery.
+    receiver = Receiver()
+    server = serve(receiver)
+    port = server.server_address[1]
+    body = b'{"pane_index":0}'
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as dying:
+            dying.sendall(
+                b"POST /ok/x HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: key-1\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body[:5]
+            )
+        target = NotifyTarget(
+            kind=NotifyKind.WEBHOOK, url=SecretStr(f"http://127.0.0.1:{port}/ok/x")
+        )
+        assert post(resolve_endpoint(target, tmp_path, {}), "key-1", body).succeeded
+        deadline = time.monotonic() + 5
+        while not receiver.incomplete and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [(r.key, r.body) for r in receiver.requests] == [("key-1", body)]
+    assert [(r.key, r.body) for r in receiver.incomplete] == [("key-1", body[:5])]
 
 
 def test_a_hanging_endpoint_holds_up_no_other_endpoint(tmp_path: Path) -> None:
