@@ -23,18 +23,9 @@ find_python() {
 
 main_version="$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 stamp_name=".installed-$(sha256sum pyproject.toml | cut -c1-16)"
-for version in "${VERSIONS[@]}"; do
-  if [ "$version" = "$main_version" ]; then
-    echo "python $version: .venv, the full suite"
-    continue
-  fi
-  python="$(find_python "$version")"
-  if [ -z "$python" ]; then
-    echo "python $version: not on this machine, skipped"
-    continue
-  fi
-  venv=".venv-py${version/./}"
-  started=$SECONDS
+
+check_version() {
+  local version=$1 python=$2 venv=".venv-py${1/./}" started=$SECONDS installed
   if [ ! -f "$venv/$stamp_name" ]; then
     rm -rf "$venv"
     "$python" -m venv "$venv"
@@ -52,4 +43,33 @@ for version in "${VERSIONS[@]}"; do
     SPARK_LOCAL_IP=127.0.0.1 "$venv/bin/python" -m pytest -q -m "not integration"
   echo "python $version ($python): install $((installed - started)) s," \
     "unit tests $((SECONDS - installed)) s"
+}
+
+# The versions run side by side (each pytest uses one core), each into its own log, shown in
+# order once all are done.
+logs="$(mktemp -d)"
+trap 'rm -rf "$logs"' EXIT
+declare -A runs=()
+for version in "${VERSIONS[@]}"; do
+  if [ "$version" = "$main_version" ]; then
+    echo "python $version: .venv, the full suite"
+    continue
+  fi
+  python="$(find_python "$version")"
+  if [ -z "$python" ]; then
+    echo "python $version: not on this machine, skipped"
+    continue
+  fi
+  check_version "$version" "$python" >"$logs/$version.log" 2>&1 &
+  runs[$version]=$!
 done
+failed=()
+for version in "${VERSIONS[@]}"; do
+  [ -n "${runs[$version]:-}" ] || continue
+  wait "${runs[$version]}" || failed+=("$version")
+  cat "$logs/$version.log"
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "unit tests failed on python ${failed[*]}" >&2
+  exit 1
+fi

@@ -1,5 +1,9 @@
 """Spark SQL views over the Delta tables, named after the tables, plus `window_contents`.
 
+A tenant's views are the stream's output tables. The operator's also hold `deliveries`, the
+notification outbox: its files are shared by every tenant and its rows name their endpoints
+(redacted), so it is not part of a tenant's scope.
+
 Without the Delta jars, a view reads exactly the Parquet files of the table's Delta snapshot
 (listed by delta-rs); reading the folder as plain Parquet would also read files Delta has
 removed. Where the cluster has delta-spark, `use_delta_spark=True` reads through it.
@@ -15,10 +19,10 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from storage.delta_lake import DeltaLake
 from storage.snapshot_reader import read_snapshot
-from storage.tables import ALL_TABLES, EVENTS, WINDOWS, TableSpec
+from storage.tables import ALL_TABLES, EVENTS, LAKE_TABLES, WINDOWS, TableSpec
 
 WINDOW_CONTENTS = "window_contents"
-VIEW_NAMES = (*(spec.name for spec in ALL_TABLES), WINDOW_CONTENTS)
+TENANT_VIEW_NAMES = (*(spec.name for spec in ALL_TABLES), WINDOW_CONTENTS)
 
 
 class TableVersionError(ValueError):
@@ -35,14 +39,15 @@ def register_views(
     """Register one temp view per table and `window_contents`; with `tenant`, each view holds
     that tenant's rows only. `versions` reads a table at that Delta version instead of its
     current one (time travel). Returns the views' frames by name."""
-    unknown = set(versions or {}) - {spec.name for spec in ALL_TABLES}
+    tables = ALL_TABLES if tenant is not None else LAKE_TABLES
+    unknown = set(versions or {}) - {spec.name for spec in tables}
     if unknown:
         raise TableVersionError(
             f"no table named {', '.join(sorted(unknown))}; the tables are "
-            f"{', '.join(spec.name for spec in ALL_TABLES)}"
+            f"{', '.join(spec.name for spec in tables)}"
         )
     frames: dict[str, DataFrame] = {}
-    for spec in ALL_TABLES:
+    for spec in tables:
         version = (versions or {}).get(spec.name)
         frame = read_table(spark, lake, spec, use_delta_spark, tenant, version)
         if tenant is not None:

@@ -33,3 +33,14 @@ def spark() -> Iterator[object]:
 @pytest.fixture(scope="session")
 def conf_dir() -> Path:
     return PROJECT_ROOT / "conf"
+
+
+# A test that starts the broker or Spark is an integration test whether or not its module says
+# so: `-m "not integration"` (the unit run on the other Pythons) must not start either.
+_INTEGRATION_FIXTURES = {"kafka", "spark"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -56,6 +57,18 @@ def assert_every_record_landed_once(pipeline: Pipeline) -> None:
 def assert_same_tables(actual: dict[str, pd.DataFrame], expected: dict[str, pd.DataFrame]) -> None:
     for name, frame in expected.items():
         pd.testing.assert_frame_equal(actual[name], frame, obj=f"table {name}")
+
+
+def wait_for_commit_log(
+    pipeline: Pipeline, batch_id: int, process: subprocess.Popen[bytes], deadline_s: float
+) -> None:
+    """Until Spark logged `batch_id` as done, i.e. after all of its Delta commits."""
+    marker = pipeline.workdir / "checkpoint" / "commits" / str(batch_id)
+    deadline = time.monotonic() + deadline_s
+    while not marker.exists():
+        assert process.poll() is None, "the stream ended before it committed its first batches"
+        assert time.monotonic() < deadline, f"batch {batch_id} not committed in {deadline_s}s"
+        time.sleep(0.2)
 
 
 def start_process(

@@ -19,14 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from kafka import KafkaProducer
-from moto.server import ThreadedMotoServer
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from infra.dev.load_generator import LoadSpec, SampleRecord, generate
-from infra.dev.local_stack import LocalKafka, find_free_loopback_port
+from infra.dev.local_stack import LocalKafka
 from storage.data_files import filesystem_of
 from storage.delta_lake import DeltaLake
 from storage.s3 import LakeUnavailableError, storage_options
@@ -44,9 +42,11 @@ from tests.crash_helpers import (
     run_process,
     snapshot,
     start_process,
+    wait_for_commit_log,
     wait_or_kill,
 )
 from tests.harness import Pipeline
+from tests.moto_s3 import moto_s3
 from tests.stall_proxy import HeadersThenStall, StallProxy
 
 pytestmark = pytest.mark.integration
@@ -278,28 +278,8 @@ def test_a_stalled_s3_endpoint_fails_every_s3_client_within_the_bound(server: An
 
 @pytest.fixture(scope="module")
 def s3_upstream() -> Iterator[str]:
-    port = find_free_loopback_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"127.0.0.1:{port}"
-    boto3.client(
-        "s3",
-        endpoint_url=f"http://{endpoint}",
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
-        region_name="us-east-1",
-    ).create_bucket(Bucket="lake")
-    yield endpoint
-    server.stop()
-
-
-def _wait_for_commit_log(pipeline: Pipeline, batch_id: int, process: Any, within_s: float) -> None:
-    marker = pipeline.workdir / "checkpoint" / "commits" / str(batch_id)
-    deadline = time.monotonic() + within_s
-    while not marker.exists():
-        assert process.poll() is None, "the stream ended before it committed its first batches"
-        assert time.monotonic() < deadline, f"batch {batch_id} not committed in {within_s}s"
-        time.sleep(0.2)
+    with moto_s3(ACCESS_KEY, SECRET_KEY) as endpoint:
+        yield endpoint
 
 
 def test_an_s3_store_stalling_mid_stream_fails_the_process_within_the_bound_and_a_restart_loses_nothing(
@@ -339,7 +319,7 @@ def test_an_s3_store_stalling_mid_stream_fails_the_process_within_the_bound_and_
         with log_path.open("wb") as log:
             process = start_process(hung, log, available_now=False)
             try:
-                _wait_for_commit_log(hung, 0, process, within_s=180)
+                wait_for_commit_log(hung, 0, process, deadline_s=180)
                 # The next batches have records: their data files and commits meet the stall.
                 proxy.stall()
                 stalled = time.monotonic()

@@ -8,6 +8,7 @@ and `tenant-windows notify retry` delivers it once it recovers.
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import threading
@@ -236,6 +237,7 @@ def test_failing_endpoints_are_retried_dead_lettered_and_retried_on_demand(
     receiver: tuple[Receiver, str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     endpoint, base_url = receiver
     run = "failing"
@@ -294,3 +296,15 @@ def test_failing_endpoints_are_retried_dead_lettered_and_retried_on_demand(
     assert set(
         retried[retried["outcome"] == "succeeded"].groupby("idempotency_key")["attempt"].max()
     ) >= {4}
+    # The operator's SQL has the outbox as a view.
+    code = cli_main(
+        [
+            "sql", "SELECT outcome, count(*) AS n FROM deliveries GROUP BY outcome",
+            "--lake-root", pipeline.settings.lake.root, "--format", "json",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    shown = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line[:1] == "{"]
+    assert {row["outcome"]: row["n"] for row in shown} == retried[
+        "outcome"
+    ].value_counts().to_dict()

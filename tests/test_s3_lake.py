@@ -7,18 +7,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from infra.cli import main
-from infra.dev.local_stack import find_free_loopback_port
 from storage.delta_lake import DeltaLake
 from storage.s3 import storage_options
 from storage.tables import EVENTS
 from tenants.registry import ConfigError
 from tenants.settings import load_settings
 from tests.harness import Pipeline, record
+from tests.moto_s3 import moto_s3
 
 pytestmark = pytest.mark.integration
 
@@ -29,19 +27,8 @@ SECRET_KEY = "s3cr3t-never-in-logs-6f1d"
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    port = find_free_loopback_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
-        region_name="us-east-1",
-    ).create_bucket(Bucket="lake")
-    yield endpoint
-    server.stop()
+    with moto_s3(ACCESS_KEY, SECRET_KEY) as endpoint:
+        yield f"http://{endpoint}"
 
 
 def s3_environ(endpoint: str) -> dict[str, str]:

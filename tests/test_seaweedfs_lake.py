@@ -28,6 +28,7 @@ from tests.crash_helpers import (
     snapshot,
     start_process,
     table_versions,
+    wait_for_commit_log,
     wait_or_kill,
 )
 from tests.harness import Pipeline
@@ -122,18 +123,6 @@ def _newest_batch(checkpoint_log: Path) -> int:
     return max(int(entry.name) for entry in checkpoint_log.iterdir() if entry.name.isdigit())
 
 
-def _wait_for_commit_log(
-    pipeline: Pipeline, batch_id: int, process: Any, deadline_s: float
-) -> None:
-    """Until Spark logged `batch_id` as done, i.e. after all of its Delta commits."""
-    marker = pipeline.workdir / "checkpoint" / "commits" / str(batch_id)
-    deadline = time.monotonic() + deadline_s
-    while not marker.exists():
-        assert process.poll() is None, "the stream ended before it committed its first batches"
-        assert time.monotonic() < deadline, f"batch {batch_id} not committed in {deadline_s}s"
-        time.sleep(0.2)
-
-
 def test_a_lake_outage_fails_the_stream_fast_without_a_commit_and_a_restart_continues_exactly(
     kafka: Any,
     spark: Any,
@@ -151,7 +140,7 @@ def test_a_lake_outage_fails_the_stream_fast_without_a_commit_and_a_restart_cont
     try:
         with running_log.open("wb") as log:
             process = start_process(pipeline, log, available_now=False)
-            _wait_for_commit_log(pipeline, 1, process, deadline_s=180)
+            wait_for_commit_log(pipeline, 1, process, deadline_s=180)
             # Only batches without records run from here on, and they commit nothing.
             before = table_versions(pipeline), committed_batches(pipeline)
             seaweed.stop()
