@@ -326,7 +326,7 @@ def _sql(args: argparse.Namespace) -> int:
     from storage.delta_lake import DeltaLake
     from storage.scoped_sql import TenantSql
     from storage.sql_guard import QueryRefused
-    from storage.views import TableVersionError, register_views
+    from storage.views import LakeNotWrittenError, TableVersionError, register_views
     from streaming.session import build_spark
 
     settings = settings_from(args)
@@ -349,7 +349,7 @@ def _sql(args: argparse.Namespace) -> int:
             run_query = spark.sql
         else:
             run_query = TenantSql.open(spark, lake, args.tenant, args.delta_spark, versions).query
-    except TableVersionError as error:
+    except (TableVersionError, LakeNotWrittenError) as error:
         print(f"{error}", file=sys.stderr)
         return 2
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from storage.delta_lake import DeltaLake
 from storage.snapshot_reader import read_snapshot
-from storage.tables import ALL_TABLES, EVENTS, LAKE_TABLES, WINDOWS, TableSpec
+from storage.tables import ALL_TABLES, DELIVERIES, EVENTS, LAKE_TABLES, WINDOWS, TableSpec
 
 WINDOW_CONTENTS = "window_contents"
 TENANT_VIEW_NAMES = (*(spec.name for spec in ALL_TABLES), WINDOW_CONTENTS)
@@ -27,6 +28,10 @@ TENANT_VIEW_NAMES = (*(spec.name for spec in ALL_TABLES), WINDOW_CONTENTS)
 
 class TableVersionError(ValueError):
     """A requested table version that the table does not have."""
+
+
+class LakeNotWrittenError(ValueError):
+    """The lake has no output table: no stream has written there (or the root is wrong)."""
 
 
 def register_views(
@@ -49,7 +54,16 @@ def register_views(
     frames: dict[str, DataFrame] = {}
     for spec in tables:
         version = (versions or {}).get(spec.name)
-        frame = read_table(spark, lake, spec, use_delta_spark, tenant, version)
+        try:
+            frame = read_table(spark, lake, spec, use_delta_spark, tenant, version)
+        except TableNotFoundError:
+            if spec is not DELIVERIES:
+                raise LakeNotWrittenError(
+                    f"no table {spec.name} at {lake.table_uri(spec)}: no stream has written to "
+                    f"the lake {lake.root} yet (check lake.root, TW_LAKE__ROOT or --lake-root)"
+                ) from None
+            # A lake last written by a release without notifications: nothing was delivered.
+            frame = spark.createDataFrame([], from_arrow_schema(spec.schema))
         if tenant is not None:
             frame = frame.where(F.col("tenant") == F.lit(tenant))
         frames[spec.name] = frame

@@ -297,6 +297,7 @@ def test_failing_endpoints_are_retried_dead_lettered_and_retried_on_demand(
         retried[retried["outcome"] == "succeeded"].groupby("idempotency_key")["attempt"].max()
     ) >= {4}
     # The operator's SQL has the outbox as a view.
+    capsys.readouterr()
     code = cli_main(
         [
             "sql", "SELECT outcome, count(*) AS n FROM deliveries GROUP BY outcome",
@@ -304,7 +305,7 @@ def test_failing_endpoints_are_retried_dead_lettered_and_retried_on_demand(
         ]
     )  # fmt: skip
     assert code == 0
-    shown = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line[:1] == "{"]
-    assert {row["outcome"]: row["n"] for row in shown} == retried[
+    counted = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line[:1] == "{"]
+    assert {row["outcome"]: row["n"] for row in counted} == retried[
         "outcome"
     ].value_counts().to_dict()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +94,37 @@ def test_window_columns_are_utc_timestamps_and_dates(
         "FROM windows WHERE tenant = 'acme' AND pane_index = 0 ORDER BY window_start LIMIT 1",
     )
     assert first == {"s": "2026-01-01 00:00:00", "d": "2026-01-01", "count": 4}
+
+
+def test_a_lake_without_output_is_refused_clearly(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["sql", "SELECT count(*) FROM events", "--lake-root", str(tmp_path / "empty")])
+    assert code == 2
+    error = capsys.readouterr().err
+    assert f"no table events at {tmp_path / 'empty'}/events" in error
+    assert "Traceback" not in error
+
+
+def test_a_lake_from_before_notifications_has_an_empty_deliveries_view(
+    pipeline: Pipeline, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    older = tmp_path / "lake"
+    shutil.copytree(pipeline.lake.root, older)
+    shutil.rmtree(older / "deliveries")
+    code = main(
+        [
+            "sql",
+            "SELECT count(*) AS n FROM deliveries",
+            "--lake-root",
+            str(older),
+            "--format",
+            "json",
+        ]
+    )
+    assert code == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == {"n": 0}
+    code = main(["sql", "SELECT count(*) AS n FROM deliveries", "--lake-root", str(older),
+                 "--tenant", "acme"])  # fmt: skip
+    assert code == 2
+    assert "unknown relation 'deliveries'" in capsys.readouterr().err
