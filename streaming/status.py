@@ -2,9 +2,10 @@
 
 Every part is a plain read that works while the stream runs: the latest `tenant_status` row per
 key (delta-rs and pyarrow), Kafka lag (the broker's end offsets against the offsets in Spark's
-checkpoint log), the last batch's summary the driver keeps in the checkpoint, and the lease
-table, and the notifications that went to dead-letter. A part that cannot be read (a broker
-down, no checkpoint yet) becomes a section that says why, so the others are still shown.
+checkpoint log), the last batch's summary the driver keeps in the checkpoint, the lease table,
+how far notifications have got, and the ones that went to dead-letter. A part that cannot be
+read (a broker down, no checkpoint yet) becomes a section that says why, so the others are
+still shown.
 
 Each part is a `StatusSection`: a title and rows of named values.
 """
@@ -24,9 +25,9 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 from pydantic import BaseModel, ConfigDict
 
-from storage.deliveries import dead_letter_summary
+from storage.deliveries import DeliveryOutbox, dead_letter_summary
 from storage.delta_lake import DeltaLake
-from storage.tables import TENANT_STATUS
+from storage.tables import TENANT_STATUS, WINDOWS
 from storage.writer_lease import read_lease
 from streaming.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
 from streaming.kafka.client import consumer_config
@@ -42,6 +43,7 @@ KEYS = "keys"
 KAFKA_LAG = "kafka lag"
 LAST_BATCH = "last batch"
 WRITER_LEASE = "writer lease"
+NOTIFICATIONS = "notifications"
 DEAD_LETTERS = "dead-letter notifications"
 _KEY_COLUMNS = [
     "watermark",
@@ -78,6 +80,7 @@ def gather_status(settings: AppSettings) -> list[StatusSection]:
         KAFKA_LAG: kafka_lag_section,
         LAST_BATCH: last_batch_section,
         WRITER_LEASE: writer_lease_section,
+        NOTIFICATIONS: notification_progress_section,
         DEAD_LETTERS: dead_letter_section,
     }
     return [_guarded(title, reader, settings, lake) for title, reader in readers.items()]
@@ -260,6 +263,25 @@ def writer_lease_section(settings: AppSettings, lake: DeltaLake) -> StatusSectio
         "state": lease.state,
     }
     return StatusSection(title=WRITER_LEASE, rows=[row])
+
+
+def notification_progress_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
+    """The `windows` batch through which every pane's deliveries are finished (succeeded or
+    dead-lettered), against the newest batch committed to `windows`."""
+    stream = settings.stream.name
+    try:
+        delivered_through = DeliveryOutbox(lake, stream).delivered_through()
+    except TableNotFoundError:
+        return StatusSection(title=NOTIFICATIONS, rows=[], note="no deliveries table yet")
+    windows_batch = lake.committed_batch(WINDOWS, stream)
+    if windows_batch is None:
+        return StatusSection(title=NOTIFICATIONS, rows=[], note=NO_DATA_YET)
+    row = {
+        "windows_batch": windows_batch,
+        "finished_through_batch": None if delivered_through < 0 else delivered_through,
+        "batches_behind": windows_batch - delivered_through,
+    }
+    return StatusSection(title=NOTIFICATIONS, rows=[row])
 
 
 def dead_letter_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
