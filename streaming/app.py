@@ -77,7 +77,11 @@ class StreamApp:
         self.snapshots = ConfigSnapshots(
             f"{settings.stream.checkpoint_dir.rstrip('/')}/tenant_config"
         )
-        self.watcher = ConfigWatcher(settings.conf_dir, self.snapshots)
+        self.watcher = ConfigWatcher(
+            settings.conf_dir,
+            self.snapshots,
+            needed_from_ms=CheckpointLog(settings.stream.checkpoint_dir).oldest_batch_timestamp_ms,
+        )
         self.lease: WriterLease = WriterLease.for_stream(self.lake, settings.stream)
         self.notifier = Notifier(settings, self.lake, self.snapshots, fault_hook)
         self._stopping = threading.Event()

@@ -50,14 +50,25 @@ class CheckpointLog:
 
     def latest_batch(self, log: str) -> int | None:
         """The highest batch id in `log` (`offsets` or `commits`), None if it has none."""
+        return max(self._batch_ids(log), default=None)
+
+    def oldest_batch_timestamp_ms(self) -> int | None:
+        """The timestamp of the oldest batch Spark still keeps in its offset log: no replay
+        and no notification needs the config of an earlier moment. None without entries."""
+        for batch_id in sorted(self._batch_ids(OFFSETS_DIR)):
+            timestamp_ms = self.batch_timestamp_ms(batch_id)
+            if timestamp_ms is not None:
+                return timestamp_ms
+        return None
+
+    def _batch_ids(self, log: str) -> list[int]:
         selector = fs.FileSelector(f"{self._path}/{log}", allow_not_found=True)
-        batch_ids = [
+        return [
             int(info.base_name)
             for info in self._filesystem.get_file_info(selector)
             # Spark writes to a hidden temp file and renames: only whole entries are numbers.
             if info.type == fs.FileType.File and info.base_name.isdigit()
         ]
-        return max(batch_ids, default=None)
 
     def batch_timestamp_ms(self, batch_id: int) -> int | None:
         """The batch's timestamp (what its config and timeouts go by), None once Spark purged

@@ -5,6 +5,10 @@ a snapshot stamped "effective from" the current time. Every micro-batch reads th
 force at its own batch timestamp (which Spark keeps in its offset log), so a batch replayed
 after a restart sees exactly the config it saw the first time, and executors never read a
 half-edited `conf/`. An invalid change is logged and ignored: the last good snapshot stays.
+
+Snapshots older than any batch that may still run again are deleted when a new one is
+published: a stream onboarding tenants every day would otherwise keep a full copy of its
+registry per change, and every batch lists the folder.
 """
 
 from __future__ import annotations
@@ -136,6 +140,21 @@ class ConfigSnapshots:
         filesystem.move(f"{path}/.{name}.tmp", f"{path}/{name}")
         return True
 
+    def prune(self, needed_from_ms: int) -> list[str]:
+        """Delete the snapshots superseded before `needed_from_ms`: every one older than the
+        snapshot in force then. Returns the names deleted."""
+        names = self._names()
+        in_force = [
+            index for index, (effective, _) in enumerate(names) if effective <= needed_from_ms
+        ]
+        if not in_force:
+            return []
+        filesystem, path = fs.FileSystem.from_uri(self._location())
+        superseded = [name for _, name in names[: in_force[-1]]]
+        for name in superseded:
+            filesystem.delete_file(f"{path}/{name}")
+        return superseded
+
     def registry_at(self, batch_timestamp_ms: int) -> TenantRegistry:
         """The snapshot in force for a micro-batch with this timestamp."""
         in_force = [name for effective, name in self._names() if effective <= batch_timestamp_ms]
@@ -167,6 +186,9 @@ class ConfigWatcher:
 
     conf_dir: Path
     snapshots: ConfigSnapshots
+    needed_from_ms: Callable[[], int | None] = lambda: None
+    """The earliest moment whose config a batch may still need (the oldest batch Spark keeps
+    for a replay); snapshots superseded before it are deleted. None: keep every snapshot."""
     _reader: ConfReader = field(init=False, repr=False)
     _published: str | None = None  # the fingerprint of the newest snapshot, once seen
     _refusal: str | None = None  # so a refused change is logged once, not on every poll
@@ -191,7 +213,8 @@ class ConfigWatcher:
             first_start = self.snapshots.latest_fingerprint() is None
             self.snapshots.publish(registry, effective_from_ms=0 if first_start else now_ms)
             self._published = registry.fingerprint
-            return registry
+        self._prune()
+        return registry
 
     def refresh(self, now_ms: int) -> TenantRegistry | None:
         """Publish a changed, valid config as effective from `now_ms`; return it if published."""
@@ -241,6 +264,7 @@ class ConfigWatcher:
         published = self.snapshots.publish(registry, now_ms)
         self._published = registry.fingerprint
         if published:
+            self._prune()
             changed = ", ".join(path.name for path in self._reader.last_changed[:5])
             more = len(self._reader.last_changed) - 5
             log.info(
@@ -252,3 +276,14 @@ class ConfigWatcher:
             )
             return registry
         return None
+
+    def _prune(self) -> None:
+        try:
+            needed_from_ms = self.needed_from_ms()
+            if needed_from_ms is not None:
+                deleted = self.snapshots.prune(needed_from_ms)
+                if deleted:
+                    log.info("deleted %d superseded tenant config snapshots", len(deleted))
+        except Exception:
+            # Only disk space is at stake; the next publish tries again.
+            log.exception("superseded tenant config snapshots could not be deleted")

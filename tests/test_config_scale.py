@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from streaming.checkpoint_log import CheckpointLog
 from tenants.config_store import (
     ConfigSnapshots,
     ConfigWatcher,
@@ -241,3 +242,40 @@ def test_a_snapshot_reads_back_the_rules_of_every_route(conf_dir: Path) -> None:
     assert read_back.sources == registry.sources
     for tenant, source in routes:
         assert read_back.resolve(tenant, source) == registry.resolve(tenant, source)
+
+
+def write_offset_log_entry(checkpoint: Path, batch_id: int, batch_timestamp_ms: int) -> None:
+    """An `offsets/<batch>` entry as Spark writes it: version, batch metadata, source offsets."""
+    (checkpoint / "offsets").mkdir(parents=True, exist_ok=True)
+    metadata = {"batchWatermarkMs": 0, "batchTimestampMs": batch_timestamp_ms, "conf": {}}
+    (checkpoint / "offsets" / str(batch_id)).write_text(f"v1\n{json.dumps(metadata)}\n{{}}\n")
+
+
+def test_snapshots_no_retained_batch_needs_are_deleted_when_a_new_one_is_published(
+    conf: Path, tmp_path: Path
+) -> None:
+    checkpoint = tmp_path / "checkpoint"
+    snapshots = ConfigSnapshots(str(checkpoint / "tenant_config"))
+    watcher = ConfigWatcher(
+        conf, snapshots, needed_from_ms=CheckpointLog(str(checkpoint)).oldest_batch_timestamp_ms
+    )
+    # A fresh checkpoint (no offset log yet) keeps everything.
+    assert watcher.refresh(now_ms=1_000) is not None
+    tenant_file(conf, 1).unlink()
+    assert watcher.refresh(now_ms=2_000) is not None
+    assert len(list((checkpoint / "tenant_config").glob("*.json"))) == 2
+
+    # Spark purged batches 0-2; the oldest it keeps ran at 2,500, under the second snapshot.
+    write_offset_log_entry(checkpoint, 3, batch_timestamp_ms=2_500)
+    write_offset_log_entry(checkpoint, 4, batch_timestamp_ms=3_500)
+    tenant_file(conf, 2).unlink()
+    assert watcher.refresh(now_ms=3_000) is not None
+
+    kept = sorted(path.name.split("-")[0] for path in (checkpoint / "tenant_config").glob("*.json"))
+    assert kept == ["2000", "3000"]
+    # Every batch Spark can still replay finds the config it ran with.
+    assert snapshots.registry_at(2_500).knows_tenant("t002")
+    assert not snapshots.registry_at(2_500).knows_tenant("t001")
+    assert not snapshots.registry_at(3_500).knows_tenant("t002")
+    with pytest.raises(LookupError):
+        snapshots.registry_at(1_500)
