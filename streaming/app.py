@@ -77,10 +77,11 @@ class StreamApp:
         self.snapshots = ConfigSnapshots(
             f"{settings.stream.checkpoint_dir.rstrip('/')}/tenant_config"
         )
+        self.checkpoint_log = CheckpointLog(settings.stream.checkpoint_dir)
         self.watcher = ConfigWatcher(
             settings.conf_dir,
             self.snapshots,
-            needed_from_ms=CheckpointLog(settings.stream.checkpoint_dir).oldest_batch_timestamp_ms,
+            needed_from_ms=self.checkpoint_log.oldest_batch_timestamp_ms,
         )
         self.lease: WriterLease = WriterLease.for_stream(self.lake, settings.stream)
         self.notifier = Notifier(settings, self.lake, self.snapshots, fault_hook)
@@ -154,11 +155,10 @@ class StreamApp:
         Waits at most `grace_s`, or until `stop_now` is set; a batch stopped mid-way is safe
         too (its commits are idempotent and it is replayed), only not graceful.
         """
-        checkpoint = CheckpointLog(self.settings.stream.checkpoint_dir)
         deadline = time.monotonic() + grace_s
         while self._query is not None and self._query.isActive:
-            planned = checkpoint.latest_batch(OFFSETS_DIR)
-            committed = checkpoint.latest_batch(COMMITS_DIR)
+            planned = self.checkpoint_log.latest_batch(OFFSETS_DIR)
+            committed = self.checkpoint_log.latest_batch(COMMITS_DIR)
             if planned == committed:
                 # The next trigger has not planned a batch yet: nothing is half done.
                 log.info("stopping between batches: batch %s is committed", committed)
@@ -195,7 +195,7 @@ class StreamApp:
             # next micro-batch.
             after_batch=self._after_batch,
             fault_hook=self.fault_hook,
-            driver_files=ConfiguredKeyRows(self.snapshots, settings.stream.checkpoint_dir),
+            driver_files=ConfiguredKeyRows(self.snapshots, self.checkpoint_log),
             report=self.progress.record,
         )
         query = start_query(spark, settings, self.snapshots, sink, available_now, self.fault_hook)

@@ -73,16 +73,18 @@ class ConfiguredKeyRows:
     """The sink's `driver_files`: this batch's `configured` rows, written as one more file."""
 
     snapshots: ConfigSnapshots
-    checkpoint_dir: str
+    checkpoint_log: CheckpointLog
 
     def __call__(self, target: BatchFiles, written: list[WrittenFile]) -> list[WrittenFile]:
         if TENANT_STATUS.name not in target.table_names:
             return []
-        keys = self._new_keys(target.batch_id)
+        processing_time_ms = self.checkpoint_log.batch_timestamp_ms(target.batch_id)
+        if processing_time_ms is None:
+            log.warning("batch %d has no offset log entry; no configured-key rows", target.batch_id)
+            return []
+        keys = self._new_keys(target.batch_id, processing_time_ms)
         if not keys:
             return []
-        processing_time_ms = CheckpointLog(self.checkpoint_dir).batch_timestamp_ms(target.batch_id)
-        assert processing_time_ms is not None  # `_new_keys` found it
         touched = _keys_in(target, [f for f in written if f.table_name == TENANT_STATUS.name])
         keys = [key for key in keys if key not in touched]
         if not keys:
@@ -98,15 +100,11 @@ class ConfiguredKeyRows:
             for row in batch.to_pylist()
         ]
 
-    def _new_keys(self, batch_id: int) -> list[Key]:
-        now_ms = CheckpointLog(self.checkpoint_dir).batch_timestamp_ms(batch_id)
-        if now_ms is None:
-            log.warning("batch %d has no offset log entry; no configured-key rows", batch_id)
-            return []
+    def _new_keys(self, batch_id: int, now_ms: int) -> list[Key]:
         current = self.snapshots.registry_at(now_ms)
         if batch_id == 0:
             return newly_configured_keys(None, current)
-        previous_ms = CheckpointLog(self.checkpoint_dir).batch_timestamp_ms(batch_id - 1)
+        previous_ms = self.checkpoint_log.batch_timestamp_ms(batch_id - 1)
         if previous_ms is None:
             # Spark keeps the offset log of many recent batches; without the previous one,
             # announcing every key again would read as a reset, so announce none.

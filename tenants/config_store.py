@@ -13,6 +13,7 @@ registry per change, and every batch lists the folder.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import logging
@@ -144,25 +145,28 @@ class ConfigSnapshots:
         """Delete the snapshots superseded before `needed_from_ms`: every one older than the
         snapshot in force then. Returns the names deleted."""
         names = self._names()
-        in_force = [
-            index for index, (effective, _) in enumerate(names) if effective <= needed_from_ms
-        ]
-        if not in_force:
-            return []
+        superseded = [name for _, name in names[: _in_force_index(names, needed_from_ms) or 0]]
         filesystem, path = fs.FileSystem.from_uri(self._location())
-        superseded = [name for _, name in names[: in_force[-1]]]
         for name in superseded:
             filesystem.delete_file(f"{path}/{name}")
         return superseded
 
     def registry_at(self, batch_timestamp_ms: int) -> TenantRegistry:
         """The snapshot in force for a micro-batch with this timestamp."""
-        in_force = [name for effective, name in self._names() if effective <= batch_timestamp_ms]
-        if not in_force:
+        names = self._names()
+        index = _in_force_index(names, batch_timestamp_ms)
+        if index is None:
             raise LookupError(
                 f"no tenant config snapshot in {self.root} before {batch_timestamp_ms}"
             )
-        return _read_snapshot(self._location(), in_force[-1])
+        return _read_snapshot(self._location(), names[index][1])
+
+
+def _in_force_index(names: list[tuple[int, str]], at_ms: int) -> int | None:
+    """In `names` (sorted (effective_from_ms, name) pairs), the index of the snapshot in force
+    at `at_ms`: the newest one effective by then. None if none is."""
+    index = bisect.bisect_right(names, at_ms, key=lambda named: named[0]) - 1
+    return None if index < 0 else index
 
 
 # A process-wide cache, and deliberately so: a snapshot file is never rewritten (its name holds
