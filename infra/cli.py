@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame
 
+from storage.delta_lake import LakeLayoutError
 from storage.s3 import LakeUnavailableError
 from storage.writer_lease import StreamLeaseHeldError
 from streaming.checkpoint_identity import CheckpointMismatchError
@@ -70,7 +71,7 @@ def main(argv: Sequence[str] | None = None, fault_hook: FaultHook = NO_FAULTS) -
     except CheckpointMismatchError as error:
         print(f"refusing the checkpoint: {error}", file=sys.stderr)
         return 2
-    except StreamLeaseHeldError as error:
+    except (StreamLeaseHeldError, LakeLayoutError) as error:
         print(f"not starting: {error}", file=sys.stderr)
         return 2
     except LakeUnavailableError as error:
@@ -189,6 +190,14 @@ def _parser() -> argparse.ArgumentParser:
         "--target-file-mb", type=int, default=None, help="size of compacted files (default: 100)"
     )
     optimize.set_defaults(handler=_optimize)
+
+    migrate = commands.add_parser(
+        "migrate-layout",
+        help="convert a lake written before staged writes (partitioned by tenant), once",
+    )
+    _settings_options(migrate)
+    migrate.add_argument("--dry-run", action="store_true", help="list the tables, change nothing")
+    migrate.set_defaults(handler=_migrate_layout)
 
     _notify_parser(commands)
 
@@ -440,6 +449,33 @@ def _optimize(args: argparse.Namespace) -> int:
             f"{table}: {done.files_removed} files compacted into {done.files_added}, "
             f"version {done.version}"
         )
+    return 0
+
+
+def _migrate_layout(args: argparse.Namespace) -> int:
+    from storage.delta_lake import DeltaLake
+    from storage.writer_lease import read_lease
+
+    settings = settings_from(args)
+    lake = DeltaLake.from_settings(settings.lake)
+    outdated = lake.outdated_tables()
+    if not outdated:
+        print(f"every table under {lake.root} is in the current layout: nothing to do")
+        return 0
+    lease = read_lease(lake, settings.stream.name, settings.stream.lease_ttl_ms)
+    if lease is not None and lease.state == "held" and not args.dry_run:
+        print(
+            f"not migrating: stream {settings.stream.name!r} is running (its lease is held by "
+            f"{lease.instance_id}); stop it first",
+            file=sys.stderr,
+        )
+        return 2
+    for spec in outdated:
+        if args.dry_run:
+            print(f"{spec.name}: would be rewritten in the staged layout")
+            continue
+        version = lake.migrate_layout(spec)
+        print(f"{spec.name}: rewritten in the staged layout, version {version}")
     return 0
 
 

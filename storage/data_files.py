@@ -2,7 +2,9 @@
 
 Collecting every batch on the driver bounded the stream by one process's memory and bandwidth.
 Instead, each executor task turns its union rows into the output tables' rows and writes one
-Parquet file per (table, partition) it holds, straight into the table's folder. It returns one
+Parquet file per (table, partition) it holds, straight into the table's folder; for a table whose
+rows settle per tenant that is one staged file (`storage.tables`), whatever the number of
+tenants. Compaction writes the settled files the same way (`write_settled_files`). It returns one
 small row per file (path, size, partition values, stats): all the driver needs to build the
 Delta `add` actions and commit them with the batch's transaction id (`DeltaLake.commit_files`).
 
@@ -17,6 +19,7 @@ Runs on executors: pyarrow and pyspark only.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -33,7 +36,7 @@ import pyarrow.parquet as pq
 from pyarrow import fs
 from pyspark import TaskContext
 
-from storage.tables import ALL_TABLES, TableSpec, rows_for_table
+from storage.tables import ALL_TABLES, TableSpec, rows_for_table, with_layout
 
 WRITTEN_FILE_FIELDS = [
     ("table_name", pa.string()),
@@ -51,8 +54,11 @@ WRITTEN_FILE_DDL = ", ".join(
 )
 _SPECS = {spec.name: spec for spec in ALL_TABLES}
 WRITER_THREADS = 4
-# Stats let readers skip files; min/max only for the types Delta compares without surprises.
+# Stats let readers skip files; min/max only for the types Delta compares without surprises,
+# and for the id columns: ids are short (at most 63 characters), so their stats are exact, and
+# they let a reader skip the files (settled, or staged) that hold no row of a tenant.
 _STATS_TYPES = (pa.types.is_integer, pa.types.is_timestamp, pa.types.is_date)
+_ID_COLUMNS = ("tenant", "source")
 
 
 @dataclass(frozen=True)
@@ -114,11 +120,40 @@ class BatchFiles:
     def file_name(self, task_partition: int, table_name: str, partition_values: str) -> str:
         # The partition's folder already tells the partition apart; the task partition tells
         # apart the files two tasks write into one folder. A short digest keeps names bounded.
-        digest = uuid.uuid5(uuid.NAMESPACE_URL, f"{table_name}/{partition_values}").hex[:12]
         return (
             f"part-{self.stream}-e{self.writer_epoch}-b{self.batch_id:010d}-"
-            f"t{task_partition:05d}-{digest}.parquet"
+            f"t{task_partition:05d}-{_digest(table_name, partition_values)}.parquet"
         )
+
+
+@dataclass(frozen=True)
+class SettledFiles:
+    """Where and under which names one compaction's settled files go; pickled to executors.
+
+    A settled partition gets one file per compaction (its rows all reach one task), named by
+    the stream, the writer epoch and a digest of the staged files consumed: the same inputs
+    always give the same name and the same bytes, and other inputs never overwrite it.
+    """
+
+    root: str
+    storage_options: dict[str, str] | None
+    stream: str
+    writer_epoch: int
+    inputs_digest: str
+    table_name: str
+
+    def __repr__(self) -> str:
+        return f"SettledFiles({self.root!r}, {self.table_name}, inputs {self.inputs_digest})"
+
+    def file_name(self, partition_values: str) -> str:
+        return (
+            f"settled-{self.stream}-e{self.writer_epoch}-c{self.inputs_digest}-"
+            f"{_digest(self.table_name, partition_values)}.parquet"
+        )
+
+
+def _digest(table_name: str, partition_values: str) -> str:
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"{table_name}/{partition_values}").hex[:12]
 
 
 def spark_task_partition() -> int:
@@ -142,30 +177,93 @@ def write_task_files(
         union = pa.Table.from_batches(received)
         filesystem, base = filesystem_of(target.root, target.storage_options)
         partition = task_partition()
-        written = [
-            file
-            for table_name in target.table_names
-            for file in _write_table(filesystem, base, target, partition, _SPECS[table_name], union)
-        ]
-        if written:
-            yield pa.RecordBatch.from_pylist(
-                [file.to_row() for file in written], schema=WRITTEN_FILE_SCHEMA
+        written = []
+        for table_name in target.table_names:
+            spec = _SPECS[table_name]
+            rows = rows_for_table(union, spec, target.batch_id)
+            if rows.num_rows == 0:
+                continue
+            if spec.staged:
+                # One staged file per task, ordered so that a tenant's rows are together.
+                rows = with_layout(_sorted(rows, ("tenant", "source")), spec, settled=False)
+            written += _write_partitions(
+                filesystem,
+                base,
+                spec,
+                rows,
+                functools.partial(target.file_name, partition, spec.name),
+                f"batch {target.batch_id}",
+                target,
             )
+        if written:
+            yield _written_batch(written)
 
     return write
 
 
-def _write_table(
+def read_staged_files(
+    root: str, storage_options: dict[str, str] | None, spec_name: str
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The `mapInArrow` function that reads staged files: their paths (relative to the table,
+    column `path`) in, their rows (in the table's `schema`, without layout columns) out."""
+    spec = _SPECS[spec_name]
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        filesystem, base = filesystem_of(root, storage_options)
+        for batch in batches:
+            for path in batch.column("path").to_pylist():
+                with filesystem.open_input_file(f"{base}/{spec.name}/{path}") as handle:
+                    rows = pq.read_table(handle, columns=spec.schema.names)
+                yield from rows.cast(spec.schema).to_batches()
+
+    return read
+
+
+def write_settled_files(
+    target: SettledFiles,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The `mapInArrow` function of compaction: rows of whole (tenant, source) keys in, one
+    settled file per partition they belong to written, one row per file out."""
+    spec = _SPECS[target.table_name]
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        received = [batch for batch in batches if batch.num_rows > 0]
+        if not received:
+            return
+        # Spark hands the rows over in an order of its own; sorting makes each file's bytes a
+        # function of the staged rows alone.
+        rows = pa.Table.from_batches(received).cast(spec.schema)
+        rows = with_layout(_sorted(rows, spec.sort_by), spec, settled=True)
+        filesystem, base = filesystem_of(target.root, target.storage_options)
+        written = _write_partitions(
+            filesystem, base, spec, rows, target.file_name, "compaction", target
+        )
+        yield _written_batch(written)
+
+    return write
+
+
+def _sorted(rows: pa.Table, columns: tuple[str, ...]) -> pa.Table:
+    return rows.take(pc.sort_indices(rows, [(column, "ascending") for column in columns]))
+
+
+def _written_batch(written: list[WrittenFile]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist(
+        [file.to_row() for file in written], schema=WRITTEN_FILE_SCHEMA
+    )
+
+
+def _write_partitions(
     filesystem: fs.FileSystem,
     base: str,
-    target: BatchFiles,
-    task_partition: int,
     spec: TableSpec,
-    union: pa.Table,
+    rows: pa.Table,
+    file_name: Callable[[str], str],
+    doing: str,
+    target: BatchFiles | SettledFiles,
 ) -> list[WrittenFile]:
-    rows = rows_for_table(union, spec, target.batch_id)
-    if rows.num_rows == 0:
-        return []
+    """One file per partition of `rows` (in `spec.storage_schema`), named by `file_name` of the
+    partition's folder."""
     # At thousands of tenants a task writes thousands of small files, and each costs about as
     # much in file system calls as in encoding. pyarrow releases the GIL for both, so a few
     # threads overlap them.
@@ -173,7 +271,7 @@ def _write_table(
     with ThreadPoolExecutor(max_workers=WRITER_THREADS) as pool:
         return list(
             pool.map(
-                lambda split: _write_file(filesystem, base, target, task_partition, spec, *split),
+                lambda split: _write_file(filesystem, base, spec, file_name, doing, target, *split),
                 splits,
             )
         )
@@ -182,15 +280,16 @@ def _write_table(
 def _write_file(
     filesystem: fs.FileSystem,
     base: str,
-    target: BatchFiles,
-    task_partition: int,
     spec: TableSpec,
+    file_name: Callable[[str], str],
+    doing: str,
+    target: BatchFiles | SettledFiles,
     partition_values: dict[str, str | None],
     part: pa.Table,
     stats: str,
 ) -> WrittenFile:
     folder = "/".join(f"{column}={_escape(value)}" for column, value in partition_values.items())
-    name = target.file_name(task_partition, spec.name, folder)
+    name = file_name(folder)
     relative = f"{folder}/{name}" if folder else name
     data = part.drop_columns(list(spec.partition_by))
     # Snappy: a batch's files are small and short-lived (`optimize` rewrites them), and it
@@ -209,7 +308,7 @@ def _write_file(
         # pyarrow names the key, never the store: the operator needs both.
         raise OSError(
             f"the lake {target.root} is unreachable at {lake_endpoint(target.storage_options)} "
-            f"while writing batch {target.batch_id}'s file {spec.name}/{relative}: {error}"
+            f"while writing {doing}'s file {spec.name}/{relative}: {error}"
         ) from error
     return WrittenFile(
         table_name=spec.name,
@@ -235,12 +334,17 @@ def _split_by_partition(
     ordered = rows.take(pc.sort_indices(rows, [(column, "ascending") for column in partition_by]))
     keys = list(zip(*(ordered.column(c).to_pylist() for c in partition_by), strict=True))
     starts = [0, *(i for i in range(1, len(keys)) if keys[i] != keys[i - 1])]
-    # Sorted input and a single thread: groups come out in the order of the runs.
-    aggregated = _aggregate(ordered, partition_by).to_pylist()
+    # Matched by key: pyarrow does not promise the groups in the order of the runs (in one
+    # table here they came out swapped, and each file carried another's statistics).
+    aggregated = {
+        tuple(row[column] for column in partition_by): row
+        for row in _aggregate(ordered, partition_by).to_pylist()
+    }
     splits = []
-    for run, (first, aggregates) in enumerate(zip(starts, aggregated, strict=True)):
+    for run, first in enumerate(starts):
         last = starts[run + 1] if run + 1 < len(starts) else len(keys)
         part = ordered.slice(first, last - first)
+        aggregates = aggregated[keys[first]]
         values = {
             column: _partition_text(value)
             for column, value in zip(partition_by, keys[first], strict=True)
@@ -250,7 +354,11 @@ def _split_by_partition(
 
 
 def _stat_columns(schema: pa.Schema) -> list[str]:
-    return [f.name for f in schema if any(is_type(f.type) for is_type in _STATS_TYPES)]
+    return [
+        f.name
+        for f in schema
+        if f.name in _ID_COLUMNS or any(is_type(f.type) for is_type in _STATS_TYPES)
+    ]
 
 
 def _aggregate(rows: pa.Table, partition_by: tuple[str, ...]) -> pa.Table:

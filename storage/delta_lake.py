@@ -6,20 +6,24 @@ same atomic commit as its data, so "was batch N committed to table T?" has an ex
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
-from deltalake import DeltaTable, Transaction
+from deltalake import DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import TableNotFoundError
 from deltalake.schema import Field as DeltaField
 from deltalake.transaction import AddAction, RemoveAction
 
 from storage.commits import check_fence, commit_without_conflict, conditional
-from storage.data_files import WrittenFile
+from storage.data_files import WrittenFile, filesystem_of
 from storage.s3 import reaching, storage_options
-from storage.snapshot_reader import read_snapshot
-from storage.tables import LAKE_TABLES, TableSpec
+from storage.snapshot_reader import filesystem_path, partition_columns, read_snapshot
+from storage.tables import LAKE_TABLES, STAGED, TableSpec, with_layout
 from tenants.settings import LakeSettings
 
 
@@ -52,17 +56,90 @@ class DeltaLake:
 
     def ensure_tables(self) -> None:
         """Create every table that does not exist yet, so readers always find all of them, and
-        add the columns a table created by an older release lacks."""
+        add the columns a table created by an older release lacks.
+
+        Raises `LakeLayoutError` if a table is partitioned otherwise than this release writes
+        (a lake from before the staged layout): `tenant-windows migrate-layout` converts it.
+        """
+        outdated = []
         for spec in LAKE_TABLES:
             with reaching(self.root, self.storage_options, f"creating table {spec.name}"):
                 table = DeltaTable.create(
                     self.table_uri(spec),
-                    spec.schema,
+                    spec.storage_schema,
                     mode="ignore",
                     partition_by=list(spec.partition_by),
                     storage_options=self.storage_options,
                 )
+                if tuple(table.metadata().partition_columns) != spec.partition_by:
+                    outdated.append(spec.name)
+                    continue
                 _add_missing_columns(table, spec)
+        if outdated:
+            raise LakeLayoutError(
+                f"the tables {', '.join(outdated)} under {self.root} are partitioned by tenant "
+                "(the layout before staged writes); run `tenant-windows migrate-layout` once, "
+                "with the stream stopped, to convert them (docs/operations.md#upgrade)"
+            )
+
+    def outdated_tables(self) -> list[TableSpec]:
+        """The existing tables whose partitioning is not the one this release writes."""
+        outdated = []
+        for spec in LAKE_TABLES:
+            try:
+                table = self.open(spec)
+            except TableNotFoundError:
+                continue
+            if tuple(table.metadata().partition_columns) != spec.partition_by:
+                outdated.append(spec)
+        return outdated
+
+    def migrate_layout(self, spec: TableSpec) -> int:
+        """Rewrite a table partitioned by `tenant` (the layout before staged writes) into this
+        release's layout, every row settled in its tenant's partition, in one commit; returns
+        the new version.
+
+        The rows stream through in record batches (never the whole table in memory). The
+        overwrite keeps the table's transaction ids (batch ids and writer fence), so a stream
+        resumes exactly where it stopped.
+        """
+        table = self.open(spec)
+        version = table.version()
+        source = ds.dataset(
+            [filesystem_path(uri) for uri in table.file_uris()],
+            schema=pa.schema(
+                [
+                    *spec.schema,
+                    *(f for f in partition_columns(table) if f.name not in spec.schema.names),
+                ]
+            ),
+            format="parquet",
+            filesystem=filesystem_of(self.root, self.storage_options)[0],
+            partitioning=ds.partitioning(partition_columns(table), flavor="hive"),
+            partition_base_dir=filesystem_path(table.table_uri).rstrip("/"),
+        )
+        batches = (
+            with_layout(pa.Table.from_batches([batch]), spec, settled=True).to_batches()
+            for batch in source.to_batches(columns=spec.schema.names)
+            if batch.num_rows > 0
+        )
+        reader = pa.RecordBatchReader.from_batches(
+            spec.storage_schema, (batch for group in batches for batch in group)
+        )
+        with reaching(self.root, self.storage_options, f"migrating table {spec.name}"):
+            write_deltalake(
+                table,
+                reader,
+                mode="overwrite",
+                schema_mode="overwrite",
+                partition_by=list(spec.partition_by),
+                storage_options=self.storage_options,
+                commit_properties=conditional(),
+            )
+        migrated = self.open(spec)
+        if migrated.version() != version + 1:
+            raise RuntimeError(f"{spec.name}: another commit landed during the migration")
+        return migrated.version()
 
     def open(self, spec: TableSpec) -> DeltaTable:
         with reaching(self.root, self.storage_options, f"opening table {spec.name}"):
@@ -80,7 +157,6 @@ class DeltaLake:
             return read_snapshot(
                 self.open(spec),
                 spec.schema,
-                spec.partition_by,
                 self.storage_options,
                 columns,
                 row_filter,
@@ -122,7 +198,14 @@ class DeltaLake:
         for spec in LAKE_TABLES:
             with reaching(self.root, self.storage_options, f"optimizing table {spec.name}"):
                 table = self.open(spec)
-                metrics = table.optimize.compact(target_size=target_file_bytes)
+                # Staged files are the stream's to settle: merged here, they would settle only
+                # as files of no stream (`storage.compaction` still takes them, later).
+                metrics = table.optimize.compact(
+                    partition_filters=(
+                        [(spec.partition_by[0], "!=", STAGED)] if spec.staged else None
+                    ),
+                    target_size=target_file_bytes,
+                )
                 table.create_checkpoint()
             done[spec.name] = TableMaintenance(
                 files_removed=int(metrics.get("numFilesRemoved", 0)),
@@ -172,13 +255,113 @@ class DeltaLake:
                 table.create_write_transaction(
                     actions,
                     mode="append",
-                    schema=spec.schema,
+                    schema=spec.storage_schema,
                     partition_by=list(spec.partition_by) or None,
                     commit_properties=conditional(Transaction(app_id=app_id, version=batch_id)),
                 )
             return True
 
         return commit_without_conflict(f"{self.table_uri(spec)}, batch {batch_id}", attempt)
+
+    def settle(
+        self,
+        spec: TableSpec,
+        staged: list[StagedFile],
+        settled: list[WrittenFile],
+        app_id: str,
+        compaction_version: int,
+        writer_epoch: int,
+        before_commit: Callable[[], None] = lambda: None,
+    ) -> bool:
+        """Replace `staged` files by the `settled` ones holding the same rows, in one commit
+        (SPEC §5: at every version each row is visible exactly once), with the transaction id
+        (`<app_id>/compaction`, `compaction_version`) and `dataChange = false`: readers that
+        follow the table see no new data.
+
+        Fenced like a batch's commit. Returns False, committing nothing, if one of the staged
+        files is gone from the table (another compaction or an `optimize` took it): the caller
+        lists the staged files again.
+        """
+        actions: list[AddAction | RemoveAction] = [
+            RemoveAction(
+                path=file.path,
+                data_change=False,
+                deletion_timestamp=int(time.time() * 1000),
+                size=file.size,
+                partition_values=file.partition_values,
+            )
+            for file in staged
+        ]
+        actions += [
+            AddAction(
+                path=file.path,
+                size=file.size,
+                partition_values=file.partition_values,
+                modification_time=file.modification_time,
+                data_change=False,
+                stats=file.stats,
+            )
+            for file in settled
+        ]
+
+        def attempt() -> bool:
+            table = self.open(spec)
+            check_fence(table, app_id, writer_epoch)
+            present = {
+                unquote(path) for path in pa.table(table.get_add_actions())["path"].to_pylist()
+            }
+            if any(unquote(file.path) not in present for file in staged):
+                return False
+            before_commit()
+            doing = f"settling {len(staged)} staged files of table {spec.name}"
+            with reaching(self.root, self.storage_options, doing):
+                table.create_write_transaction(
+                    actions,
+                    mode="append",
+                    schema=spec.storage_schema,
+                    partition_by=list(spec.partition_by),
+                    commit_properties=conditional(
+                        Transaction(app_id=compaction_app_id(app_id), version=compaction_version)
+                    ),
+                )
+            return True
+
+        return commit_without_conflict(f"{self.table_uri(spec)}, compaction", attempt)
+
+    def staged_files(self, spec: TableSpec) -> list[StagedFile]:
+        """The staged files of the table's current version, oldest batch first."""
+        table = self.open(spec)
+        actions = pa.table(table.get_add_actions(flatten=True))
+        column = f"partition.{spec.partition_by[0]}"
+        if actions.num_rows == 0 or column not in actions.column_names:
+            return []
+        rows = actions.filter(pc.equal(actions[column], STAGED)).to_pylist()
+        files = [
+            StagedFile(
+                path=row["path"],
+                size=row["size_bytes"],
+                partition_values={name: row[f"partition.{name}"] for name in spec.partition_by},
+            )
+            for row in rows
+        ]
+        return sorted(files, key=lambda file: file.path)
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """A staged file as a compaction removes it."""
+
+    path: str
+    size: int
+    partition_values: dict[str, str | None]
+
+
+class LakeLayoutError(RuntimeError):
+    """A table of the lake is laid out as an older release wrote it."""
+
+
+def compaction_app_id(stream: str) -> str:
+    return f"{stream}/compaction"
 
 
 def _add_missing_columns(table: DeltaTable, spec: TableSpec) -> None:

@@ -2,6 +2,16 @@
 
 The stateful stage emits one union row per output row, tagged with `kind`; `rows_for_table`
 selects one table's rows and derives its typed columns (UTC timestamps, partition dates).
+
+Staged, then settled. A table whose rows settle in per-tenant partitions (`events`, `windows`,
+`late_events`) is partitioned by layout columns, not by `tenant` itself: `layout_tenant`,
+`layout_source` (and `layout_window_date`) hold the row's own tenant, source (and window date)
+once it has settled, and `layout_tenant = '_staged'` (the others null) while it waits for
+compaction. A micro-batch therefore writes one staged file per write task whatever the number
+of tenants, and compaction moves staged rows to their tenant's partition in one Delta commit
+that removes the staged files and adds the settled ones: at every version each row is in
+exactly one file. The logical columns (`tenant`, `source`, `window_date`) are stored in the data
+files, so they read the same wherever the row is. No tenant id starts with `_`.
 """
 
 from __future__ import annotations
@@ -16,11 +26,45 @@ TIMESTAMP = pa.timestamp("us", tz="UTC")
 METRICS = pa.map_(pa.string(), pa.float64())
 
 
+STAGED = "_staged"
+"""`layout_tenant` of rows that have not settled in their tenant's partition yet."""
+LAYOUT_PREFIX = "layout_"
+
+
 @dataclass(frozen=True)
 class TableSpec:
     name: str
     schema: pa.Schema
+    """The rows as readers see them."""
     partition_by: tuple[str, ...]
+    """The Delta partition columns."""
+    settles_by: tuple[str, ...] = ()
+    """Columns of `schema` whose values name the partition a row settles in; `partition_by` is
+    then their layout columns. Empty: rows are written straight to their partition."""
+    sort_by: tuple[str, ...] = ()
+    """A total order of the rows within a settled file, so compaction is deterministic."""
+
+    @property
+    def staged(self) -> bool:
+        return bool(self.settles_by)
+
+    @property
+    def storage_schema(self) -> pa.Schema:
+        """The Delta table's schema: the rows plus the layout columns."""
+        if not self.staged:
+            return self.schema
+        layout = [
+            pa.field(name, self.schema.field(settled).type)
+            for name, settled in zip(self.partition_by, self.settles_by, strict=True)
+        ]
+        return pa.schema([*self.schema, *layout])
+
+
+def _settled(*columns: str) -> dict[str, tuple[str, ...]]:
+    return {
+        "partition_by": tuple(f"{LAYOUT_PREFIX}{column}" for column in columns),
+        "settles_by": columns,
+    }
 
 
 _KAFKA_COORDINATES = [
@@ -52,7 +96,18 @@ EVENTS = TableSpec(
             pa.field("batch_id", pa.int64()),
         ]
     ),
-    ("tenant", "source", "window_date"),
+    **_settled("tenant", "source", "window_date"),
+    sort_by=(
+        "tenant",
+        "source",
+        "window_start",
+        "window_id",
+        "topic",
+        "partition",
+        "offset",
+        "pane_index",
+        "batch_id",
+    ),
 )
 WINDOWS = TableSpec(
     "windows",
@@ -70,7 +125,8 @@ WINDOWS = TableSpec(
             pa.field("batch_id", pa.int64()),
         ]
     ),
-    ("tenant", "source", "window_date"),
+    **_settled("tenant", "source", "window_date"),
+    sort_by=("tenant", "source", "window_start", "window_id", "pane_index", "batch_id"),
 )
 LATE_EVENTS = TableSpec(
     "late_events",
@@ -88,7 +144,8 @@ LATE_EVENTS = TableSpec(
             pa.field("batch_id", pa.int64()),
         ]
     ),
-    ("tenant", "source"),
+    **_settled("tenant", "source"),
+    sort_by=("tenant", "source", "topic", "partition", "offset", "window_start", "batch_id"),
 )
 QUARANTINE = TableSpec(
     "quarantine",
@@ -200,6 +257,20 @@ def rows_for_table(batch: pa.Table, spec: TableSpec, batch_id: int) -> pa.Table:
         for field in spec.schema
     ]
     return pa.Table.from_arrays(columns, schema=spec.schema)
+
+
+def with_layout(rows: pa.Table, spec: TableSpec, settled: bool) -> pa.Table:
+    """`rows` (in `spec.schema`) with the layout columns: staged, or settled in their own
+    tenant's partition."""
+    columns = list(rows.columns)
+    for name, settles_by in zip(spec.partition_by, spec.settles_by, strict=True):
+        if settled:
+            columns.append(rows[settles_by])
+        else:
+            staged_value = STAGED if name == spec.partition_by[0] else None
+            field_type = spec.schema.field(settles_by).type
+            columns.append(pa.array([staged_value] * rows.num_rows, field_type))
+    return pa.Table.from_arrays(columns, schema=spec.storage_schema)
 
 
 def _timestamp(epoch_ms: pa.ChunkedArray) -> pa.ChunkedArray:

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import pyarrow as pa
 from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from storage.delta_lake import DeltaLake
-from storage.snapshot_reader import read_snapshot
+from storage.snapshot_reader import partition_columns, read_snapshot, tenant_files
 from storage.tables import ALL_TABLES, DELIVERIES, EVENTS, LAKE_TABLES, WINDOWS, TableSpec
 
 WINDOW_CONTENTS = "window_contents"
@@ -81,18 +82,16 @@ def read_table(
     tenant: str | None = None,
     version: int | None = None,
 ) -> DataFrame:
-    """The table's current snapshot, or the one at `version`; with `tenant`, only the files of
-    that tenant's partitions (where the table is partitioned by tenant) are listed, so a scoped
-    query never opens another tenant's files. The caller still filters the rows."""
+    """The table's current snapshot, or the one at `version`; with `tenant`, only the files that
+    may hold that tenant's rows are listed (`snapshot_reader.tenant_files`: its partition and
+    the staged files its statistics do not rule out), so a scoped query never opens another
+    tenant's settled files. The caller still filters the rows."""
     uri = lake.table_uri(spec)
     if use_delta_spark:
         reader = spark.read.format("delta")
         if version is not None:
             reader = reader.option("versionAsOf", version)
-        return reader.load(uri)
-    schema = from_arrow_schema(spec.schema)
-    pruned = tenant is not None and "tenant" in spec.partition_by
-    partitions = [("tenant", "=", tenant)] if pruned else None
+        return reader.load(uri).select(*spec.schema.names)
     table = lake.open(spec)
     if version is not None:
         latest = table.version()
@@ -102,19 +101,23 @@ def read_table(
                 "(each table counts its own versions: see docs/querying.md)"
             )
         table.load_as_version(version)
+    files = table.file_uris() if tenant is None else tenant_files(table, tenant)
+    schema = from_arrow_schema(spec.schema)
     if not lake.is_local:
-        # Spark has no S3 filesystem here (no hadoop-aws jar): read the snapshot with delta-rs
+        # Spark has no S3 filesystem here (no hadoop-aws jar): read the snapshot with pyarrow
         # and hand Spark the Arrow data. Fine for ad-hoc queries; a cluster with delta-spark
         # and s3a reads at scale with use_delta_spark.
-        rows = read_snapshot(
-            table, spec.schema, spec.partition_by, lake.storage_options, partitions=partitions
-        )
+        rows = read_snapshot(table, spec.schema, lake.storage_options, files=files)
         return spark.createDataFrame(rows, schema)
-    files = table.file_uris(file_pruning_predicate=partitions)
     if not files:
         return spark.createDataFrame([], schema)
-    # basePath makes Spark take the partition columns from the Hive-style folder names.
-    return spark.read.schema(schema).option("basePath", uri).parquet(*files)
+    # The partition columns (the table's own: this release's layout columns, or `tenant` in a
+    # lake from before it) are named in the schema so that Spark takes them from the
+    # Hive-style folder names under basePath; the view shows the rows' own columns only.
+    layout = [f for f in partition_columns(table) if f.name not in spec.schema.names]
+    read_schema = from_arrow_schema(pa.schema([*spec.schema, *layout]))
+    frame = spark.read.schema(read_schema).option("basePath", uri).parquet(*files)
+    return frame.select(*spec.schema.names)
 
 
 def window_contents(windows: DataFrame, events: DataFrame) -> DataFrame:

@@ -304,7 +304,7 @@ class WriterLease:
             return None
         matching = (pc.field("stream") == self.stream) & (pc.field("epoch") == epoch)
         rows = read_snapshot(
-            table, CLAIMS_SCHEMA, (), self.lake.storage_options, row_filter=matching
+            table, CLAIMS_SCHEMA, self.lake.storage_options, row_filter=matching
         ).to_pylist()
         return Claim(**rows[0]) if rows else None
 

@@ -29,11 +29,13 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from storage.commits import FencedError
+from storage.compaction import Compaction
 from storage.delta_lake import DeltaLake
 from storage.writer_lease import WriterLease
 from streaming.bucket_state import STATE_LAYOUT
 from streaming.checkpoint_identity import StreamIdentity, check_checkpoint, claim_checkpoint
 from streaming.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
+from streaming.compaction_schedule import CompactionSchedule
 from streaming.configured_status import ConfiguredKeyRows
 from streaming.hooks import NO_FAULTS, FaultHook
 from streaming.notify.notifier import Notifier
@@ -89,6 +91,7 @@ class StreamApp:
         self._threads: list[threading.Thread] = []
         self._query: StreamingQuery | None = None
         self._spark: SparkSession | None = None
+        self._compaction: CompactionSchedule | None = None
         self.progress = ProgressListener(
             settings.stream.name, LastBatchFile(settings.stream.checkpoint_dir), on_batch
         )
@@ -187,6 +190,17 @@ class StreamApp:
         settings = self.settings
         claim_checkpoint(settings.stream.checkpoint_dir, self.identity)
         self.watcher.publish_at_start(_now_ms())
+        self._compaction = CompactionSchedule(
+            Compaction(
+                self.lake,
+                settings.stream.name,
+                writer_epoch,
+                tasks=settings.stream.shuffle_partitions,
+            ),
+            self.checkpoint_log,
+            settings.stream.compact_interval_ms,
+            self.fault_hook,
+        )
         sink = MicroBatchSink(
             self.lake,
             app_id=settings.stream.name,
@@ -197,6 +211,7 @@ class StreamApp:
             fault_hook=self.fault_hook,
             driver_files=ConfiguredKeyRows(self.snapshots, self.checkpoint_log),
             report=self.progress.record,
+            compaction=self._compaction,
         )
         query = start_query(spark, settings, self.snapshots, sink, available_now, self.fault_hook)
         self._threads.append(
@@ -205,6 +220,13 @@ class StreamApp:
         # Off the batch path: a slow endpoint never delays a micro-batch.
         self._threads.append(self.notifier.start(self._stopping))
         return query
+
+    def compact_now(self, spark: SparkSession) -> None:
+        """Settle every staged row of this stream now (the end of an `--available-now` run), as
+        of the last committed batch."""
+        committed = self.checkpoint_log.latest_batch(COMMITS_DIR)
+        if self._compaction is not None and committed is not None:
+            self._compaction.now(spark, committed)
 
     def wait_for_notifications(self, abandon: threading.Event) -> bool:
         """Wait until every committed pane's deliveries succeeded or were dead-lettered;
@@ -284,6 +306,7 @@ def run_stream(
         if not query.isActive:
             query.awaitTermination()
             if available_now:
+                app.compact_now(spark)
                 app.wait_for_notifications(stop_requested)
     except StreamingQueryException as failure:
         log.error("the stream failed: %s", failure)

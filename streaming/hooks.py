@@ -25,6 +25,11 @@ class FaultPoint(StrEnum):
     """Driver, after a table's fence and batch checks, before its Delta commit."""
     AFTER_DELTA_COMMITS = "after_delta_commits"
     """Driver, after every Delta commit, before Spark writes its commit log entry."""
+    BEFORE_COMPACTION_COMMIT = "before_compaction_commit"
+    """Driver, after a compaction wrote a table's settled files, before its Delta commit;
+    position: the batch it runs after."""
+    AFTER_COMPACTION_COMMIT = "after_compaction_commit"
+    """Driver, after a compaction committed a table, before the next table or Spark's commit log."""
     BEFORE_DELIVERY = "before_delivery"
     """Driver, notifier: before a request announcing a pane; position: the pane's batch id."""
     AFTER_DELIVERY_BEFORE_RECORD = "after_delivery_before_record"

@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame
 from storage.data_files import WRITTEN_FILE_DDL, BatchFiles, WrittenFile, write_task_files
 from storage.delta_lake import DeltaLake
 from storage.tables import ALL_TABLES, TableSpec
+from streaming.compaction_schedule import CompactionSchedule
 from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
 from streaming.progress import BatchOutcome
 from streaming.quarantine_log import log_quarantined
@@ -42,6 +43,7 @@ class MicroBatchSink:
         fault_hook: FaultHook = NO_FAULTS,
         driver_files: DriverFiles | None = None,
         report: Callable[[BatchOutcome], None] | None = None,
+        compaction: CompactionSchedule | None = None,
     ) -> None:
         self.lake = lake
         self.app_id = app_id
@@ -51,6 +53,9 @@ class MicroBatchSink:
         self.driver_files = driver_files
         self.report = report
         """Told what each batch committed, once all of its tables are done."""
+        self.compaction = compaction
+        """Settles staged rows after the batch, when due; also after a replayed batch, which
+        finishes a compaction a crash cut short."""
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         self.fault_hook.reached(FaultPoint.BATCH_START, batch_id)
@@ -64,6 +69,8 @@ class MicroBatchSink:
         else:
             rows = self._commit(batch_df, batch_id, pending)
             outcome = BatchOutcome(batch_id=batch_id, rows=rows)
+        if self.compaction is not None:
+            self.compaction.after_batch(batch_df.sparkSession, batch_id)
         if self.report is not None:
             self.report(outcome)
         if self.after_batch is not None:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from tenants.models import ID_PATTERN, PositiveDurationMs
+from tenants.models import ID_PATTERN, NonNegativeDurationMs, PositiveDurationMs
 from tenants.registry import ConfigError
 
 ENV_PREFIX = "TW_"
@@ -122,6 +122,17 @@ class StreamSettings(_Frozen):
         description=(
             "Keys are grouped into this many hash buckets of state, so Spark's per-group cost "
             "does not grow with the number of tenants; frozen once a checkpoint exists."
+        ),
+    )
+    compact_interval_ms: NonNegativeDurationMs = Field(
+        default=600_000,
+        alias="compact_interval",
+        description=(
+            "A micro-batch stages its rows in a few files shared by all tenants; compaction moves "
+            "them to their tenant's partitions after the first batch whose timestamp is in a new "
+            "interval of this length (`0s`: after every batch), and when an `--available-now` "
+            "run ends. Queries see staged rows at once; a longer interval writes fewer, larger "
+            "files (docs/scale.md)."
         ),
     )
     optimize_every_batches: int | None = Field(

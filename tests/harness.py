@@ -146,6 +146,7 @@ class Pipeline:
             finished = stream.query.awaitTermination(timeout=timeout_s)
             assert finished, f"the query did not finish within {timeout_s}s"
             assert stream.query.exception() is None, stream.query.exception()
+            stream.compact_now(spark)  # as `tenant-windows run --available-now` does at its end
         finally:
             stream.stop()
 

@@ -148,7 +148,6 @@ class Notifier:
             for row in read_snapshot(
                 windows,
                 WINDOWS.schema,
-                WINDOWS.partition_by,
                 self.lake.storage_options,
                 _PANE_COLUMNS,
                 (batch_id > after) & (batch_id <= through),
