@@ -8,7 +8,10 @@ Defence in depth, each layer on its own enough for the escapes we know:
    and Spark may disagree on an odd statement: both must accept it.
 3. The session itself reaches nothing else: a fresh session (its own temp views and settings)
    holding only the scoped views, with SQL on files and `${}` substitution switched off.
-4. The planned query may read only files the scoped views read.
+4. The planned query may read only files the scoped views read; and those are only the
+   tenant's own partition files, staged files (shared by all tenants until compaction settles
+   them; the view's filter keeps the tenant's rows) and files of tables not partitioned by
+   tenant (checked when the session opens).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from storage.delta_lake import DeltaLake
 from storage.sql_guard import ALLOWED_FUNCTIONS, QueryRefused, check_query
+from storage.tables import LAYOUT_PREFIX, STAGED
 from storage.views import register_views
 
 SCOPED_SESSION_CONF = {
@@ -68,6 +72,12 @@ class TenantSql:
             session.conf.set(key, value)
         frames = register_views(session, lake, tenant, use_delta_spark, versions)
         files = frozenset(path for frame in frames.values() for path in frame.inputFiles())
+        foreign = sorted(path for path in files if not _in_scope(path, tenant))
+        if foreign:
+            raise QueryRefused(
+                f"tenant {tenant}'s views would read {len(foreign)} files of other tenants' "
+                f"partitions, e.g. {foreign[0]}"
+            )
         return cls(session, tenant, tuple(frames), files)
 
     def query(self, statement: str) -> DataFrame:
@@ -81,6 +91,17 @@ class TenantSql:
                 f"the query would read {len(outside)} files outside tenant {self.tenant}'s views"
             )
         return frame
+
+
+def _in_scope(path: str, tenant: str) -> bool:
+    """Whether a file's partition folders allow it in `tenant`'s views."""
+    for folder in path.split("/"):
+        column, _, value = folder.partition("=")
+        if column == "tenant":  # a lake from before the staged layout
+            return value == tenant
+        if column == f"{LAYOUT_PREFIX}tenant":
+            return value in (tenant, STAGED)
+    return True
 
 
 def check_spark_plan(session: SparkSession, statement: str, views: tuple[str, ...]) -> None:

@@ -28,7 +28,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, Transaction, write_deltalake
 
 from storage.delta_lake import DeltaLake
-from storage.tables import WINDOWS
+from storage.tables import WINDOWS, with_layout
 from streaming.notify.notifier import Notifier
 from tenants.config_store import ConfigSnapshots
 from tenants.registry import load_registry
@@ -124,7 +124,7 @@ def _commit_backlog(lake: DeltaLake, tenants: int, batches: int, panes: int) -> 
                 )  # fmt: skip
         write_deltalake(
             lake.table_uri(WINDOWS),
-            pa.Table.from_pylist(rows, schema=WINDOWS.schema),
+            with_layout(pa.Table.from_pylist(rows, schema=WINDOWS.schema), WINDOWS, settled=True),
             mode="append",
             partition_by=list(WINDOWS.partition_by),
             commit_properties=CommitProperties(
