@@ -29,3 +29,7 @@ def test_every_stage_reads_every_record_and_reports_its_figures(
     assert product.extra["keys"] == 80
     assert product.extra["files_per_table"]["events"] > 0
     assert product.extra["pane_delay_batches"].get("max", 0) <= 2
+    # A batch's files follow its write tasks (4 here), not its 40 tenants; compaction settles
+    # them in one file per partition.
+    assert 0 < product.extra["adds_per_batch"]["events"]["max"] <= 4
+    assert product.extra["compaction_files"] >= 40

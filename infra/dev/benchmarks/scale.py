@@ -13,8 +13,15 @@ Spark session, `maxOffsetsPerTrigger` and shuffle partitions:
 It prints a table and writes the figures as JSON: records/s (overall from the query's start,
 and steady state, i.e. batches after the first), the ratios the scale issue asks for, batch
 latency p50/p95, pane delay in batches after the key's watermark passed the window's end, state
-size, peak RSS of the driver and of the Python workers, files per table, and the time of one
-tenant's query over the result. Figures of one run are comparable with each other only.
+size, peak RSS of the driver and of the Python workers, and for the product:
+
+- the data files and `add` actions each batch's commit put in each table (from the Delta logs);
+- the compaction that settles the run's staged rows: its time and the files it wrote;
+- object-store PUTs (data files and log commits) per million records, while streaming and with
+  the compaction, and at `stream.compact_interval` and the measured rate;
+- one tenant's query time before and after that compaction.
+
+Figures of one run are comparable with each other only.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_process import descendants, rss_mib
 from infra.dev.local_stack import LocalKafka
-from storage.delta_lake import DeltaLake
+from storage.delta_lake import DeltaLake, compaction_app_id
 from storage.tables import ALL_TABLES, TENANT_STATUS, WINDOWS
 from storage.views import register_views
 from streaming.app import StreamApp
@@ -231,13 +238,25 @@ def _builtin_stage(spark: SparkSession, dataset: _Dataset) -> StageFigures:
 def _product_stage(spark: SparkSession, dataset: _Dataset) -> StageFigures:
     app = StreamApp(dataset.settings)
     figures = _measure("product", dataset, lambda: app.start(spark, available_now=True).query)
-    app.stop()
     lake = DeltaLake.from_settings(dataset.settings.lake)
+    try:
+        streamed = _log_writes(lake, dataset.settings.stream.name)
+        figures.extra["one_tenant_query_s"] = _one_tenant_query_s(spark, lake, "t000000")
+        started = time.monotonic()
+        app.compact_now(spark)  # as `run --available-now` does at its end
+        compaction_s = time.monotonic() - started
+    finally:
+        app.stop()
+    compacted = _log_writes(lake, dataset.settings.stream.name)
+    figures.extra["one_tenant_query_compacted_s"] = _one_tenant_query_s(spark, lake, "t000000")
+    figures.extra.update(
+        _write_figures(streamed, compacted, figures, dataset.settings.stream.compact_interval_ms)
+    )
+    figures.extra["compaction_s"] = round(compaction_s, 1)
     figures.extra["files_per_table"] = {
         spec.name: lake.open(spec).get_add_actions().num_rows for spec in ALL_TABLES
     }
     figures.extra["pane_delay_batches"] = _pane_delay(lake)
-    figures.extra["one_tenant_query_s"] = _one_tenant_query_s(spark, lake, "t000000")
     status = lake.open(TENANT_STATUS).to_pandas()
     keys = len(status[["tenant", "source"]].drop_duplicates())
     figures.extra["keys"] = keys
@@ -343,6 +362,64 @@ def _pane_delay(lake: DeltaLake) -> dict[str, float]:
     emitted = on_time.set_index(["tenant", "source", "window_start"])["batch_id"]
     delays = (emitted - first_passed).dropna()
     return {"p50": float(delays.median()), "max": float(delays.max()), "panes": len(delays)}
+
+
+@dataclass(frozen=True)
+class _LogWrites:
+    """What the tables' Delta logs say was written: per batch commit, and by compaction."""
+
+    adds_per_batch: dict[str, list[int]]
+    """Per table, the `add` actions of each of the stream's batch commits."""
+    compaction_adds: int
+    commits: int
+    """Log files (one PUT each) of the stream's batch and compaction commits."""
+
+
+def _log_writes(lake: DeltaLake, stream: str) -> _LogWrites:
+    adds_per_batch: dict[str, list[int]] = {}
+    compaction_adds = commits = 0
+    for spec in ALL_TABLES:
+        adds_per_batch[spec.name] = []
+        for log_file in sorted(Path(lake.table_uri(spec), "_delta_log").glob("*.json")):
+            actions = [json.loads(line) for line in log_file.read_text().splitlines()]
+            apps = {action["txn"]["appId"] for action in actions if "txn" in action}
+            adds = sum(1 for action in actions if "add" in action)
+            if stream in apps:
+                adds_per_batch[spec.name].append(adds)
+                commits += 1
+            elif compaction_app_id(stream) in apps:
+                compaction_adds += adds
+                commits += 1
+    return _LogWrites(adds_per_batch, compaction_adds, commits)
+
+
+def _write_figures(
+    streamed: _LogWrites, compacted: _LogWrites, figures: StageFigures, interval_ms: int
+) -> dict[str, Any]:
+    """Files per batch, and PUTs per million records: while streaming, with one compaction of
+    the run, and at `interval_ms` between compactions at this run's steady rate."""
+    per_batch = {
+        table: {"max": max(adds, default=0), "mean": round(statistics.fmean(adds or [0]), 1)}
+        for table, adds in streamed.adds_per_batch.items()
+    }
+    batch_puts = sum(map(sum, streamed.adds_per_batch.values())) + streamed.commits
+    compaction_puts = compacted.compaction_adds + (compacted.commits - streamed.commits)
+    records = max(figures.records, 1)
+    interval_records = figures.steady_rate * interval_ms / 1000
+    return {
+        "adds_per_batch": per_batch,
+        "compaction_files": compacted.compaction_adds,
+        "puts_per_million_streaming": round(batch_puts * 1e6 / records),
+        "puts_per_million_with_one_compaction": round(
+            (batch_puts + compaction_puts) * 1e6 / records
+        ),
+        # A compaction writes one file per partition its interval touched: about as many as
+        # this run's compaction, when every tenant is active in both.
+        "puts_per_million_at_compact_interval": round(
+            batch_puts * 1e6 / records
+            + (compaction_puts * 1e6 / interval_records if interval_records else 0)
+        ),
+    }
 
 
 def _one_tenant_query_s(spark: SparkSession, lake: DeltaLake, tenant: str) -> float:
