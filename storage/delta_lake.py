@@ -22,7 +22,13 @@ from deltalake.transaction import AddAction, RemoveAction
 from storage.commits import check_fence, commit_without_conflict, conditional
 from storage.data_files import WrittenFile, filesystem_of
 from storage.s3 import reaching, storage_options
-from storage.snapshot_reader import filesystem_path, partition_columns, read_snapshot
+from storage.snapshot_reader import (
+    filesystem_path,
+    partition_columns,
+    read_newest_first,
+    read_snapshot,
+    tenant_files,
+)
 from storage.tables import LAKE_TABLES, STAGED, TableSpec, with_layout
 from tenants.settings import LakeSettings
 
@@ -150,16 +156,30 @@ class DeltaLake:
         spec: TableSpec,
         columns: list[str] | None = None,
         row_filter: ds.Expression | None = None,
+        tenant: str | None = None,
     ) -> pa.Table:
         """The table's current rows (`columns` of those matching `row_filter`), read by pyarrow
-        from the snapshot's files (`storage.snapshot_reader` says why not by delta-rs)."""
+        from the snapshot's files (`storage.snapshot_reader` says why not by delta-rs); with
+        `tenant`, only from the files that may hold its rows (the caller still filters)."""
         with reaching(self.root, self.storage_options, f"reading table {spec.name}"):
+            table = self.open(spec)
             return read_snapshot(
-                self.open(spec),
+                table,
                 spec.schema,
                 self.storage_options,
                 columns,
                 row_filter,
+                files=None if tenant is None else tenant_files(table, tenant),
+            )
+
+    def read_newest(
+        self, spec: TableSpec, columns: list[str], enough: Callable[[pa.Table], bool]
+    ) -> pa.Table:
+        """The table's rows from its newest batches back, until `enough` of them are read
+        (`storage.snapshot_reader.read_newest_first`)."""
+        with reaching(self.root, self.storage_options, f"reading table {spec.name}"):
+            return read_newest_first(
+                self.open(spec), spec.schema, self.storage_options, columns, enough
             )
 
     def committed_batch(self, spec: TableSpec, app_id: str) -> int | None:

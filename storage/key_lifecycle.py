@@ -22,6 +22,7 @@ def sources_with_state(lake: DeltaLake, tenant_id: str) -> list[str]:
         TENANT_STATUS,
         columns=["tenant", "source", "batch_id", "lifecycle"],
         row_filter=ds.field("tenant") == tenant_id,
+        tenant=tenant_id,
     )
     if rows.num_rows == 0:
         return []

@@ -13,7 +13,7 @@ written before the staged layout (partitioned by `tenant` itself) reads the same
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -82,10 +82,66 @@ def tenant_files(table: DeltaTable, tenant: str) -> list[str]:
         if f"partition.{column}" in actions.column_names:
             keep = pc.and_(keep, pc.is_in(actions[f"partition.{column}"], pa.array(allowed)))
     if "min.tenant" in actions.column_names:
-        # A file without statistics may hold anyone's rows: it is kept.
-        low, high = actions["min.tenant"], actions["max.tenant"]
-        within = pc.and_(pc.less_equal(low, tenant), pc.greater_equal(high, tenant))
-        keep = pc.and_(keep, pc.fill_null(within, True))
+        within = pc.and_(
+            pc.less_equal(actions["min.tenant"], tenant),
+            pc.greater_equal(actions["max.tenant"], tenant),
+        )
+        keep = pc.and_(keep, _or_unknown(within))
+    return _uris(table, actions, keep)
+
+
+def batch_files(table: DeltaTable, after: int, through: int) -> list[str]:
+    """URIs of the loaded version's files that may hold rows of batches (after, through], by
+    their `batch_id` statistics: a poll for new rows opens the newest files, not all of them."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return []
+    if "min.batch_id" not in actions.column_names:
+        return table.file_uris()
+    overlaps = pc.and_(
+        pc.greater(actions["max.batch_id"], after),
+        pc.less_equal(actions["min.batch_id"], through),
+    )
+    return _uris(table, actions, _or_unknown(overlaps))
+
+
+def read_newest_first(
+    table: DeltaTable,
+    schema: pa.Schema,
+    storage_options: Mapping[str, str] | None,
+    columns: Sequence[str],
+    enough: Callable[[pa.Table], bool],
+    files_per_read: int = 64,
+) -> pa.Table:
+    """The rows of the loaded version's newest files (by their `batch_id` statistics), read a
+    group of files at a time until `enough` says the rows read so far suffice, or all are read.
+
+    For "the latest row per key" in an append-only history: once every key has been seen, older
+    files cannot hold a later row of any of them, so the read stops at the history's recent end.
+    """
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return read_snapshot(table, schema, storage_options, columns, files=[])
+    if "max.batch_id" in actions.column_names:
+        actions = actions.sort_by([("max.batch_id", "descending")])  # no statistics: last
+    by_path = {_relative(uri, table.table_uri): uri for uri in table.file_uris()}
+    uris = [by_path[unquote(path)] for path in actions["path"].to_pylist()]
+    parts = []
+    for first in range(0, len(uris), files_per_read):
+        chunk = uris[first : first + files_per_read]
+        parts.append(read_snapshot(table, schema, storage_options, columns, files=chunk))
+        rows = pa.concat_tables(parts)
+        if enough(rows):
+            return rows
+    return pa.concat_tables(parts)
+
+
+def _or_unknown(condition: pa.ChunkedArray) -> pa.ChunkedArray:
+    # A file without statistics may hold anything: it is kept.
+    return pc.fill_null(condition, True)
+
+
+def _uris(table: DeltaTable, actions: pa.Table, keep: pa.ChunkedArray | pa.Array) -> list[str]:
     kept = {unquote(path) for path in actions.filter(keep)["path"].to_pylist()}
     return [uri for uri in table.file_uris() if _relative(uri, table.table_uri) in kept]
 

@@ -116,7 +116,16 @@ def key_status_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
     """Watermark, how far it trails the newest record, open windows and counters per key;
     configured keys without a row yet are listed as having no data."""
     columns = ["tenant", "source", *_KEY_COLUMNS]
-    table = lake.read_arrow(TENANT_STATUS, columns=columns)
+    configured = set(load_registry(settings.conf_dir).configured_keys())
+
+    def every_configured_key_seen(rows: pa.Table) -> bool:
+        seen = zip(rows["tenant"].to_pylist(), rows["source"].to_pylist(), strict=True)
+        return configured <= set(seen)
+
+    # The table is every key's history: read from its newest batches back, only until every
+    # configured key has a row (a key gets one in the batch it is configured), not all of it.
+    # Keys no longer configured show if their last row is that recent.
+    table = lake.read_newest(TENANT_STATUS, columns, every_configured_key_seen)
     latest = latest_per_key(table)
     trailing_ms = pc.subtract(
         pc.cast(latest["max_event_time"], pa.int64()), pc.cast(latest["watermark"], pa.int64())
@@ -139,7 +148,7 @@ def key_status_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
             "lifecycle": row["lifecycle"],
             "batch_id": row["batch_id"],
         }
-    for key in load_registry(settings.conf_dir).configured_keys():
+    for key in configured:
         rows.setdefault(key, {"tenant": key[0], "source": key[1], "watermark": NO_DATA_YET})
     return StatusSection(
         title=KEYS,

@@ -26,9 +26,12 @@ from storage.data_files import (
     write_task_files,
 )
 from storage.delta_lake import DeltaLake
-from storage.tables import EVENTS, STAGED
+from storage.snapshot_reader import read_newest_first
+from storage.tables import EVENTS, STAGED, TENANT_STATUS
 from storage.writer_lease import WriterLease
+from streaming.configured_status import status_rows
 from streaming.keyed_state import output_frame
+from streaming.status import latest_per_key
 from tenants.settings import StreamSettings
 
 T0_MS = 1_767_225_600_000
@@ -247,3 +250,29 @@ def test_batches_settling_optimize_and_vacuum_at_once_lose_and_duplicate_nothing
     assert len(rows) == batches * len(tenants)
     assert not rows.duplicated(["partition", "offset"]).any()
     assert not any(path.startswith(f"layout_tenant={STAGED}/") for path in _paths(lake))
+
+
+def test_the_latest_row_per_key_is_read_from_the_newest_batches_only(tmp_path: Path) -> None:
+    lake = _lake(tmp_path)
+    epoch = WriterLease.for_stream(lake, StreamSettings(name="orders")).acquire()
+    keys = [("acme", "web"), ("acme", "billing"), ("globex", "web")]
+    for batch_id in range(30):
+        # Every key until batch 24; then only acme/web has records.
+        active = keys if batch_id <= 24 else keys[:1]
+        target = BatchFiles(lake.root, None, "orders", epoch, batch_id, (TENANT_STATUS.name,))
+        rows = status_rows(active, T0_MS + batch_id)
+        written = write_task_files(target, lambda: 0)(iter(rows.to_batches()))
+        files = [WrittenFile.from_row(row) for batch in written for row in batch.to_pylist()]
+        assert lake.commit_files(TENANT_STATUS, files, "orders", batch_id, epoch)
+
+    def every_key_seen(rows: pa.Table) -> bool:
+        seen = zip(rows["tenant"].to_pylist(), rows["source"].to_pylist(), strict=True)
+        return set(keys) <= set(seen)
+
+    columns = TENANT_STATUS.schema.names
+    read = read_newest_first(
+        lake.open(TENANT_STATUS), TENANT_STATUS.schema, None, columns, every_key_seen, 2
+    )
+    assert min(read["batch_id"].to_pylist()) >= 24  # 6 of 30 files, in 3 reads of 2
+    everything = lake.read_arrow(TENANT_STATUS, columns=columns)
+    assert latest_per_key(read).equals(latest_per_key(everything))

@@ -27,7 +27,7 @@ from deltalake import DeltaTable
 
 from storage.deliveries import AttemptRow, DeliveryOutbox, Outcome, Progress
 from storage.delta_lake import DeltaLake
-from storage.snapshot_reader import read_snapshot
+from storage.snapshot_reader import batch_files, read_snapshot
 from storage.tables import WINDOWS
 from streaming.checkpoint_log import CheckpointLog
 from streaming.hooks import NO_FAULTS, FaultHook
@@ -151,6 +151,7 @@ class Notifier:
                 self.lake.storage_options,
                 _PANE_COLUMNS,
                 (batch_id > after) & (batch_id <= through),
+                files=batch_files(windows, after, through),
             ).to_pylist()
         ]
         panes.sort(key=lambda p: (p.batch_id, p.tenant, p.source, p.window_start_ms, p.pane_index))
