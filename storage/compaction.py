@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,11 +45,6 @@ from storage.tables import ALL_TABLES, TableSpec
 log = logging.getLogger(__name__)
 
 STAGED_TABLES = tuple(spec for spec in ALL_TABLES if spec.staged)
-# A staged file's name (`storage.data_files.BatchFiles.file_name`): the stream is what precedes
-# the fixed-format tail, so a stream name that itself contains dashes parses the same.
-_STAGED_NAME = re.compile(
-    r"^part-(?P<stream>.+)-e\d+-b(?P<batch>\d{10})-t\d{5}-[0-9a-f]{12}\.parquet$"
-)
 # The staged files a compaction read were taken by another commit in between (an `optimize`,
 # or a stream compacting foreign files): it lists them again this many times.
 SETTLE_ATTEMPTS = 5
@@ -101,7 +95,7 @@ class Compaction:
     ) -> TableCompaction | None:
         started = time.monotonic()
         for _ in range(SETTLE_ATTEMPTS):
-            staged = [file for file in self.lake.staged_files(spec) if self._takes(file)]
+            staged = self.lake.staged_files(spec, self.stream)
             if not staged:
                 return None
             settled = self._write_settled(spark, spec, staged)
@@ -129,10 +123,6 @@ class Compaction:
             f"compacting {spec.name}: its staged files kept changing during {SETTLE_ATTEMPTS} "
             "attempts; the next compaction tries again"
         )
-
-    def _takes(self, file: StagedFile) -> bool:
-        match = _STAGED_NAME.match(file.path.rsplit("/", 1)[-1])
-        return match is None or match["stream"] == self.stream
 
     def _write_settled(
         self, spark: SparkSession, spec: TableSpec, staged: list[StagedFile]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -124,6 +125,17 @@ class BatchFiles:
             f"part-{self.stream}-e{self.writer_epoch}-b{self.batch_id:010d}-"
             f"t{task_partition:05d}-{_digest(table_name, partition_values)}.parquet"
         )
+
+
+# `BatchFiles.file_name`, read back: the stream is whatever precedes the fixed-format tail, so a
+# stream name that itself contains dashes parses the same.
+_BATCH_FILE_NAME = re.compile(r"^part-(?P<stream>.+)-e\d+-b\d{10}-t\d{5}-[0-9a-f]{12}\.parquet$")
+
+
+def stream_of_batch_file(path: str) -> str | None:
+    """The stream that wrote a batch's file (`BatchFiles.file_name`); None for another name."""
+    match = _BATCH_FILE_NAME.match(path.rsplit("/", 1)[-1])
+    return None if match is None else match["stream"]
 
 
 @dataclass(frozen=True)

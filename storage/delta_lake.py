@@ -20,7 +20,7 @@ from deltalake.schema import Field as DeltaField
 from deltalake.transaction import AddAction, RemoveAction
 
 from storage.commits import check_fence, commit_without_conflict, conditional
-from storage.data_files import WrittenFile, filesystem_of
+from storage.data_files import WrittenFile, filesystem_of, stream_of_batch_file
 from storage.s3 import reaching, storage_options
 from storage.snapshot_reader import (
     filesystem_path,
@@ -348,8 +348,9 @@ class DeltaLake:
 
         return commit_without_conflict(f"{self.table_uri(spec)}, compaction", attempt)
 
-    def staged_files(self, spec: TableSpec) -> list[StagedFile]:
-        """The staged files of the table's current version, oldest batch first."""
+    def staged_files(self, spec: TableSpec, stream: str | None = None) -> list[StagedFile]:
+        """The staged files of the table's current version, by path; with `stream`, those it
+        wrote and those no stream's name marks (an outside `OPTIMIZE` merged staged files)."""
         table = self.open(spec)
         actions = pa.table(table.get_add_actions(flatten=True))
         column = f"partition.{spec.partition_by[0]}"
@@ -363,6 +364,7 @@ class DeltaLake:
                 partition_values={name: row[f"partition.{name}"] for name in spec.partition_by},
             )
             for row in rows
+            if stream is None or stream_of_batch_file(row["path"]) in (stream, None)
         ]
         return sorted(files, key=lambda file: file.path)
 

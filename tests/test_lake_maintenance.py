@@ -75,7 +75,7 @@ def _commit_batch(
 def _settle(lake: DeltaLake, stream: str, epoch: int, version: int) -> bool:
     """What `storage.compaction` does, in one process: read this stream's staged files, write
     their rows as settled files, commit the swap."""
-    staged = lake.staged_files(EVENTS)
+    staged = lake.staged_files(EVENTS, stream)
     if not staged:
         return False
     paths = pa.RecordBatch.from_pylist([{"path": file.path} for file in staged])
@@ -206,6 +206,13 @@ def test_four_streams_commit_into_one_lake_at_once_and_every_batch_lands(tmp_pat
     for stream in streams:
         assert table.transaction_version(stream) == 7
     assert table.to_pandas().groupby("tenant").size().to_dict() == dict.fromkeys(streams, 8)
+    # Each stream settles its own staged rows, and only those.
+    assert _settle(lake, "stream-0", epochs["stream-0"], 7)
+    rows = DeltaTable(lake.table_uri(EVENTS)).to_pandas()
+    settled = rows[rows["layout_tenant"] != STAGED]
+    assert set(settled["tenant"]) == {"stream-0"} and len(settled) == 8
+    others = [file.path for stream in streams[1:] for file in lake.staged_files(EVENTS, stream)]
+    assert sorted(others) == [file.path for file in lake.staged_files(EVENTS)]
 
 
 def test_batches_settling_optimize_and_vacuum_at_once_lose_and_duplicate_nothing(
