@@ -23,7 +23,7 @@ from storage.delta_lake import DeltaLake
 from storage.tables import ALL_TABLES, TableSpec
 from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
 from streaming.progress import BatchOutcome
-from streaming.quarantine_log import log_quarantined
+from streaming.quarantine_log import QuarantineLog
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,7 @@ class MicroBatchSink:
         fault_hook: FaultHook = NO_FAULTS,
         driver_files: DriverFiles | None = None,
         report: Callable[[BatchOutcome], None] | None = None,
+        quarantine_log: QuarantineLog | None = None,
     ) -> None:
         self.lake = lake
         self.app_id = app_id
@@ -51,6 +52,7 @@ class MicroBatchSink:
         self.driver_files = driver_files
         self.report = report
         """Told what each batch committed, once all of its tables are done."""
+        self.quarantine_log = quarantine_log or QuarantineLog(lake)
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         self.fault_hook.reached(FaultPoint.BATCH_START, batch_id)
@@ -113,7 +115,7 @@ class MicroBatchSink:
             time.monotonic() - started,
             " ".join(f"{name}={count}" for name, count in rows.items()),
         )
-        log_quarantined(self.lake, written, batch_id)
+        self.quarantine_log.batch_committed(batch_id, written)
         return rows
 
     def _holds(self, spec: TableSpec, batch_id: int) -> bool:

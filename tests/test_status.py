@@ -8,6 +8,7 @@ say balances with the tables, the topic and the checkpoint.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import logging
 import os
@@ -45,6 +46,12 @@ from streaming.status import (
 )
 from tenants.registry import load_registry
 from tests.harness import Pipeline
+from tests.log_lines import (
+    EXAMPLE_PREFIX,
+    QUARANTINE_LOGGER,
+    example_coordinates,
+    parse_summary,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = 300
@@ -269,27 +276,27 @@ def test_one_progress_line_per_batch_balances_with_the_topic_and_tables(
 
 
 @pytest.mark.integration
-def test_quarantine_lines_name_each_records_coordinates_and_reason(
+def test_quarantine_summaries_balance_with_the_table_and_examples_are_real_records(
     finished_run: tuple[Pipeline, list[logging.LogRecord]],
 ) -> None:
     pipeline, records = finished_run
     quarantine = pipeline.table("quarantine")
-    assert 0 < len(quarantine) <= 20, "the sample should log every quarantined record"
-    logged = Counter(
-        r.getMessage().split(" at ", 1)[1].split(",", 1)[0]
-        for r in records
-        if r.getMessage().startswith("quarantined: ")
-    )
-    expected = Counter(
-        f"{row.topic}/{row.partition}@{row.offset}" for row in quarantine.itertuples()
-    )
-    assert logged == expected
-    counted = sum(
-        int(r.getMessage().split(": ", 1)[1].split(" ", 1)[0])
-        for r in records
-        if r.name == "streaming.quarantine_log" and "records quarantined" in r.getMessage()
-    )
-    assert counted == len(quarantine)
+    assert len(quarantine) > 0, "the sample should quarantine some records"
+    messages = [r.getMessage() for r in records if r.name == QUARANTINE_LOGGER]
+    summaries = [summary for summary in map(parse_summary, messages) if summary is not None]
+    examples = [message for message in messages if message.startswith(EXAMPLE_PREFIX)]
+    assert len(summaries) + len(examples) == len(messages), messages
+    # Every quarantined record is counted in exactly one summary (the last ones at the stop).
+    by_reason: Counter[str] = Counter()
+    for summary in summaries:
+        by_reason.update(summary.by_reason)
+    assert by_reason == Counter(quarantine["reason"])
+    covered = [(summary.first_batch, summary.last_batch) for summary in summaries]
+    assert all(earlier[1] < later[0] for earlier, later in itertools.pairwise(covered))
+    settings = pipeline.settings.quarantine_log
+    assert len(examples) <= settings.examples * len(summaries)
+    expected = {f"{row.topic}/{row.partition}@{row.offset}" for row in quarantine.itertuples()}
+    assert {example_coordinates(example) for example in examples} <= expected
 
 
 @pytest.mark.integration
