@@ -40,6 +40,7 @@ from streaming.configured_status import ConfiguredKeyRows
 from streaming.hooks import NO_FAULTS, FaultHook
 from streaming.notify.notifier import Notifier
 from streaming.progress import BatchProgress, LastBatchFile, ProgressListener
+from streaming.quarantine_log import QuarantineLog
 from streaming.query import start_query
 from streaming.session import build_spark
 from streaming.sink import MicroBatchSink
@@ -95,6 +96,8 @@ class StreamApp:
         self.progress = ProgressListener(
             settings.stream.name, LastBatchFile(settings.stream.checkpoint_dir), on_batch
         )
+        # Its rate limit spans the batches of this instance: one object, owned here.
+        self.quarantine_log = QuarantineLog(self.lake, settings.quarantine_log)
 
     @property
     def query(self) -> StreamingQuery:
@@ -145,6 +148,8 @@ class StreamApp:
             self._query.stop()
             if not self.progress.drain(PROGRESS_DRAIN_S):
                 log.warning("the last batch's progress was not reported")
+            # Batches the rate limit held back are summarised now, not lost from the log.
+            self.quarantine_log.flush()
         self._remove_listener()
         for thread in self._threads:
             thread.join()
@@ -212,6 +217,7 @@ class StreamApp:
             driver_files=ConfiguredKeyRows(self.snapshots, self.checkpoint_log),
             report=self.progress.record,
             compaction=self._compaction,
+            quarantine_log=self.quarantine_log,
         )
         query = start_query(spark, settings, self.snapshots, sink, available_now, self.fault_hook)
         self._threads.append(

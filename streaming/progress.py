@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from pyarrow import fs
@@ -62,28 +62,56 @@ class BatchProgress(BaseModel):
     duration_ms: int
     max_kafka_lag: int | None
     """Records in the topic after this batch's end offsets, at the largest partition; None if
-    the source did not report the broker's latest offsets."""
+    Spark did not report the broker's latest offsets (the first batch after a restart re-runs
+    the batch planned before it without asking the broker)."""
     already_committed: bool = False
 
 
-def kafka_lag(latest_offset_json: str | None, end_offset_json: str | None) -> dict[int, int]:
-    """Records per partition between a batch's end offsets and the broker's latest offsets.
+NO_OFFSETS = frozenset({"", "None", "null"})
+"""What a progress event's offset holds when Spark has none: PySpark turns a JVM null into the
+text "None" (`str(None)`, classic PySpark) or "null" (Spark Connect's JSON)."""
 
-    Both are a source's offset JSON (`{"<partition>": offset}`, or Spark's Kafka source's
-    `{"<topic>": {...}}`); a missing one gives no lag.
+
+def offsets_per_partition(offset_json: str | None) -> dict[int, int] | None:
+    """A source's offsets from a progress event: `{partition: offset}`, or None when the event
+    has none.
+
+    Spark leaves `latestOffset` null for the first batch after a restart (it re-runs the batch
+    planned before the crash, from the offset log, without asking the broker) and
+    `startOffset` null for a stream's first batch. Both forms are read: this project's source
+    (`{"<partition>": offset}`) and Spark's Kafka source (`{"<topic>": {...}}`).
     """
-    if not latest_offset_json or not end_offset_json:
-        return {}
-    latest = _per_partition(json.loads(latest_offset_json))
-    end = _per_partition(json.loads(end_offset_json))
-    return {partition: max(latest[partition] - end.get(partition, 0), 0) for partition in latest}
-
-
-def _per_partition(offsets: Mapping[str, Any]) -> dict[int, int]:
-    if offsets and all(isinstance(value, dict) for value in offsets.values()):
+    if offset_json is None or offset_json.strip() in NO_OFFSETS:
+        return None
+    try:
+        offsets = json.loads(offset_json)
+    except ValueError:
+        log.debug("not an offset JSON: %r", offset_json[:200])
+        return None
+    if (
+        isinstance(offsets, dict)
+        and offsets
+        and all(isinstance(value, dict) for value in offsets.values())
+    ):
         # Spark's Kafka source: one topic per query here.
         offsets = next(iter(offsets.values()))
-    return {int(partition): int(offset) for partition, offset in offsets.items()}
+    if not isinstance(offsets, dict):
+        return None
+    try:
+        return {int(partition): int(offset) for partition, offset in offsets.items()}
+    except (TypeError, ValueError):
+        log.debug("not an offset JSON: %r", offset_json[:200])
+        return None
+
+
+def kafka_lag(latest_offset_json: str | None, end_offset_json: str | None) -> dict[int, int]:
+    """Records per partition between a batch's end offsets and the broker's latest offsets;
+    empty (lag unknown) when the progress event lacks either."""
+    latest = offsets_per_partition(latest_offset_json)
+    end = offsets_per_partition(end_offset_json)
+    if latest is None or end is None:
+        return {}
+    return {partition: max(latest[partition] - end.get(partition, 0), 0) for partition in latest}
 
 
 class LastBatchFile:
@@ -170,20 +198,35 @@ class ProgressListener(StreamingQueryListener):
         return None
 
     def _report(self, outcome: BatchOutcome, progress: Any) -> None:
-        lags: dict[int, int] = {}
-        for source in progress.sources:
-            lags.update(kafka_lag(source.latestOffset, source.endOffset))
-        summary = BatchProgress(
-            stream=self.stream,
-            batch_id=outcome.batch_id,
-            finished_at=progress.timestamp,
-            records_read=progress.numInputRows,
-            rows=outcome.rows,
-            duration_ms=progress.batchDuration,
-            max_kafka_lag=max(lags.values()) if lags else None,
-            already_committed=outcome.already_committed,
-        )
+        summary = batch_progress(self.stream, outcome, progress)
         progress_log.info(summary.model_dump_json())
         self.last_batch.write(summary)
         if self.observer is not None:
             self.observer(summary)
+
+
+def batch_progress(stream: str, outcome: BatchOutcome, progress: Any) -> BatchProgress:
+    """The summary of one batch: the sink's outcome and Spark's `StreamingQueryProgress`.
+
+    Every batch is summarised with what Spark gives. Of the fields read here only the sources'
+    offsets can be null (`offsets_per_partition`); then the lag is unknown (None), and a batch
+    without sources has no lag either. Measured with Spark 4.2, for whoever reads more of the
+    event: a re-run batch's `durationMs` has no `latestOffset` and no `walCommit`;
+    `inputRowsPerSecond` is 0.0 for the first batch of a run (the re-run included) and both
+    rates are 0.0 for a batch without records (an empty or timeout-only batch); `eventTime`
+    is always empty (the watermarks are per key, in the state, not Spark's); the sink's
+    `numOutputRows` is -1 (foreachBatch).
+    """
+    lags: dict[int, int] = {}
+    for source in progress.sources:
+        lags.update(kafka_lag(source.latestOffset, source.endOffset))
+    return BatchProgress(
+        stream=stream,
+        batch_id=outcome.batch_id,
+        finished_at=progress.timestamp,
+        records_read=progress.numInputRows,
+        rows=outcome.rows,
+        duration_ms=progress.batchDuration,
+        max_kafka_lag=max(lags.values()) if lags else None,
+        already_committed=outcome.already_committed,
+    )

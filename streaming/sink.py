@@ -24,7 +24,7 @@ from storage.tables import ALL_TABLES, TableSpec
 from streaming.compaction_schedule import CompactionSchedule
 from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
 from streaming.progress import BatchOutcome
-from streaming.quarantine_log import log_quarantined
+from streaming.quarantine_log import QuarantineLog
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ class MicroBatchSink:
         driver_files: DriverFiles | None = None,
         report: Callable[[BatchOutcome], None] | None = None,
         compaction: CompactionSchedule | None = None,
+        quarantine_log: QuarantineLog | None = None,
     ) -> None:
         self.lake = lake
         self.app_id = app_id
@@ -56,6 +57,7 @@ class MicroBatchSink:
         self.compaction = compaction
         """Settles staged rows after the batch, when due; also after a replayed batch, which
         finishes a compaction a crash cut short."""
+        self.quarantine_log = quarantine_log or QuarantineLog(lake)
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         self.fault_hook.reached(FaultPoint.BATCH_START, batch_id)
@@ -120,7 +122,7 @@ class MicroBatchSink:
             time.monotonic() - started,
             " ".join(f"{name}={count}" for name, count in rows.items()),
         )
-        log_quarantined(self.lake, written, batch_id)
+        self.quarantine_log.batch_committed(batch_id, written)
         return rows
 
     def _holds(self, spec: TableSpec, batch_id: int) -> bool:

@@ -201,6 +201,30 @@ class NotifySettings(_Frozen):
     )
 
 
+class QuarantineLogSettings(_Frozen):
+    """How the stream reports quarantined records in its log. The log only summarises: every
+    quarantined record is in the `quarantine` table."""
+
+    examples: int = Field(
+        default=3,
+        ge=0,
+        le=20,
+        description="Quarantined records quoted under each summary line (tenant, source, Kafka "
+        "coordinates, reason, error; never the raw key or value); 0 quotes none.",
+    )
+    interval_ms: NonNegativeDurationMs = Field(
+        default=10_000,
+        alias="interval",
+        description="At most one summary line (with its examples) this often. Batches that "
+        "quarantine records in between are counted into the next summary, or into one at a "
+        "graceful stop; 0 summarises every such batch on its own.",
+    )
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True
+    )
+
+
 class AppSettings(_Frozen):
     conf_dir: Path = Field(default=Path("conf"), description="Holds sources.yaml and tenants/.")
     kafka: KafkaSettings = KafkaSettings()
@@ -208,6 +232,10 @@ class AppSettings(_Frozen):
     stream: StreamSettings = StreamSettings()
     notify: NotifySettings = Field(
         default_factory=NotifySettings, description="Delivery of pane notifications."
+    )
+    quarantine_log: QuarantineLogSettings = Field(
+        default_factory=QuarantineLogSettings,
+        description="How quarantined records are summarised in the stream's log.",
     )
 
 

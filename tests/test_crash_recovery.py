@@ -7,8 +7,10 @@ the rows of a run without the crash, compared as multisets without wall-clock co
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,15 @@ import pytest
 from infra.dev.load_generator import LoadSpec, generate
 from streaming.hooks import DELIVERY_POINTS, FaultPoint
 from tenants.registry import load_registry
-from tests.crash_helpers import assert_same_tables, crash_and_recover, snapshot
+from tests.crash_helpers import (
+    assert_same_tables,
+    crash_and_recover,
+    run_process,
+    snapshot,
+    start_process,
+    wait_for_commit_log,
+    wait_or_kill,
+)
 from tests.harness import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -27,6 +37,15 @@ pytestmark = pytest.mark.integration
 BATCH_SIZE = 150
 RECORDS = 600  # four batches
 RANDOM_CRASHES = int(os.environ.get("TENANT_WINDOWS_RANDOM_CRASHES", "3"))
+LAST_DATA_BATCH = RECORDS // BATCH_SIZE - 1
+# Batches the continuous restart runs after the data, without records; they fire timeouts.
+EMPTY_BATCHES = 3
+# Longer than a batch takes here, so that the graceful stop at the end finds Spark waiting for
+# its next trigger. A trigger shorter than a batch makes Spark plan the next batch at once, and
+# a stop that interrupts that planning makes Spark itself log an ERROR (TorrentBroadcast).
+RESTART_TRIGGER_INTERVAL = "5s"
+RESTART_TIMEOUT_S = 300
+PROGRESS_LOGGER = "tenant_windows.progress"
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +176,66 @@ def test_random_crashes_leave_the_same_output_after_restart(
             assert_same_tables(recovered, clean_tables)
         except AssertionError as error:
             raise AssertionError(f"after a crash at {crash_at}: {error}") from error
+
+
+def test_every_batch_is_reported_once_across_crashes_and_restarts_with_no_error_logged(
+    kafka: Any, conf_dir: Path, dataset: str, tmp_path: Path
+) -> None:
+    """Two SIGKILLs after committed batches, then a continuous restart that also runs batches
+    without records, in which timeouts fire (`config_recheck_interval` 1s), and stops on
+    SIGTERM: one progress line per batch id over the three runs, and no ERROR line.
+
+    The first batch of each restart re-runs the batch planned before the kill, for which Spark
+    reports no latest offset; the last kill comes after the re-run batch's Delta commits, so the
+    last restart also re-runs a batch every table already holds.
+    """
+    pipeline = Pipeline(
+        kafka,
+        tmp_path,
+        conf_dir,
+        dataset,
+        partitions=2,
+        max_offsets_per_trigger=BATCH_SIZE,
+        trigger_interval=RESTART_TRIGGER_INTERVAL,
+    )
+    logs: list[Path] = []
+    # Killed inside the batch after a committed one: the committed one was reported a whole
+    # batch's work earlier (Spark posts its progress event before planning the next batch).
+    for run, crash_at in enumerate(
+        [f"{FaultPoint.BEFORE_DELTA_COMMIT}@1", f"{FaultPoint.AFTER_DELTA_COMMITS}@2"]
+    ):
+        logs.append(tmp_path / f"killed-{run}.log")
+        code = run_process(pipeline, logs[-1], fault=["--crash-at", crash_at])
+        assert code == -signal.SIGKILL, logs[-1].read_text()[-3000:]
+
+    logs.append(tmp_path / "restarted.log")
+    last_batch = LAST_DATA_BATCH + EMPTY_BATCHES
+    with logs[-1].open("wb") as out:
+        process = start_process(
+            pipeline,
+            out,
+            environ={"TW_STREAM__CONFIG_RECHECK_INTERVAL": "1s"},
+            available_now=False,
+        )
+        try:
+            wait_for_commit_log(pipeline, last_batch, process, RESTART_TIMEOUT_S)
+        finally:
+            # A graceful stop, so the batch in progress is finished and reported too.
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGTERM)
+            code = wait_or_kill(process, RESTART_TIMEOUT_S)
+    output = [line for path in logs for line in path.read_text().splitlines()]
+    assert code == 0, "\n".join(output[-50:])
+
+    reported = [
+        json.loads(line.split(f" {PROGRESS_LOGGER}: ", 1)[1])["batch_id"]
+        for line in output
+        if f" INFO {PROGRESS_LOGGER}: " in line
+    ]
+    committed = max(
+        int(p.name) for p in (tmp_path / "checkpoint" / "commits").iterdir() if p.name.isdigit()
+    )
+    assert committed >= last_batch
+    assert sorted(reported) == list(range(committed + 1)), reported
+    errors = [line for line in output if " ERROR " in line or line.startswith("Traceback")]
+    assert not errors, "\n".join(errors)

@@ -8,6 +8,7 @@ say balances with the tables, the topic and the checkpoint.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import logging
 import os
@@ -19,13 +20,20 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from pyspark.sql.streaming.listener import StreamingQueryProgress
 
 from infra.dev.load_generator import LoadSpec, generate
 from infra.progress_bar import ProgressBar
 from infra.status_view import render_json, render_table
 from streaming.app import StreamApp
 from streaming.checkpoint_log import COMMITS_DIR, CheckpointLog, parse_offsets_file
-from streaming.progress import BatchProgress, LastBatchFile, kafka_lag
+from streaming.progress import (
+    BatchOutcome,
+    BatchProgress,
+    LastBatchFile,
+    batch_progress,
+    kafka_lag,
+)
 from streaming.status import (
     KAFKA_LAG,
     KEYS,
@@ -38,6 +46,12 @@ from streaming.status import (
 )
 from tenants.registry import load_registry
 from tests.harness import Pipeline
+from tests.log_lines import (
+    EXAMPLE_PREFIX,
+    QUARANTINE_LOGGER,
+    example_coordinates,
+    parse_summary,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = 300
@@ -66,6 +80,64 @@ def test_kafka_lag_is_latest_minus_end_per_partition() -> None:
     assert kafka_lag('{"t": {"0": 10}}', '{"t": {"0": 3}}') == {0: 7}
     # A source that does not report the broker's offsets has no lag to show.
     assert kafka_lag(None, '{"0": 4}') == {}
+
+
+@pytest.mark.parametrize(
+    "missing",
+    # A JVM null as classic PySpark (`str(None)`) and Spark Connect ("null") hand it over, an
+    # empty offset, and offsets that are not a source's offsets at all.
+    [None, "None", "null", "", "  ", "not json", "[1, 2]", '{"0": "x"}'],
+)
+def test_a_missing_or_unreadable_offset_means_the_lag_is_unknown(missing: str | None) -> None:
+    assert kafka_lag(missing, '{"0": 4}') == {}
+    assert kafka_lag('{"0": 10}', missing) == {}
+
+
+def _spark_progress(batch_id: int, latest_offset: object, start_offset: object) -> Any:
+    """A progress event as PySpark builds it from Spark's JSON (trimmed from a real re-run)."""
+    source = {
+        "description": "PythonMicroBatchStreamWithTriggerAvailableNow@cda98af",
+        "startOffset": start_offset,
+        "endOffset": {"0": 40},
+        "latestOffset": latest_offset,
+        "numInputRows": 20,
+        "inputRowsPerSecond": 0.0,
+        "processedRowsPerSecond": 7.8,
+    }
+    return StreamingQueryProgress.fromJson(
+        {
+            "id": "1f9397db-e63e-43cf-9c5d-b5554cbba822",
+            "runId": "dc069fec-e977-49bf-ba72-303a44c31c95",
+            "name": "s",
+            "timestamp": "2026-11-24T21:40:40.582Z",
+            "batchId": batch_id,
+            "batchDuration": 2565,
+            "numInputRows": 20,
+            "inputRowsPerSecond": 0.0,
+            "processedRowsPerSecond": 7.8,
+            # A re-run batch has no `latestOffset` or `walCommit` duration.
+            "durationMs": {"addBatch": 2319, "getBatch": 0, "triggerExecution": 2565},
+            "stateOperators": [],
+            "sources": [source],
+            "sink": {"description": "ForeachBatchSink", "numOutputRows": -1},
+        }
+    )
+
+
+@pytest.mark.parametrize("latest_offset", [None, "None"])
+def test_the_first_batch_after_a_restart_is_reported_with_its_lag_unknown(
+    latest_offset: str | None,
+) -> None:
+    # Spark re-runs the batch planned before the crash without asking the broker: no latest
+    # offset (null in Spark's JSON, the text "None" through classic PySpark).
+    progress = _spark_progress(1, latest_offset, start_offset={"0": 20})
+    outcome = BatchOutcome(batch_id=1, rows={"events": 20})
+    summary = batch_progress("s", outcome, progress)
+    assert (summary.batch_id, summary.records_read, summary.duration_ms) == (1, 20, 2565)
+    assert summary.max_kafka_lag is None
+    # The first batch of a stream has no start offset; the lag is known.
+    first = batch_progress("s", outcome, _spark_progress(0, {"0": 45}, start_offset=None))
+    assert first.max_kafka_lag == 5
 
 
 def test_latest_per_key_takes_each_keys_row_of_its_highest_batch() -> None:
@@ -204,27 +276,27 @@ def test_one_progress_line_per_batch_balances_with_the_topic_and_tables(
 
 
 @pytest.mark.integration
-def test_quarantine_lines_name_each_records_coordinates_and_reason(
+def test_quarantine_summaries_balance_with_the_table_and_examples_are_real_records(
     finished_run: tuple[Pipeline, list[logging.LogRecord]],
 ) -> None:
     pipeline, records = finished_run
     quarantine = pipeline.table("quarantine")
-    assert 0 < len(quarantine) <= 20, "the sample should log every quarantined record"
-    logged = Counter(
-        r.getMessage().split(" at ", 1)[1].split(",", 1)[0]
-        for r in records
-        if r.getMessage().startswith("quarantined: ")
-    )
-    expected = Counter(
-        f"{row.topic}/{row.partition}@{row.offset}" for row in quarantine.itertuples()
-    )
-    assert logged == expected
-    counted = sum(
-        int(r.getMessage().split(": ", 1)[1].split(" ", 1)[0])
-        for r in records
-        if r.name == "streaming.quarantine_log" and "records quarantined" in r.getMessage()
-    )
-    assert counted == len(quarantine)
+    assert len(quarantine) > 0, "the sample should quarantine some records"
+    messages = [r.getMessage() for r in records if r.name == QUARANTINE_LOGGER]
+    summaries = [summary for summary in map(parse_summary, messages) if summary is not None]
+    examples = [message for message in messages if message.startswith(EXAMPLE_PREFIX)]
+    assert len(summaries) + len(examples) == len(messages), messages
+    # Every quarantined record is counted in exactly one summary (the last ones at the stop).
+    by_reason: Counter[str] = Counter()
+    for summary in summaries:
+        by_reason.update(summary.by_reason)
+    assert by_reason == Counter(quarantine["reason"])
+    covered = [(summary.first_batch, summary.last_batch) for summary in summaries]
+    assert all(earlier[1] < later[0] for earlier, later in itertools.pairwise(covered))
+    settings = pipeline.settings.quarantine_log
+    assert len(examples) <= settings.examples * len(summaries)
+    expected = {f"{row.topic}/{row.partition}@{row.offset}" for row in quarantine.itertuples()}
+    assert {example_coordinates(example) for example in examples} <= expected
 
 
 @pytest.mark.integration

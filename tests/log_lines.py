@@ -1,0 +1,48 @@
+"""Read back what the stream logs: quarantine summaries and their quoted examples."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+QUARANTINE_LOGGER = "streaming.quarantine_log"
+EXAMPLE_PREFIX = "quarantined: "
+_SUMMARY = re.compile(
+    r"^batch(?:es)? (?P<first>\d+)(?:-(?P<last>\d+))?: (?P<records>\d+) records quarantined; "
+    r"by reason: (?P<reasons>[^;]*); by tenant: (?P<tenants>[^;]*); "
+    r"all of them are in the quarantine table$"
+)
+
+
+@dataclass(frozen=True)
+class QuarantineSummary:
+    first_batch: int
+    last_batch: int
+    records: int
+    by_reason: dict[str, int]
+    by_tenant: dict[str, int]
+    """By tenant name as logged, plus "N more tenants" and "not read" where shown."""
+
+
+def parse_summary(line: str) -> QuarantineSummary | None:
+    """The summary a line holds; None for any other line (an example)."""
+    match = _SUMMARY.match(line)
+    if match is None:
+        return None
+    return QuarantineSummary(
+        first_batch=int(match["first"]),
+        last_batch=int(match["last"] or match["first"]),
+        records=int(match["records"]),
+        by_reason=_counts(match["reasons"]),
+        by_tenant=_counts(match["tenants"]),
+    )
+
+
+def example_coordinates(line: str) -> str:
+    """`topic/partition@offset` of an example line."""
+    return line.split(" at ", 1)[1].split(",", 1)[0]
+
+
+def _counts(text: str) -> dict[str, int]:
+    pairs = (item.rsplit("=", 1) for item in text.split(", "))
+    return {name: int(count) for name, count in pairs}
