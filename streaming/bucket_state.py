@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
+import orjson
 import pyarrow as pa
 
 from streaming.windowing import KeyState
@@ -103,7 +105,7 @@ class BucketState:
             return self._unchanged_blob
         for key, stored in self._decoded.items():
             self._rows[key] = _Row(
-                json.dumps(stored.key_state.to_json_dict(), separators=(",", ":")),
+                orjson.dumps(stored.key_state.to_json_dict()).decode(),
                 stored.quarantined_records,
                 stored.idle_deadline_ms,
             )
@@ -146,7 +148,7 @@ class BucketState:
                 StoredKey(KeyState())
                 if row is None
                 else StoredKey(
-                    KeyState.from_json_dict(json.loads(row.key_state_json)),
+                    KeyState.from_json_dict(_decode(row.key_state_json)),
                     row.quarantined_records,
                     row.idle_deadline_ms,
                 )
@@ -178,3 +180,12 @@ class BucketState:
             stored.idle_deadline_ms for stored in self._decoded.values()
         ]
         return min((d for d in deadlines if d is not None), default=None)
+
+
+def _decode(key_state_json: str) -> Any:
+    try:
+        return orjson.loads(key_state_json)
+    except orjson.JSONDecodeError:
+        # State written by the standard library's json may spell an overflowed sum as
+        # `Infinity`, which orjson does not read.
+        return json.loads(key_state_json)

@@ -25,14 +25,18 @@ comes first. Otherwise an offboarded key with no records and no idle timeout wou
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.state import GroupState
 from pyspark.sql.types import (
     BinaryType,
@@ -52,8 +56,7 @@ from streaming.offboarding import close_all_windows
 from streaming.parsing import QuarantineReason
 from streaming.windowing import Assignment, BatchResult, Pane, RecordInput, TooLate, advance
 from tenants.config_store import ConfigSnapshots
-from tenants.models import WindowRules
-from tenants.registry import TenantRegistry
+from tenants.registry import ResolvedSource, TenantRegistry
 
 BUCKET_COLUMN = "bucket"
 
@@ -114,6 +117,12 @@ _PANDAS_DTYPES: dict[type[DataType], str] = {
     BinaryType: "object",
 }
 _OUTPUT_DTYPES = {name: _PANDAS_DTYPES[type(data_type)] for name, data_type in _OUTPUT_FIELDS}
+_OUTPUT_ARROW_SCHEMA = to_arrow_schema(OUTPUT_SCHEMA)
+_NULLABLE_PANDAS_TYPES = {
+    pa.int64(): pd.Int64Dtype(),
+    pa.int32(): pd.Int32Dtype(),
+    pa.bool_(): pd.BooleanDtype(),
+}
 _RECORD_COLUMNS = ["topic", "partition", "offset", "kafka_timestamp_ms", "key", "value"]
 _EMPTY_BATCH_COLUMNS = ["tenant", "source", "partition", "offset", "reason", "error"]
 
@@ -145,13 +154,33 @@ def make_bucket_processor(
         if not batch.empty:
             offsets = batch["offset"]
             fault_hook.reached(FaultPoint.STATE_FUNCTION, int(offsets.min()), int(offsets.max()))
-        keys = _load(state)
-        out = _Output(batch)
-        _process_bucket(batch, keys, registry, processing_time_ms, out)
-        _save(state, keys, processing_time_ms, config_recheck_interval_ms)
-        yield out.frame()
+        with cyclic_gc_paused():
+            keys = _load(state)
+            out = _Output(batch)
+            _process_bucket(batch, keys, registry, processing_time_ms, out)
+            _save(state, keys, processing_time_ms, config_recheck_interval_ms)
+            rows = out.frame()
+        yield rows
 
     return process
+
+
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Python's cycle collector off for one bucket call.
+
+    A call decodes thousands of keys' state into short-lived containers; each collection then
+    walks every tracked object of the worker, the loaded tenant config included. At 10,000
+    tenants that was a third of the bucket's CPU (`infra/dev/benchmarks/bucket_cost`).
+    Reference counting still frees almost everything; the few cycles go at the next collection.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _sorted_batch(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -211,7 +240,7 @@ def _process_bucket(
             RecordInput(int(event_times[index]), _metric_inputs(metric_inputs, index))
             for index in accepted
         ]
-        _advance_key(key, stored, accepted, records, resolved.rules, processing_time_ms, out)
+        _advance_key(key, stored, accepted, records, resolved, processing_time_ms, out)
         processed.add(key)
     for key in keys.idle_keys(processing_time_ms):
         if key in processed:
@@ -220,7 +249,7 @@ def _process_bucket(
         resolved = registry.resolve(*key)
         if resolved is None:
             continue  # not reached: `_offboard_gone_keys` dropped the keys whose config is gone
-        _advance_key(key, stored, [], [], resolved.rules, processing_time_ms, out)
+        _advance_key(key, stored, [], [], resolved, processing_time_ms, out)
     out.set_quarantine(reasons, errors)
 
 
@@ -258,12 +287,13 @@ def _advance_key(
     stored: StoredKey,
     accepted: list[int],
     records: list[RecordInput],
-    rules: WindowRules,
+    resolved: ResolvedSource,
     processing_time_ms: int,
     out: _Output,
 ) -> None:
     """Run one key's batch (or its idle timeout, with no records) and gather its rows."""
-    result = advance(stored.key_state, records, rules, processing_time_ms)
+    rules = resolved.rules
+    result = advance(stored.key_state, records, rules, processing_time_ms, resolved.rules_id)
     # Call this key again when it has been idle that long, to advance its watermark.
     stored.idle_deadline_ms = (
         processing_time_ms + rules.idle_timeout_ms
@@ -345,9 +375,11 @@ def wake_up_after_ms(
 class _Output:
     """The union rows of one bucket call, gathered per table and built into one frame.
 
-    Results are kept as the windowing objects they are and turned into columns once, with one
-    list comprehension per column: per-row dict or DataFrame building would cost more than the
-    windowing itself.
+    Results are kept as the windowing objects they are and turned into Arrow columns once, one
+    list comprehension per column; the union is assembled in Arrow, where a column another
+    table does not have costs one null array, and converted to pandas once. Building it in
+    pandas (a frame per table, concat, then a nullable dtype per column) cost more than the
+    windowing itself at 10,000 tenants.
     """
 
     batch: pd.DataFrame
@@ -375,58 +407,83 @@ class _Output:
         self.quarantine_mask = self.batch["reason"].notna().to_numpy()
 
     def frame(self) -> pd.DataFrame:
-        parts = [self._event_rows(), self._late_rows(), self._pane_rows(), self._status_rows()]
-        if self.quarantine_mask is not None and self.quarantine_mask.any():
-            rows = self.batch.loc[
-                self.quarantine_mask,
-                ["tenant", "source", *_RECORD_COLUMNS, "event_id", "reason", "error"],
-            ]
-            parts.append(rows.assign(kind=QUARANTINE.name))
-        non_empty = [part for part in parts if not part.empty]
-        rows = pd.concat(non_empty, ignore_index=True) if non_empty else pd.DataFrame()
-        return output_frame(rows)
+        parts = [
+            part
+            for part in (
+                self._event_rows(),
+                self._late_rows(),
+                self._pane_rows(),
+                self._status_rows(),
+                self._quarantine_rows(),
+            )
+            if part is not None
+        ]
+        table = pa.concat_tables(parts) if parts else _OUTPUT_ARROW_SCHEMA.empty_table()
+        return table.to_pandas(types_mapper=_NULLABLE_PANDAS_TYPES.get)
 
-    def _event_rows(self) -> pd.DataFrame:
+    def _event_rows(self) -> pa.Table | None:
         if not self.events:
-            return pd.DataFrame()
+            return None
         assignments = [a for _, _, a in self.events]
-        return self._record_rows(EVENTS.name, self.events).assign(
-            window_id=[a.window_id for a in assignments],
-            window_start_ms=[a.window_start_ms for a in assignments],
-            window_end_ms=[a.window_end_ms for a in assignments],
-            pane_index=[a.pane_index for a in assignments],
-            timing=[a.timing.value for a in assignments],
-        )
-
-    def _late_rows(self) -> pd.DataFrame:
-        if not self.late:
-            return pd.DataFrame()
-        too_late = [t for _, _, t in self.late]
-        return self._record_rows(LATE_EVENTS.name, self.late).assign(
-            window_start_ms=[t.window_start_ms for t in too_late],
-            window_end_ms=[t.window_end_ms for t in too_late],
-            lateness_ms=[t.lateness_ms for t in too_late],
-            watermark_ms=[t.watermark_ms for t in too_late],
-        )
-
-    def _record_rows(
-        self, kind: str, placed: list[tuple[Key, int, Assignment]] | list[tuple[Key, int, TooLate]]
-    ) -> pd.DataFrame:
-        indexes = [index for _, index, _ in placed]
-        rows = self.batch.iloc[indexes][[*_RECORD_COLUMNS, "event_time_ms", "event_id"]]
-        return rows.reset_index(drop=True).assign(
-            kind=kind,
-            tenant=[key[0] for key, _, _ in placed],
-            source=[key[1] for key, _, _ in placed],
-        )
-
-    def _pane_rows(self) -> pd.DataFrame:
-        if not self.panes:
-            return pd.DataFrame()
-        panes = [pane for _, pane in self.panes]
-        return pd.DataFrame(
+        return _union_table(
             {
-                "kind": WINDOWS.name,
+                **self._record_columns(EVENTS.name, self.events),
+                "window_id": [a.window_id for a in assignments],
+                "window_start_ms": [a.window_start_ms for a in assignments],
+                "window_end_ms": [a.window_end_ms for a in assignments],
+                "pane_index": [a.pane_index for a in assignments],
+                "timing": [a.timing.value for a in assignments],
+            },
+            len(assignments),
+        )
+
+    def _late_rows(self) -> pa.Table | None:
+        if not self.late:
+            return None
+        too_late = [t for _, _, t in self.late]
+        return _union_table(
+            {
+                **self._record_columns(LATE_EVENTS.name, self.late),
+                "window_start_ms": [t.window_start_ms for t in too_late],
+                "window_end_ms": [t.window_end_ms for t in too_late],
+                "lateness_ms": [t.lateness_ms for t in too_late],
+                "watermark_ms": [t.watermark_ms for t in too_late],
+            },
+            len(too_late),
+        )
+
+    def _record_columns(
+        self, kind: str, placed: list[tuple[Key, int, Assignment]] | list[tuple[Key, int, TooLate]]
+    ) -> dict[str, Any]:
+        indexes = np.fromiter((index for _, index, _ in placed), dtype=np.int64, count=len(placed))
+        return {
+            **self._batch_columns(indexes, [*_RECORD_COLUMNS, "event_time_ms", "event_id"]),
+            "kind": [kind] * len(placed),
+            "tenant": [key[0] for key, _, _ in placed],
+            "source": [key[1] for key, _, _ in placed],
+        }
+
+    def _quarantine_rows(self) -> pa.Table | None:
+        if self.quarantine_mask is None or not self.quarantine_mask.any():
+            return None
+        indexes = np.flatnonzero(self.quarantine_mask)
+        columns = ["tenant", "source", *_RECORD_COLUMNS, "event_id", "reason", "error"]
+        return _union_table(
+            {**self._batch_columns(indexes, columns), "kind": [QUARANTINE.name] * len(indexes)},
+            len(indexes),
+        )
+
+    def _batch_columns(self, indexes: np.ndarray, names: list[str]) -> dict[str, Any]:
+        """The batch's rows at `indexes`, in the given columns."""
+        return {name: self.batch[name].take(indexes) for name in names}
+
+    def _pane_rows(self) -> pa.Table | None:
+        if not self.panes:
+            return None
+        panes = [pane for _, pane in self.panes]
+        return _union_table(
+            {
+                "kind": [WINDOWS.name] * len(panes),
                 "tenant": [key[0] for key, _ in self.panes],
                 "source": [key[1] for key, _ in self.panes],
                 "window_id": [p.window_id for p in panes],
@@ -439,17 +496,18 @@ class _Output:
                 "metrics_json": [json.dumps(p.metrics, sort_keys=True) for p in panes],
                 "merged_window_ids_json": [json.dumps(list(p.merged_window_ids)) for p in panes],
                 "watermark_ms": [p.watermark_ms for p in panes],
-            }
+            },
+            len(panes),
         )
 
-    def _status_rows(self) -> pd.DataFrame:
+    def _status_rows(self) -> pa.Table | None:
         if not self.statuses:
-            return pd.DataFrame()
+            return None
         stored_keys = [stored for _, stored, _, _ in self.statuses]
         states = [stored.key_state for stored in stored_keys]
-        return pd.DataFrame(
+        return _union_table(
             {
-                "kind": TENANT_STATUS.name,
+                "kind": [TENANT_STATUS.name] * len(states),
                 "tenant": [key[0] for key, _, _, _ in self.statuses],
                 "source": [key[1] for key, _, _, _ in self.statuses],
                 "watermark_ms": [state.watermark_ms for state in states],
@@ -462,8 +520,27 @@ class _Output:
                 "too_late_records": [state.too_late_records for state in states],
                 "quarantined_records": [stored.quarantined_records for stored in stored_keys],
                 "lifecycle": [lifecycle.value for _, _, _, lifecycle in self.statuses],
-            }
+            },
+            len(states),
         )
+
+
+def _union_table(columns: dict[str, Any], rows: int) -> pa.Table:
+    """A table of the union schema: `columns` as given, every other column null."""
+    arrays = [
+        _arrow_column(columns[field.name], field.type)
+        if field.name in columns
+        else pa.nulls(rows, field.type)
+        for field in _OUTPUT_ARROW_SCHEMA
+    ]
+    return pa.Table.from_arrays(arrays, schema=_OUTPUT_ARROW_SCHEMA)
+
+
+def _arrow_column(values: Any, arrow_type: pa.DataType) -> pa.Array:
+    if isinstance(values, pd.Series):
+        # A column of the batch: pandas' missing values (None, NaN or NA) become nulls.
+        return pa.Array.from_pandas(values, type=arrow_type)
+    return pa.array(values, arrow_type)
 
 
 def output_frame(rows: pd.DataFrame) -> pd.DataFrame:

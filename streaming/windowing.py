@@ -19,9 +19,9 @@ touches, and a batch's end looks only at the windows that took records or closed
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import itertools
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -40,6 +40,7 @@ from tenants.models import (
     TumblingWindow,
     WindowRules,
     WindowSpec,
+    rules_id,
 )
 
 
@@ -159,8 +160,8 @@ class KeyState:
             window_id: OpenWindow(
                 **{
                     **body,
-                    "total": Aggregates(**body["total"]),
-                    "pending": Aggregates(**body["pending"]),
+                    "total": _aggregates_from_json(body["total"]),
+                    "pending": _aggregates_from_json(body["pending"]),
                 }
             )
             for window_id, body in data["windows"].items()
@@ -186,8 +187,22 @@ def _window_json(window: OpenWindow) -> dict[str, Any]:
 def _aggregates_json(aggregates: Aggregates) -> dict[str, Any]:
     return {
         "count": aggregates.count,
-        "metrics": {name: list(value) for name, value in aggregates.metrics.items()},
+        "metrics": {
+            # A sum can overflow to infinity, which JSON has no number for: it is kept as text.
+            name: [value if math.isfinite(value) else str(value), seen]
+            for name, (value, seen) in aggregates.metrics.items()
+        },
     }
+
+
+def _aggregates_from_json(data: dict[str, Any]) -> Aggregates:
+    return Aggregates(
+        count=data["count"],
+        metrics={
+            name: [float(value) if isinstance(value, str) else value, seen]
+            for name, (value, seen) in data["metrics"].items()
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -241,10 +256,6 @@ class BatchResult:
     too_late: list[TooLate] = field(default_factory=list)
     panes: list[Pane] = field(default_factory=list)
     merges: list[Merge] = field(default_factory=list)
-
-
-def rules_id(rules: WindowRules) -> str:
-    return hashlib.sha256(rules.model_dump_json().encode()).hexdigest()[:16]
 
 
 def windows_of(event_time_ms: int, spec: WindowSpec) -> list[tuple[int, int]]:
@@ -361,13 +372,15 @@ def advance(
     records: Sequence[RecordInput],
     rules: WindowRules,
     processing_time_ms: int | None = None,
+    current_rules_id: str | None = None,
 ) -> BatchResult:
     """Process one micro-batch of a key's records (in order) and return what it emits.
 
     `processing_time_ms` is the micro-batch's timestamp; with `idle_timeout` set it advances
     the watermark of a key that has been idle, before this batch's records are placed.
+    `current_rules_id` is `rules_id(rules)`, if the caller already has it.
     """
-    batch = _Batch(state, rules)
+    batch = _Batch(state, rules, current_rules_id or rules_id(rules))
     if processing_time_ms is not None:
         batch.advance_idle_watermark(processing_time_ms)
     for record_index, record in enumerate(records):
@@ -381,10 +394,10 @@ def advance(
 class _Batch:
     """The work of one `advance` call: the state, the current rules, and what has fired."""
 
-    def __init__(self, state: KeyState, rules: WindowRules) -> None:
+    def __init__(self, state: KeyState, rules: WindowRules, current_rules_id: str) -> None:
         self.state = state
         self.rules = rules
-        self.current_rules_id = rules_id(rules)
+        self.current_rules_id = current_rules_id
         self.rules_by_id: dict[str, WindowRules] = {self.current_rules_id: rules}
         self.result = BatchResult()
         self.fired: dict[str, list[Pane]] = {}

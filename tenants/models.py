@@ -6,6 +6,7 @@ sources and may override the rules per source. `EffectiveRules` is what the wind
 
 from __future__ import annotations
 
+import hashlib
 import re
 from enum import StrEnum
 from typing import Annotated, Literal
@@ -299,7 +300,14 @@ class WindowRules(_Frozen):
             for name, value in overrides
             if value is not None and name in WindowRules.model_fields
         }
-        return self.model_copy(update=changes)
+        # Unchanged rules stay the source's own object, so what is derived from them per
+        # process (`rules_id`) is computed once per source, not once per tenant.
+        return self.model_copy(update=changes) if changes else self
+
+
+def rules_id(rules: WindowRules) -> str:
+    """The identity of a rule set: window state keeps, per window, the rules it opened with."""
+    return hashlib.sha256(rules.model_dump_json().encode()).hexdigest()[:16]
 
 
 class SourceConfig(WindowRules):

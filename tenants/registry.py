@@ -22,7 +22,14 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from tenants.models import ID_PATTERN, EventTimeSpec, SourceConfig, TenantConfig, WindowRules
+from tenants.models import (
+    ID_PATTERN,
+    EventTimeSpec,
+    SourceConfig,
+    TenantConfig,
+    WindowRules,
+    rules_id,
+)
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -52,6 +59,8 @@ class ResolvedSource:
     source: str
     event_time: EventTimeSpec
     rules: WindowRules
+    rules_id: str
+    """`rules_id(rules)`, computed once per key and process rather than once per batch."""
 
 
 @runtime_checkable
@@ -69,6 +78,7 @@ class TenantRegistry:
     tenants: Mapping[str, TenantConfig]
     fingerprint: str = ""
     _source_rules: Mapping[str, WindowRules] = field(default_factory=dict, repr=False)
+    _source_rules_ids: Mapping[str, str] = field(default_factory=dict, repr=False)
     # Routes are built on first use, not for all 100,000 tenants up front: every executor
     # process loads the registry, and a batch touches only the tenants in it. Filling this memo
     # never changes what `resolve` answers, so the registry stays a value.
@@ -83,11 +93,13 @@ class TenantRegistry:
         tenants: Mapping[str, TenantConfig],
         fingerprint: str = "",
     ) -> TenantRegistry:
+        source_rules = {name: source.rules() for name, source in sources.items()}
         return cls(
             sources=dict(sources),
             tenants=tenants,
             fingerprint=fingerprint,
-            _source_rules={name: source.rules() for name, source in sources.items()},
+            _source_rules=source_rules,
+            _source_rules_ids={name: rules_id(rules) for name, rules in source_rules.items()},
         )
 
     def resolve(self, tenant: str, source: str) -> ResolvedSource | None:
@@ -129,11 +141,14 @@ class TenantRegistry:
         overrides = config.sources.get(source) if config is not None else None
         if overrides is None:
             return None
+        source_rules = self._source_rules[source]
+        rules = source_rules.with_overrides(overrides)
         return ResolvedSource(
             tenant=tenant,
             source=source,
             event_time=self.sources[source].event_time,
-            rules=self._source_rules[source].with_overrides(overrides),
+            rules=rules,
+            rules_id=self._source_rules_ids[source] if rules is source_rules else rules_id(rules),
         )
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, replace
 
-from streaming.bucket_state import BucketState
+from streaming.bucket_state import BucketState, _Row
 from streaming.windowing import KeyState, RecordInput, advance
 from tenants.models import WindowRules
 
@@ -64,3 +65,30 @@ def test_the_written_out_json_of_a_key_state_is_its_whole_dataclass() -> None:
     del reference["open_window_index"]
     assert state.to_json_dict() == reference
     assert KeyState.from_json_dict(state.to_json_dict()) == state
+
+
+def test_an_overflowed_sum_survives_the_state_written_now_and_by_earlier_releases() -> None:
+    summed = WindowRules.model_validate(
+        {
+            "window": {"kind": "tumbling", "size": "1m"},
+            "out_of_orderness": "10s",
+            "metrics": {"total": {"kind": "sum", "field": "amount"}},
+        }
+    )
+    state = KeyState()
+    huge = {"total": 1.5e308}
+    advance(state, [RecordInput(1_000, huge), RecordInput(2_000, huge)], summed, 1_000)
+    bucket = BucketState()
+    bucket.get(("acme", "web")).key_state = state
+
+    restored = BucketState.from_bytes(bucket.to_bytes()).get(("acme", "web")).key_state
+    advance(restored, [RecordInput(3_000, {"total": -1.0})], summed, 2_000)
+
+    (window,) = restored.windows.values()
+    assert window.total.metrics["total"] == [float("inf"), 3]
+    # Releases before orjson wrote the standard library's `Infinity`.
+    legacy = json.dumps(state.to_json_dict()).replace('"inf"', "Infinity")
+    assert "Infinity" in legacy
+    old_bucket = BucketState({("acme", "web"): _Row(legacy, 0, None)})
+    (old_window,) = old_bucket.get(("acme", "web")).key_state.windows.values()
+    assert old_window.total.metrics["total"] == [float("inf"), 2]

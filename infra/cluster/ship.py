@@ -35,12 +35,13 @@ ROOT = Path(__file__).resolve().parents[2]
 EXECUTOR_PACKAGES = ("tenants", "streaming", "storage")
 # The closure of kafka-python (with its native CRC-32C: without it every fetched batch is
 # checked in pure Python, several times slower), sortedcontainers (the windowing's index of
-# open sessions), pydantic and pyyaml;
+# open sessions), orjson (key state), pydantic and pyyaml;
 # tests/test_cluster_ship.py checks it against the installed requirement metadata.
 EXECUTOR_DISTRIBUTIONS = (
     "kafka-python",
     "crc32c",
     "sortedcontainers",
+    "orjson",
     "pydantic",
     "pydantic-core",
     "typing-extensions",

@@ -1,0 +1,119 @@
+"""CPU cost of the stateful stage per record, at several tenant counts, without Spark.
+
+    .venv/bin/python -m infra.dev.benchmarks.bucket_cost [--tenants 10,10000] [--profile]
+
+It does what one `applyInPandasWithState` call does for each bucket of keys, in one process:
+the scale benchmark's records (same generator, seed and shape) are routed, split into micro-
+batches and into `stream.state_buckets` buckets, and each bucket's state goes through
+`BucketState.from_bytes`, `keyed_state`'s bucket processing, the output frame and `to_bytes`,
+batch after batch. Spark's own costs (shipping rows and state between the JVM and Python, the
+state store) are not in it: this isolates what the product's Python does per key and per record.
+Times are this process's CPU time. `--profile` prints the top functions (cProfile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import shutil
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+import pandas as pd
+
+from infra.dev.benchmarks.scale import PROJECT_CONF
+from infra.dev.load_generator import LoadSpec, generate
+from streaming.bucket_state import BucketState
+from streaming.keyed_state import _Output, _process_bucket, _sorted_batch, cyclic_gc_paused
+from streaming.routing import route_frame
+from tenants.registry import TenantRegistry, load_registry
+
+T0_MS = 1_767_225_600_000
+
+
+def routed_batches(
+    registry: TenantRegistry, tenants: int, records: int, batch_size: int
+) -> list[pd.DataFrame]:
+    tenant_ids = tuple(f"t{n:06d}" for n in range(tenants))
+    spec = LoadSpec(
+        tenants=tenant_ids,
+        sources=("web", "billing"),
+        count=records,
+        jitter="5s",
+        late_share=0.02,
+        malformed_share=0.0,
+        seed=20261123,
+    )
+    samples = list(generate(spec, {n: s.event_time for n, s in registry.sources.items()}))
+    frame = pd.DataFrame(
+        {
+            "key": [sample.key for sample in samples],
+            "value": [sample.value for sample in samples],
+            "topic": "bench",
+            "partition": [index % 4 for index in range(len(samples))],
+            "offset": list(range(len(samples))),
+            "kafka_timestamp_ms": T0_MS,
+        }
+    )
+    routed = route_frame(frame, registry, 1_048_576)
+    return [routed.iloc[start : start + batch_size] for start in range(0, len(routed), batch_size)]
+
+
+def run(registry: TenantRegistry, batches: list[pd.DataFrame], buckets: int) -> float:
+    """CPU seconds of the stateful stage over every batch."""
+    blobs: dict[int, bytes] = {}
+    started = time.process_time()
+    for number, batch in enumerate(batches):
+        now_ms = T0_MS + (number + 1) * 60_000
+        keys = batch["tenant"].fillna("") + "/" + batch["source"].fillna("")
+        bucket_of = keys.map(lambda key: zlib.crc32(key.encode()) % buckets)
+        for bucket, rows in batch.groupby(bucket_of):
+            out = _Output(_sorted_batch([rows.reset_index(drop=True)]))
+            with cyclic_gc_paused():
+                state = BucketState.from_bytes(blobs.get(int(bucket)))
+                _process_bucket(out.batch, state, registry, now_ms, out)
+                out.frame()
+                blobs[int(bucket)] = state.to_bytes()
+    return time.process_time() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tenants", default="10,10000")
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--batch-size", type=int, default=50_000)
+    parser.add_argument("--buckets", type=int, default=64)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args(argv)
+    print(f"{'tenants':>8} {'records':>8} {'CPU s':>7} {'us/record':>10}")
+    for tenants in (int(n) for n in args.tenants.split(",")):
+        conf = Path(tempfile.mkdtemp(prefix="tw-bucket-cost-"))
+        try:
+            (conf / "tenants").mkdir()
+            shutil.copy(PROJECT_CONF / "sources.yaml", conf / "sources.yaml")
+            for n in range(tenants):
+                (conf / "tenants" / f"t{n:06d}.yaml").write_text(
+                    f"id: t{n:06d}\nsources: [web, billing]\n"
+                )
+            registry = load_registry(conf)
+        finally:
+            shutil.rmtree(conf, ignore_errors=True)
+        batches = routed_batches(registry, tenants, args.records, args.batch_size)
+        profiler = cProfile.Profile() if args.profile else None
+        if profiler is not None:
+            profiler.enable()
+        seconds = run(registry, batches, args.buckets)
+        if profiler is not None:
+            profiler.disable()
+        records = sum(len(batch) for batch in batches)
+        print(f"{tenants:>8} {records:>8} {seconds:>7.2f} {seconds * 1e6 / records:>10.1f}")
+        if profiler is not None:
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
