@@ -42,7 +42,7 @@ def routed_batches(
         tenants=tenant_ids,
         sources=("web", "billing"),
         count=records,
-        jitter="5s",
+        jitter=5_000,
         late_share=0.02,
         malformed_share=0.0,
         seed=20261123,
