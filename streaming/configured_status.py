@@ -17,16 +17,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyspark.sql.pandas.types import to_arrow_schema
 
 from storage.data_files import BatchFiles, WrittenFile, filesystem_of, write_task_files
 from storage.tables import TENANT_STATUS
 from streaming.bucket_state import Key
 from streaming.checkpoint_log import CheckpointLog
-from streaming.keyed_state import OUTPUT_SCHEMA, Lifecycle, output_frame
+from streaming.keyed_state import Lifecycle, union_table
 from tenants.config_store import ConfigSnapshots
 from tenants.registry import TenantRegistry
 
@@ -35,7 +33,6 @@ log = logging.getLogger(__name__)
 # The task partition in the names of files the driver writes: executors' partitions are the
 # shuffle partitions, far below it.
 DRIVER_TASK_PARTITION = 99_999
-_UNION_SCHEMA = to_arrow_schema(OUTPUT_SCHEMA)
 
 
 def newly_configured_keys(previous: TenantRegistry | None, current: TenantRegistry) -> list[Key]:
@@ -48,24 +45,22 @@ def newly_configured_keys(previous: TenantRegistry | None, current: TenantRegist
 
 def status_rows(keys: list[Key], processing_time_ms: int) -> pa.Table:
     """`configured` rows in the stateful stage's union schema, as the sink's writer takes them."""
-    frame = output_frame(
-        pd.DataFrame(
-            {
-                "kind": TENANT_STATUS.name,
-                "tenant": [tenant for tenant, _ in keys],
-                "source": [source for _, source in keys],
-                "open_windows": 0,
-                "processing_time_ms": processing_time_ms,
-                "on_time_records": 0,
-                "late_records": 0,
-                "too_late_records": 0,
-                "quarantined_records": 0,
-                "lifecycle": Lifecycle.CONFIGURED.value,
-            },
-            index=range(len(keys)),
-        )
+    rows = len(keys)
+    return union_table(
+        {
+            "kind": [TENANT_STATUS.name] * rows,
+            "tenant": [tenant for tenant, _ in keys],
+            "source": [source for _, source in keys],
+            "open_windows": [0] * rows,
+            "processing_time_ms": [processing_time_ms] * rows,
+            "on_time_records": [0] * rows,
+            "late_records": [0] * rows,
+            "too_late_records": [0] * rows,
+            "quarantined_records": [0] * rows,
+            "lifecycle": [Lifecycle.CONFIGURED.value] * rows,
+        },
+        rows,
     )
-    return pa.Table.from_pandas(frame, schema=_UNION_SCHEMA, preserve_index=False)
 
 
 @dataclass(frozen=True)

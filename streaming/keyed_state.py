@@ -425,7 +425,7 @@ class _Output:
         if not self.events:
             return None
         assignments = [a for _, _, a in self.events]
-        return _union_table(
+        return union_table(
             {
                 **self._record_columns(EVENTS.name, self.events),
                 "window_id": [a.window_id for a in assignments],
@@ -441,7 +441,7 @@ class _Output:
         if not self.late:
             return None
         too_late = [t for _, _, t in self.late]
-        return _union_table(
+        return union_table(
             {
                 **self._record_columns(LATE_EVENTS.name, self.late),
                 "window_start_ms": [t.window_start_ms for t in too_late],
@@ -468,7 +468,7 @@ class _Output:
             return None
         indexes = np.flatnonzero(self.quarantine_mask)
         columns = ["tenant", "source", *_RECORD_COLUMNS, "event_id", "reason", "error"]
-        return _union_table(
+        return union_table(
             {**self._batch_columns(indexes, columns), "kind": [QUARANTINE.name] * len(indexes)},
             len(indexes),
         )
@@ -481,7 +481,7 @@ class _Output:
         if not self.panes:
             return None
         panes = [pane for _, pane in self.panes]
-        return _union_table(
+        return union_table(
             {
                 "kind": [WINDOWS.name] * len(panes),
                 "tenant": [key[0] for key, _ in self.panes],
@@ -505,7 +505,7 @@ class _Output:
             return None
         stored_keys = [stored for _, stored, _, _ in self.statuses]
         states = [stored.key_state for stored in stored_keys]
-        return _union_table(
+        return union_table(
             {
                 "kind": [TENANT_STATUS.name] * len(states),
                 "tenant": [key[0] for key, _, _, _ in self.statuses],
@@ -525,8 +525,11 @@ class _Output:
         )
 
 
-def _union_table(columns: dict[str, Any], rows: int) -> pa.Table:
-    """A table of the union schema: `columns` as given, every other column null."""
+def union_table(columns: dict[str, Any], rows: int) -> pa.Table:
+    """A table of the union schema: `columns` as given, every other column null.
+
+    A column is a list of values or a column of the batch (a pandas Series).
+    """
     arrays = [
         _arrow_column(columns[field.name], field.type)
         if field.name in columns
