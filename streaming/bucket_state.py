@@ -8,6 +8,10 @@ batch find the keys whose idle timeout has passed without decoding any state, an
 `checked_fingerprint` (kept in the blob's schema metadata) lets it skip looking for keys whose
 config is gone while the tenant config has not changed.
 
+The window rules a key's open windows were opened with (`KeyState.rules`) are the same for most
+keys of a bucket: they are kept once per bucket, by rules id, and each key lists the ids it uses.
+Stored in every key, they were 40% of a key's state, encoded and decoded with it each batch.
+
 Pure: pyarrow only, no Spark.
 """
 
@@ -27,9 +31,10 @@ STATE_LAYOUT = 2
 
 Key = tuple[str, str]
 
-# Schema metadata, not a column: it is one value per bucket, and blobs written before it existed
-# read back as "never checked".
+# Schema metadata, not columns: one value per bucket. Blobs written before they existed read back
+# as "never checked", and with each key's rules inside its state.
 _CHECKED_FINGERPRINT = b"checked_config_fingerprint"
+_RULES_BY_ID = b"rules_by_id_json"
 
 _SCHEMA = pa.schema(
     [
@@ -38,6 +43,8 @@ _SCHEMA = pa.schema(
         pa.field("key_state_json", pa.large_string(), nullable=False),
         pa.field("quarantined_records", pa.int64(), nullable=False),
         pa.field("idle_deadline_ms", pa.int64()),
+        # Null: the key's rules are inside `key_state_json` (blobs from before rules per bucket).
+        pa.field("rules_ids", pa.list_(pa.string())),
     ]
 )
 
@@ -55,17 +62,24 @@ class StoredKey:
 @dataclass
 class _Row:
     key_state_json: str
+    """`KeyState.to_json_dict()` without its `rules`, unless `rules_ids` is None."""
     quarantined_records: int
     idle_deadline_ms: int | None
+    rules_ids: list[str] | None
 
 
 class BucketState:
     """The keys of one bucket; decode with `from_bytes`, change with `get`/`put`/`drop`."""
 
     def __init__(
-        self, rows: dict[Key, _Row] | None = None, checked_fingerprint: str | None = None
+        self,
+        rows: dict[Key, _Row] | None = None,
+        checked_fingerprint: str | None = None,
+        rules_by_id: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self._rows: dict[Key, _Row] = rows or {}
+        # Shared by the decoded keys' `KeyState.rules`, which only read them.
+        self._rules_by_id: dict[str, dict[str, Any]] = rules_by_id or {}
         self._decoded: dict[Key, StoredKey] = {}
         self._checked_fingerprint = checked_fingerprint
         # The blob this state was read from, while nothing changed: a bucket woken only to
@@ -88,14 +102,17 @@ class BucketState:
         if not blob:
             return cls()
         table = pa.ipc.open_stream(blob).read_all()
-        columns = [table.column(name).to_pylist() for name in _SCHEMA.names]
-        checked = (table.schema.metadata or {}).get(_CHECKED_FINGERPRINT)
+        metadata = table.schema.metadata or {}
+        columns = [
+            table.column(name).to_pylist() if name in table.schema.names else [None] * len(table)
+            for name in _SCHEMA.names
+        ]
+        checked = metadata.get(_CHECKED_FINGERPRINT)
+        rules_by_id = metadata.get(_RULES_BY_ID)
         state = cls(
-            {
-                (tenant, source): _Row(state_json, quarantined, deadline)
-                for tenant, source, state_json, quarantined, deadline in zip(*columns, strict=True)
-            },
+            {(tenant, source): _Row(*row) for tenant, source, *row in zip(*columns, strict=True)},
             checked.decode() if checked is not None else None,
+            orjson.loads(rules_by_id) if rules_by_id is not None else None,
         )
         state._unchanged_blob = blob
         return state
@@ -104,19 +121,29 @@ class BucketState:
         if self._unchanged_blob is not None:
             return self._unchanged_blob
         for key, stored in self._decoded.items():
+            body = stored.key_state.to_json_dict()
+            rules = body.pop("rules")
+            self._rules_by_id.update(rules)
             self._rows[key] = _Row(
-                orjson.dumps(stored.key_state.to_json_dict()).decode(),
+                orjson.dumps(body).decode(),
                 stored.quarantined_records,
                 stored.idle_deadline_ms,
+                list(rules),
             )
         self._decoded.clear()
         keys = sorted(self._rows)
         rows = [self._rows[key] for key in keys]
-        schema = (
-            _SCHEMA
-            if self._checked_fingerprint is None
-            else _SCHEMA.with_metadata({_CHECKED_FINGERPRINT: self._checked_fingerprint.encode()})
-        )
+        used_rules_ids = {rules_id for row in rows for rules_id in row.rules_ids or ()}
+        # Rules no key uses any more are left behind.
+        self._rules_by_id = {
+            rules_id: rules
+            for rules_id, rules in self._rules_by_id.items()
+            if rules_id in used_rules_ids
+        }
+        metadata = {_RULES_BY_ID: orjson.dumps(self._rules_by_id, option=orjson.OPT_SORT_KEYS)}
+        if self._checked_fingerprint is not None:
+            metadata[_CHECKED_FINGERPRINT] = self._checked_fingerprint.encode()
+        schema = _SCHEMA.with_metadata(metadata)
         table = pa.table(
             [
                 [tenant for tenant, _ in keys],
@@ -124,6 +151,7 @@ class BucketState:
                 [row.key_state_json for row in rows],
                 [row.quarantined_records for row in rows],
                 [row.idle_deadline_ms for row in rows],
+                [row.rules_ids for row in rows],
             ],
             schema=schema,
         )
@@ -148,13 +176,19 @@ class BucketState:
                 StoredKey(KeyState())
                 if row is None
                 else StoredKey(
-                    KeyState.from_json_dict(_decode(row.key_state_json)),
+                    KeyState.from_json_dict(self._key_state_json(row)),
                     row.quarantined_records,
                     row.idle_deadline_ms,
                 )
             )
             self._decoded[key] = stored
         return stored
+
+    def _key_state_json(self, row: _Row) -> Any:
+        body = _decode(row.key_state_json)
+        if row.rules_ids is not None:
+            body["rules"] = {rules_id: self._rules_by_id[rules_id] for rules_id in row.rules_ids}
+        return body
 
     def drop(self, key: Key) -> None:
         self._unchanged_blob = None

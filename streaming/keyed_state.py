@@ -108,15 +108,6 @@ STATE_SCHEMA = StructType(
     [StructField("layout", IntegerType()), StructField("keys_arrow", BinaryType())]
 )
 
-# Nullable pandas dtypes, so a missing number stays null instead of turning into a float NaN.
-_PANDAS_DTYPES: dict[type[DataType], str] = {
-    LongType: "Int64",
-    IntegerType: "Int32",
-    BooleanType: "boolean",
-    StringType: "object",
-    BinaryType: "object",
-}
-_OUTPUT_DTYPES = {name: _PANDAS_DTYPES[type(data_type)] for name, data_type in _OUTPUT_FIELDS}
 _OUTPUT_ARROW_SCHEMA = to_arrow_schema(OUTPUT_SCHEMA)
 _NULLABLE_PANDAS_TYPES = {
     pa.int64(): pd.Int64Dtype(),
@@ -154,15 +145,41 @@ def make_bucket_processor(
         if not batch.empty:
             offsets = batch["offset"]
             fault_hook.reached(FaultPoint.STATE_FUNCTION, int(offsets.min()), int(offsets.max()))
-        with cyclic_gc_paused():
-            keys = _load(state)
-            out = _Output(batch)
-            _process_bucket(batch, keys, registry, processing_time_ms, out)
-            _save(state, keys, processing_time_ms, config_recheck_interval_ms)
-            rows = out.frame()
-        yield rows
+        result = run_bucket(_stored_blob(state), batch, registry, processing_time_ms)
+        _save(state, result, processing_time_ms, config_recheck_interval_ms)
+        yield result.rows
 
     return process
+
+
+@dataclass(frozen=True)
+class BucketRun:
+    rows: pd.DataFrame
+    """The union rows of the bucket's batch."""
+    blob: bytes | None
+    """The bucket's new state; None: no key left."""
+    next_idle_deadline_ms: int | None
+
+
+def run_bucket(
+    blob: bytes | None, batch: pd.DataFrame, registry: TenantRegistry, processing_time_ms: int
+) -> BucketRun:
+    """One bucket's batch, from its stored state to its rows and new state, free of Spark."""
+    with cyclic_gc_paused():
+        # A function of its own, so the decoded keys are freed before the collector resumes:
+        # left alive, the collection that follows walks every one of them.
+        return _run_bucket(blob, batch, registry, processing_time_ms)
+
+
+def _run_bucket(
+    blob: bytes | None, batch: pd.DataFrame, registry: TenantRegistry, processing_time_ms: int
+) -> BucketRun:
+    keys = BucketState.from_bytes(blob)
+    out = _Output(batch)
+    _process_bucket(batch, keys, registry, processing_time_ms, out)
+    return BucketRun(
+        out.frame(), keys.to_bytes() if len(keys) else None, keys.next_idle_deadline_ms()
+    )
 
 
 @contextmanager
@@ -293,7 +310,9 @@ def _advance_key(
 ) -> None:
     """Run one key's batch (or its idle timeout, with no records) and gather its rows."""
     rules = resolved.rules
-    result = advance(stored.key_state, records, rules, processing_time_ms, resolved.rules_id)
+    result = advance(
+        stored.key_state, records, rules, processing_time_ms, resolved.rules_id, resolved.rules_json
+    )
     # Call this key again when it has been idle that long, to advance its watermark.
     stored.idle_deadline_ms = (
         processing_time_ms + rules.idle_timeout_ms
@@ -334,29 +353,29 @@ def _future_skew_error(event_time_ms: int, processing_time_ms: int, max_skew_ms:
     )
 
 
-def _load(state: GroupState) -> BucketState:
+def _stored_blob(state: GroupState) -> bytes | None:
     if not state.exists:
-        return BucketState()
+        return None
     layout, blob = state.get
     if layout != STATE_LAYOUT:
         # `checkpoint_identity` refuses such checkpoints before the query starts.
         raise RuntimeError(
             f"state layout {layout} in the checkpoint; this code reads layout {STATE_LAYOUT}"
         )
-    return BucketState.from_bytes(blob)
+    return blob  # type: ignore[no-any-return]
 
 
 def _save(
-    state: GroupState, keys: BucketState, processing_time_ms: int, config_recheck_interval_ms: int
+    state: GroupState, result: BucketRun, processing_time_ms: int, config_recheck_interval_ms: int
 ) -> None:
-    if len(keys) == 0:
+    if result.blob is None:
         if state.exists:
             state.remove()
         return
-    state.update((STATE_LAYOUT, keys.to_bytes()))
+    state.update((STATE_LAYOUT, result.blob))
     state.setTimeoutDuration(
         wake_up_after_ms(
-            keys.next_idle_deadline_ms(), processing_time_ms, config_recheck_interval_ms
+            result.next_idle_deadline_ms, processing_time_ms, config_recheck_interval_ms
         )
     )
 
@@ -544,8 +563,3 @@ def _arrow_column(values: Any, arrow_type: pa.DataType) -> pa.Array:
         # A column of the batch: pandas' missing values (None, NaN or NA) become nulls.
         return pa.Array.from_pandas(values, type=arrow_type)
     return pa.array(values, arrow_type)
-
-
-def output_frame(rows: pd.DataFrame) -> pd.DataFrame:
-    """Every output column, in schema order, with nullable dtypes."""
-    return rows.reindex(columns=list(_OUTPUT_DTYPES)).astype(_OUTPUT_DTYPES)

@@ -7,10 +7,8 @@ import json
 import random
 from pathlib import Path
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyspark.sql.pandas.types import to_arrow_schema
 
 from storage.data_files import (
     BatchFiles,
@@ -20,7 +18,7 @@ from storage.data_files import (
     write_task_files,
 )
 from storage.tables import STAGED, WINDOWS, rows_for_table
-from streaming.keyed_state import OUTPUT_SCHEMA, output_frame
+from streaming.keyed_state import union_table
 
 TENANTS = [f"t{number:03d}" for number in range(150)]
 T0_MS = 1_767_225_600_000
@@ -33,26 +31,24 @@ def _pane_rows(count: int, seed: int) -> pa.Table:
         T0_MS + rng.randrange(0, 3) * 86_400_000 + rng.randrange(0, 60) * 60_000
         for _ in range(count)
     ]
-    frame = output_frame(
-        pd.DataFrame(
-            {
-                "kind": WINDOWS.name,
-                "tenant": [rng.choice(TENANTS) for _ in range(count)],
-                "source": [rng.choice(["web", "billing"]) for _ in range(count)],
-                "window_id": [f"w{index}" for index in range(count)],  # unique, as panes are
-                "window_start_ms": starts,
-                "window_end_ms": [start + 60_000 for start in starts],
-                "pane_index": [rng.randrange(0, 3) for _ in range(count)],
-                "timing": "ON_TIME",
-                "is_final": False,
-                "count": [rng.randrange(1, 100) for _ in range(count)],
-                "metrics_json": "{}",
-                "merged_window_ids_json": "[]",
-                "watermark_ms": starts,
-            }
-        )
+    return union_table(
+        {
+            "kind": [WINDOWS.name] * count,
+            "tenant": [rng.choice(TENANTS) for _ in range(count)],
+            "source": [rng.choice(["web", "billing"]) for _ in range(count)],
+            "window_id": [f"w{index}" for index in range(count)],  # unique, as panes are
+            "window_start_ms": starts,
+            "window_end_ms": [start + 60_000 for start in starts],
+            "pane_index": [rng.randrange(0, 3) for _ in range(count)],
+            "timing": ["ON_TIME"] * count,
+            "is_final": [False] * count,
+            "count": [rng.randrange(1, 100) for _ in range(count)],
+            "metrics_json": ["{}"] * count,
+            "merged_window_ids_json": ["[]"] * count,
+            "watermark_ms": starts,
+        },
+        count,
     )
-    return pa.Table.from_pandas(frame, schema=to_arrow_schema(OUTPUT_SCHEMA), preserve_index=False)
 
 
 def _assert_stats_describe_their_file(root: Path, files: list[WrittenFile]) -> None:

@@ -30,7 +30,7 @@ from storage.snapshot_reader import read_newest_first
 from storage.tables import EVENTS, STAGED, TENANT_STATUS
 from storage.writer_lease import WriterLease
 from streaming.configured_status import status_rows
-from streaming.keyed_state import output_frame
+from streaming.keyed_state import union_table
 from streaming.status import latest_per_key
 from tenants.settings import StreamSettings
 
@@ -39,26 +39,24 @@ T0_MS = 1_767_225_600_000
 
 def _event_rows(tenants: list[str], batch_id: int) -> pa.Table:
     count = len(tenants)
-    frame = output_frame(
-        pd.DataFrame(
-            {
-                "kind": ["events"] * count,
-                "tenant": tenants,
-                "source": ["web"] * count,
-                "window_id": ["w"] * count,
-                "window_start_ms": [T0_MS] * count,
-                "window_end_ms": [T0_MS + 60_000] * count,
-                "pane_index": [0] * count,
-                "timing": ["ON_TIME"] * count,
-                "event_time_ms": [T0_MS + batch_id] * count,
-                "partition": [0] * count,
-                "offset": list(range(batch_id * count, (batch_id + 1) * count)),
-                "kafka_timestamp_ms": [T0_MS] * count,
-                "value": [b"{}"] * count,
-            }
-        )
+    return union_table(
+        {
+            "kind": ["events"] * count,
+            "tenant": tenants,
+            "source": ["web"] * count,
+            "window_id": ["w"] * count,
+            "window_start_ms": [T0_MS] * count,
+            "window_end_ms": [T0_MS + 60_000] * count,
+            "pane_index": [0] * count,
+            "timing": ["ON_TIME"] * count,
+            "event_time_ms": [T0_MS + batch_id] * count,
+            "partition": [0] * count,
+            "offset": list(range(batch_id * count, (batch_id + 1) * count)),
+            "kafka_timestamp_ms": [T0_MS] * count,
+            "value": [b"{}"] * count,
+        },
+        count,
     )
-    return pa.Table.from_pandas(frame, preserve_index=False)
 
 
 def _commit_batch(

@@ -16,7 +16,7 @@ from storage.delta_lake import DeltaLake
 from storage.tables import ALL_TABLES
 from storage.writer_lease import WriterLease
 from streaming.kafka.source import register as register_kafka_source
-from streaming.keyed_state import OUTPUT_SCHEMA, output_frame
+from streaming.keyed_state import OUTPUT_SCHEMA, union_table
 from streaming.sink import MicroBatchSink
 from tenants.registry import load_registry
 from tenants.settings import StreamSettings
@@ -142,26 +142,25 @@ def test_the_sink_called_twice_for_one_batch_id_writes_once(spark: Any, tmp_path
     lake = DeltaLake(str(tmp_path / "lake"))
     lake.ensure_tables()
     rows = spark.createDataFrame(
-        output_frame(
-            pd.DataFrame(
-                {
-                    "kind": ["events", "windows", "quarantine"],
-                    "tenant": ["acme", "acme", None],
-                    "source": ["web", "web", None],
-                    "window_start_ms": [T0_MS, T0_MS, None],
-                    "window_end_ms": [T0_MS + 60_000, T0_MS + 60_000, None],
-                    "pane_index": [0, 0, None],
-                    "timing": ["ON_TIME", "ON_TIME", None],
-                    "is_final": [None, True, None],
-                    "count": [None, 1, None],
-                    "event_time_ms": [T0_MS + 5, None, None],
-                    "partition": [0, None, 0],
-                    "offset": [0, None, 1],
-                    "kafka_timestamp_ms": [T0_MS, None, T0_MS],
-                    "value": [b'{"tenant":"acme"}', None, b"{"],
-                    "reason": [None, None, "malformed_json"],
-                }
-            )
+        union_table(
+            {
+                "kind": ["events", "windows", "quarantine"],
+                "tenant": ["acme", "acme", None],
+                "source": ["web", "web", None],
+                "window_start_ms": [T0_MS, T0_MS, None],
+                "window_end_ms": [T0_MS + 60_000, T0_MS + 60_000, None],
+                "pane_index": [0, 0, None],
+                "timing": ["ON_TIME", "ON_TIME", None],
+                "is_final": [None, True, None],
+                "count": [None, 1, None],
+                "event_time_ms": [T0_MS + 5, None, None],
+                "partition": [0, None, 0],
+                "offset": [0, None, 1],
+                "kafka_timestamp_ms": [T0_MS, None, T0_MS],
+                "value": [b'{"tenant":"acme"}', None, b"{"],
+                "reason": [None, None, "malformed_json"],
+            },
+            3,
         ),
         OUTPUT_SCHEMA,
     )

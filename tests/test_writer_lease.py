@@ -11,8 +11,6 @@ import sys
 import threading
 from pathlib import Path
 
-import pandas as pd
-import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
@@ -21,7 +19,7 @@ from storage.data_files import BatchFiles, WrittenFile, write_task_files
 from storage.delta_lake import DeltaLake
 from storage.tables import ALL_TABLES, QUARANTINE
 from storage.writer_lease import LEASE_TABLE, StreamLeaseHeldError, WriterLease
-from streaming.keyed_state import output_frame
+from streaming.keyed_state import union_table
 from tenants.settings import StreamSettings
 
 STREAM = "orders"
@@ -43,22 +41,19 @@ def _lease(lake: DeltaLake, clock_ms: int | None = None) -> WriterLease:
 
 def _commit_one_row(lake: DeltaLake, batch_id: int, writer_epoch: int) -> bool:
     """Write one quarantine row as an executor would, then commit it as the driver does."""
-    union_row = output_frame(
-        pd.DataFrame(
-            {
-                "kind": ["quarantine"],
-                "reason": ["malformed_json"],
-                "partition": [0],
-                "offset": [1],
-                "kafka_timestamp_ms": [1_767_225_600_000],
-                "value": [b"{"],
-            }
-        )
+    union_row = union_table(
+        {
+            "kind": ["quarantine"],
+            "reason": ["malformed_json"],
+            "partition": [0],
+            "offset": [1],
+            "kafka_timestamp_ms": [1_767_225_600_000],
+            "value": [b"{"],
+        },
+        1,
     )
     target = BatchFiles(lake.root, None, STREAM, writer_epoch, batch_id, (QUARANTINE.name,))
-    written = write_task_files(target, lambda: 0)(
-        iter(pa.Table.from_pandas(union_row).to_batches())
-    )
+    written = write_task_files(target, lambda: 0)(iter(union_row.to_batches()))
     files = [WrittenFile.from_row(row) for batch in written for row in batch.to_pylist()]
     return lake.commit_files(QUARANTINE, files, STREAM, batch_id, writer_epoch)
 

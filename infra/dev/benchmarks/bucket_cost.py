@@ -5,7 +5,7 @@
 It does what one `applyInPandasWithState` call does for each bucket of keys, in one process:
 the scale benchmark's records (same generator, seed and shape) are routed, split into micro-
 batches and into `stream.state_buckets` buckets, and each bucket's state goes through
-`BucketState.from_bytes`, `keyed_state`'s bucket processing, the output frame and `to_bytes`,
+`keyed_state.run_bucket` (decode, process, the output frame, encode),
 batch after batch. Spark's own costs (shipping rows and state between the JVM and Python, the
 state store) are not in it: this isolates what the product's Python does per key and per record.
 Times are this process's CPU time. `--profile` prints the top functions (cProfile).
@@ -26,8 +26,7 @@ import pandas as pd
 
 from infra.dev.benchmarks.scale import PROJECT_CONF
 from infra.dev.load_generator import LoadSpec, generate
-from streaming.bucket_state import BucketState
-from streaming.keyed_state import _Output, _process_bucket, _sorted_batch, cyclic_gc_paused
+from streaming.keyed_state import _sorted_batch, run_bucket
 from streaming.routing import route_frame
 from tenants.registry import TenantRegistry, load_registry
 
@@ -71,12 +70,10 @@ def run(registry: TenantRegistry, batches: list[pd.DataFrame], buckets: int) -> 
         keys = batch["tenant"].fillna("") + "/" + batch["source"].fillna("")
         bucket_of = keys.map(lambda key: zlib.crc32(key.encode()) % buckets)
         for bucket, rows in batch.groupby(bucket_of):
-            out = _Output(_sorted_batch([rows.reset_index(drop=True)]))
-            with cyclic_gc_paused():
-                state = BucketState.from_bytes(blobs.get(int(bucket)))
-                _process_bucket(out.batch, state, registry, now_ms, out)
-                out.frame()
-                blobs[int(bucket)] = state.to_bytes()
+            sorted_rows = _sorted_batch([rows.reset_index(drop=True)])
+            result = run_bucket(blobs.get(int(bucket)), sorted_rows, registry, now_ms)
+            if result.blob is not None:
+                blobs[int(bucket)] = result.blob
     return time.process_time() - started
 
 

@@ -157,6 +157,10 @@ class _Dataset:
             late_share=args.late_share,
             malformed_share=0.0,
             seed=20261123,
+            # Midday, not the generator's midnight: jitter and late records would put every key
+            # in two window dates, so compaction would write two files per key where a real
+            # interval (all but one a day) writes one.
+            start_ms=LoadSpec().start_ms + 12 * 3_600_000,
         )
         started = time.monotonic()
         sent = send(
