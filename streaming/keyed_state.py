@@ -310,9 +310,7 @@ def _advance_key(
 ) -> None:
     """Run one key's batch (or its idle timeout, with no records) and gather its rows."""
     rules = resolved.rules
-    result = advance(
-        stored.key_state, records, rules, processing_time_ms, resolved.rules_id, resolved.rules_json
-    )
+    result = advance(stored.key_state, records, rules, processing_time_ms, resolved.rules_id)
     # Call this key again when it has been idle that long, to advance its watermark.
     stored.idle_deadline_ms = (
         processing_time_ms + rules.idle_timeout_ms
@@ -362,7 +360,8 @@ def _stored_blob(state: GroupState) -> bytes | None:
         raise RuntimeError(
             f"state layout {layout} in the checkpoint; this code reads layout {STATE_LAYOUT}"
         )
-    return blob  # type: ignore[no-any-return]
+    stored: bytes = blob
+    return stored
 
 
 def _save(

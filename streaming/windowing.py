@@ -373,16 +373,14 @@ def advance(
     rules: WindowRules,
     processing_time_ms: int | None = None,
     current_rules_id: str | None = None,
-    current_rules_json: Mapping[str, Any] | None = None,
 ) -> BatchResult:
     """Process one micro-batch of a key's records (in order) and return what it emits.
 
     `processing_time_ms` is the micro-batch's timestamp; with `idle_timeout` set it advances
     the watermark of a key that has been idle, before this batch's records are placed.
-    `current_rules_id` is `rules_id(rules)` and `current_rules_json` is
-    `rules.model_dump(mode="json")`, if the caller already has them; the state keeps the latter.
+    `current_rules_id` is `rules_id(rules)`, if the caller already has it.
     """
-    batch = _Batch(state, rules, current_rules_id or rules_id(rules), current_rules_json)
+    batch = _Batch(state, rules, current_rules_id or rules_id(rules))
     if processing_time_ms is not None:
         batch.advance_idle_watermark(processing_time_ms)
     for record_index, record in enumerate(records):
@@ -396,17 +394,10 @@ def advance(
 class _Batch:
     """The work of one `advance` call: the state, the current rules, and what has fired."""
 
-    def __init__(
-        self,
-        state: KeyState,
-        rules: WindowRules,
-        current_rules_id: str,
-        current_rules_json: Mapping[str, Any] | None,
-    ) -> None:
+    def __init__(self, state: KeyState, rules: WindowRules, current_rules_id: str) -> None:
         self.state = state
         self.rules = rules
         self.current_rules_id = current_rules_id
-        self.current_rules_json = current_rules_json
         self.rules_by_id: dict[str, WindowRules] = {self.current_rules_id: rules}
         self.result = BatchResult()
         self.fired: dict[str, list[Pane]] = {}
@@ -549,11 +540,7 @@ class _Batch:
         self.state.windows[window_id] = window
         self.index.add(window, self.final_deadline_ms(window))
         if self.current_rules_id not in self.state.rules:
-            self.state.rules[self.current_rules_id] = (
-                dict(self.current_rules_json)
-                if self.current_rules_json is not None
-                else self.rules.model_dump(mode="json")
-            )
+            self.state.rules[self.current_rules_id] = self.rules.model_dump(mode="json")
         return window
 
     def accept(self, record_index: int, record: RecordInput, window: OpenWindow) -> None:

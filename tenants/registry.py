@@ -61,8 +61,6 @@ class ResolvedSource:
     rules: WindowRules
     rules_id: str
     """`rules_id(rules)`, computed once per key and process rather than once per batch."""
-    rules_json: Mapping[str, Any]
-    """`rules.model_dump(mode="json")`, the form window state keeps them in; computed likewise."""
 
 
 @runtime_checkable
@@ -81,7 +79,6 @@ class TenantRegistry:
     fingerprint: str = ""
     _source_rules: Mapping[str, WindowRules] = field(default_factory=dict, repr=False)
     _source_rules_ids: Mapping[str, str] = field(default_factory=dict, repr=False)
-    _source_rules_json: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, repr=False)
     # Routes are built on first use, not for all 100,000 tenants up front: every executor
     # process loads the registry, and a batch touches only the tenants in it. Filling this memo
     # never changes what `resolve` answers, so the registry stays a value.
@@ -103,9 +100,6 @@ class TenantRegistry:
             fingerprint=fingerprint,
             _source_rules=source_rules,
             _source_rules_ids={name: rules_id(rules) for name, rules in source_rules.items()},
-            _source_rules_json={
-                name: rules.model_dump(mode="json") for name, rules in source_rules.items()
-            },
         )
 
     def resolve(self, tenant: str, source: str) -> ResolvedSource | None:
@@ -155,11 +149,6 @@ class TenantRegistry:
             event_time=self.sources[source].event_time,
             rules=rules,
             rules_id=self._source_rules_ids[source] if rules is source_rules else rules_id(rules),
-            rules_json=(
-                self._source_rules_json[source]
-                if rules is source_rules
-                else rules.model_dump(mode="json")
-            ),
         )
 
 
