@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from tenants.models import ID_PATTERN, EventTimeFormat, EventTimeSpec, MetricKind, MetricSpec
-from tenants.registry import TenantRegistry
+from tenants.registry import ResolvedSource, TenantRegistry
 
 # Python's datetime cannot go past year 9999; Spark and Delta timestamps cannot either.
 MAX_EVENT_TIME_MS = 253_402_300_799_999
@@ -86,6 +86,14 @@ def parse_value(
                 claimed_source,
             )
     assert isinstance(tenant, str) and isinstance(source, str)
+    resolved = route_key(tenant, source, registry)
+    if isinstance(resolved, Rejected):
+        return resolved
+    return accept_record(record, resolved)
+
+
+def route_key(tenant: str, source: str, registry: TenantRegistry) -> ResolvedSource | Rejected:
+    """The key's config, or why records claiming it are rejected (the same for all of them)."""
     if not _ID_RE.fullmatch(tenant) or not registry.knows_tenant(tenant):
         return Rejected(
             QuarantineReason.UNKNOWN_TENANT, f"tenant {tenant!r} is not configured", tenant, source
@@ -98,7 +106,12 @@ def parse_value(
             tenant,
             source,
         )
+    return resolved
 
+
+def accept_record(record: dict[str, object], resolved: ResolvedSource) -> Accepted | Rejected:
+    """A decoded record of a configured key: its event time and metric inputs, or why not."""
+    tenant, source = resolved.tenant, resolved.source
     event_time = extract_event_time(record, resolved.event_time)
     if isinstance(event_time, Rejected):
         return Rejected(event_time.reason, event_time.error, tenant, source)
@@ -117,9 +130,9 @@ def extract_metric_inputs(
     """Per metric: 1.0/0.0 for a count (filter matched or not), else the number or None."""
     inputs: dict[str, float | None] = {}
     for name, spec in metrics.items():
-        value = _lookup(record, spec.path)
+        value = lookup(record, spec.path)
         if spec.kind is MetricKind.COUNT:
-            inputs[name] = 1.0 if spec.field is None or _same_value(value, spec.equals) else 0.0
+            inputs[name] = 1.0 if spec.field is None or same_value(value, spec.equals) else 0.0
         elif value is None:
             inputs[name] = None  # skipped, like SQL skips nulls
         elif isinstance(value, bool) or not isinstance(value, int | float):
@@ -146,7 +159,7 @@ def _finite_float(value: int | float) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _lookup(record: dict[str, object], path: tuple[str, ...]) -> object:
+def lookup(record: dict[str, object], path: tuple[str, ...]) -> object:
     node: object = record
     for part in path:
         if not isinstance(node, dict):
@@ -155,7 +168,7 @@ def _lookup(record: dict[str, object], path: tuple[str, ...]) -> object:
     return node
 
 
-def _same_value(value: object, expected: object) -> bool:
+def same_value(value: object, expected: object) -> bool:
     # JSON true must not count as 1, nor "1" as 1: compare kinds as well as values.
     if isinstance(value, bool) or isinstance(expected, bool):
         return value is expected

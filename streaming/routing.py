@@ -1,13 +1,12 @@
 """Spark stage 1: parse each Kafka record and tag it with its key, or with why it is rejected.
 
-A thin shell around `parsing.parse_value`, run with `mapInPandas` before the stateful stage so
+A thin shell around `bulk_parsing.parse_values`, run with `mapInPandas` before the stateful stage so
 each value is decoded once. Rejected records keep flowing: the stateful stage emits them as
 quarantine rows, so one micro-batch writes every output table from one plan.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 
 import pandas as pd
@@ -20,7 +19,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from streaming.parsing import Accepted, parse_value
+from streaming.bulk_parsing import parse_values
 from tenants.config_store import ConfigSnapshots
 from tenants.registry import TenantRegistry
 
@@ -36,7 +35,7 @@ ROUTED_SCHEMA = StructType(
         StructField("kafka_timestamp_ms", LongType()),
         StructField("event_time_ms", LongType()),
         StructField("event_id", StringType()),
-        StructField("metric_inputs_json", StringType()),
+        StructField("metric_values_json", StringType()),
         StructField("reason", StringType()),
         StructField("error", StringType()),
     ]
@@ -73,18 +72,13 @@ def make_router(
 def route_frame(
     frame: pd.DataFrame, registry: TenantRegistry, max_record_bytes: int
 ) -> pd.DataFrame:
-    outcomes = [parse_value(value, registry, max_record_bytes) for value in frame["value"]]
+    parsed = parse_values(frame["value"].tolist(), registry, max_record_bytes)
     routed = frame.copy()
-    routed["tenant"] = [outcome.tenant for outcome in outcomes]
-    routed["source"] = [outcome.source for outcome in outcomes]
-    routed["event_time_ms"] = pd.array(
-        [o.event_time_ms if isinstance(o, Accepted) else None for o in outcomes], dtype="Int64"
-    )
-    routed["event_id"] = [o.event_id if isinstance(o, Accepted) else None for o in outcomes]
-    routed["metric_inputs_json"] = [
-        json.dumps(o.metric_inputs) if isinstance(o, Accepted) and o.metric_inputs else None
-        for o in outcomes
-    ]
-    routed["reason"] = [None if isinstance(o, Accepted) else o.reason.value for o in outcomes]
-    routed["error"] = [None if isinstance(o, Accepted) else o.error for o in outcomes]
+    routed["tenant"] = parsed.tenant
+    routed["source"] = parsed.source
+    routed["event_time_ms"] = pd.array(parsed.event_time_ms, dtype="Int64")
+    routed["event_id"] = parsed.event_id
+    routed["metric_values_json"] = parsed.metric_values_json
+    routed["reason"] = parsed.reason
+    routed["error"] = parsed.error
     return routed[ROUTED_SCHEMA.fieldNames()]

@@ -380,7 +380,7 @@ def advance(
     the watermark of a key that has been idle, before this batch's records are placed.
     `current_rules_id` is `rules_id(rules)`, if the caller already has it.
     """
-    batch = _Batch(state, rules, current_rules_id or rules_id(rules))
+    batch = KeyBatch(state, rules, current_rules_id or rules_id(rules))
     if processing_time_ms is not None:
         batch.advance_idle_watermark(processing_time_ms)
     for record_index, record in enumerate(records):
@@ -391,8 +391,12 @@ def advance(
     return batch.finish()
 
 
-class _Batch:
-    """The work of one `advance` call: the state, the current rules, and what has fired."""
+class KeyBatch:
+    """The work of one batch of a key: the state, the current rules, and what has fired.
+
+    `advance` places records one by one; `columnar_windowing.advance_columns` folds them in by
+    window and calls the same watermark and pane logic.
+    """
 
     def __init__(self, state: KeyState, rules: WindowRules, current_rules_id: str) -> None:
         self.state = state
