@@ -18,15 +18,7 @@ from hypothesis import strategies as st
 from streaming.columnar_windowing import ColumnarResult, advance_columns, handles
 from streaming.windowing import BatchResult, KeyState, RecordInput, advance
 from tenants.models import WindowRules, rules_id
-
-METRICS: dict[str, dict[str, object]] = {
-    "errors": {"kind": "count", "field": "level", "equals": "ERROR"},
-    "records": {"kind": "count"},
-    "total": {"kind": "sum", "field": "amount"},
-    "least": {"kind": "min", "field": "amount"},
-    "most": {"kind": "max", "field": "amount"},
-    "average": {"kind": "mean", "field": "amount"},
-}
+from tests.test_windowing_properties import METRIC_CATALOG
 
 fixed_windows = st.one_of(
     st.builds(lambda size: {"kind": "tumbling", "size": size}, st.sampled_from([1000, 3000])),
@@ -44,7 +36,7 @@ rule_sets = st.builds(
             "allowed_lateness": lateness,
             "accumulation": accumulation,
             "emit": emit,
-            "metrics": {name: METRICS[name] for name in metrics},
+            "metrics": {name: METRIC_CATALOG[name] for name in metrics},
             "idle_timeout": idle,
         }
     ),
@@ -53,7 +45,7 @@ rule_sets = st.builds(
     st.sampled_from([0, 1000, 4000]),
     st.sampled_from(["accumulating", "discarding"]),
     st.sampled_from(["every_pane", "final_only"]),
-    st.lists(st.sampled_from(sorted(METRICS)), unique=True, max_size=4),
+    st.lists(st.sampled_from(sorted(METRIC_CATALOG)), unique=True, max_size=4),
     st.sampled_from([None, 5000]),
 )
 # Amounts that make a sum's order visible in its last bits, and signed zeros for min and max.
