@@ -65,7 +65,7 @@ def run(registry: TenantRegistry, batches: list[pd.DataFrame], buckets: int) -> 
     """CPU seconds of the stateful stage over every batch."""
     blobs: dict[int, bytes] = {}
     started = time.process_time()
-    for number, batch in enumerate(batches):
+    for batch in batches:
         # A stream that keeps up: processing time just past the batch's newest event time, so
         # no record is quarantined as being from the future.
         now_ms = int(batch["event_time_ms"].max()) + 60_000
