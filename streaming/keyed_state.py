@@ -28,7 +28,6 @@ from __future__ import annotations
 import gc
 import itertools
 import json
-import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -64,7 +63,15 @@ from streaming.columnar_windowing import (
 from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
 from streaming.offboarding import close_all_windows
 from streaming.parsing import QuarantineReason
-from streaming.windowing import BatchResult, Pane, RecordInput, Timing, advance
+from streaming.windowing import (
+    Assignment,
+    BatchResult,
+    Pane,
+    RecordInput,
+    Timing,
+    TooLate,
+    advance,
+)
 from tenants.config_store import ConfigSnapshots
 from tenants.registry import ResolvedSource, TenantRegistry
 
@@ -238,36 +245,46 @@ def _process_bucket(
     )
     if keys.checked_fingerprint != registry.fingerprint:
         _offboard_gone_keys(keys, registry, processing_time_ms, out)
-    processed: set[Key] = set()
+    runs = list(_key_runs(tenants, sources))
+    routes = [
+        registry.resolve(tenant, source)
+        if (tenant := tenants[first]) and (source := sources[first])
+        else None
+        for first, _ in runs
+    ]
+    # Every record's fate in a few passes over the bucket, not a loop per key: a key of a
+    # 100,000-tenant stream has one or two records a batch.
+    run_lengths = [last - first for first, last in runs]
+    known = np.repeat([route is not None for route in routes], run_lengths).astype(bool)
+    # One bad clock must not move the key's watermark and close its windows early.
+    latest_ms = processing_time_ms + np.repeat(
+        [route.rules.max_future_skew_ms if route else 0 for route in routes], run_lengths
+    ).astype(np.int64)
     unrejected = batch["reason"].isna().to_numpy()
-    for first, last in _key_runs(tenants, sources):
+    skewed = unrejected & known & (event_times > latest_ms)
+    accepted = unrejected & known & ~skewed
+    for index in np.flatnonzero(unrejected & ~known).tolist():
+        # Routing quarantines these already with the same config; this keeps the reasons
+        # right should the two ever disagree.
+        reasons[index], errors[index] = _unknown_key(registry, tenants[index], sources[index])
+    for index in np.flatnonzero(skewed).tolist():
+        reasons[index] = QuarantineReason.FUTURE_SKEW.value
+        errors[index] = _future_skew_error(
+            int(event_times[index]), processing_time_ms, int(latest_ms[index]) - processing_time_ms
+        )
+    accepted_rows = np.flatnonzero(accepted)
+    bounds = np.searchsorted(accepted_rows, [first for first, _ in runs] + [len(tenants)]).tolist()
+    processed: set[Key] = set()
+    for number, ((first, last), resolved) in enumerate(zip(runs, routes, strict=True)):
         tenant, source = tenants[first], sources[first]
-        resolved = registry.resolve(tenant, source) if tenant and source else None
-        candidates = np.flatnonzero(unrejected[first:last]) + first
-        if resolved is None:
-            for index in candidates.tolist():
-                # Routing quarantines these already with the same config; this keeps the
-                # reasons right should the two ever disagree.
-                reasons[index], errors[index] = _unknown_key(registry, tenant, source)
+        if resolved is None or tenant is None or source is None:
             continue
-        # One bad clock must not move the key's watermark and close its windows early.
-        max_skew_ms = resolved.rules.max_future_skew_ms
-        skewed = event_times[candidates] > processing_time_ms + max_skew_ms
-        for index in candidates[skewed].tolist():
-            reasons[index] = QuarantineReason.FUTURE_SKEW.value
-            errors[index] = _future_skew_error(
-                int(event_times[index]), processing_time_ms, max_skew_ms
-            )
-        rows = candidates[~skewed]
-        if tenant is None or source is None:
-            continue  # not reached: a key that resolves has both
         key = (tenant, source)
         stored = keys.get(key)
+        rows = accepted_rows[bounds[number] : bounds[number + 1]]
         stored.quarantined_records += (last - first) - len(rows)
-        values = _metric_matrix(metric_values, rows.tolist(), len(resolved.rules.metrics))
-        _advance_key(
-            key, stored, rows, event_times[rows], values, resolved, processing_time_ms, out
-        )
+        records = _KeyRecords(rows, event_times, metric_values, len(resolved.rules.metrics))
+        _advance_key(key, stored, records, resolved, processing_time_ms, out)
         processed.add(key)
     for key in keys.idle_keys(processing_time_ms):
         if key in processed:
@@ -276,7 +293,7 @@ def _process_bucket(
         resolved = registry.resolve(*key)
         if resolved is None:
             continue  # not reached: `_offboard_gone_keys` dropped the keys whose config is gone
-        _advance_key(key, stored, *_NO_RECORDS, resolved, processing_time_ms, out)
+        _advance_key(key, stored, _KeyRecords.none(), resolved, processing_time_ms, out)
     out.set_quarantine(reasons, errors)
 
 
@@ -309,76 +326,86 @@ def _unknown_key(
     )
 
 
-COLUMNAR_MIN_RECORDS = 16
-"""Below this many records a key's batch goes record by record: NumPy's cost per call would
-outweigh what it saves (a key of a 100,000-tenant stream sees one or two records a batch)."""
+COLUMNAR_MIN_RECORDS = 4
+"""Below this many records a key's batch goes record by record: NumPy's cost per call outweighs
+what it saves (`bucket_cost`: at 10,000 tenants, 2.5 records per key and batch, 120 µs per record
+with this threshold, 174 with none)."""
 
-_NO_RECORDS = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 0)))
+
+@dataclass(frozen=True)
+class _KeyRecords:
+    """One key's accepted records of the batch: their rows, event times and metric inputs."""
+
+    rows: np.ndarray
+    event_times_ms: np.ndarray
+    """The whole batch's event times; `rows` picks the key's."""
+    metric_values_json: list[str | None]
+    """The whole batch's, as the router wrote them."""
+    metrics: int
+
+    @classmethod
+    def none(cls) -> _KeyRecords:
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), [], 0)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray]:
+        """Event times, and a row per record with a column per metric (NaN: no value)."""
+        rows = self.rows.tolist()
+        if not self.metrics or not rows or not self.metric_values_json:
+            return self.event_times_ms[self.rows], np.full((len(rows), self.metrics), np.nan)
+        # One parse for the key: each is a JSON array of the source's metrics.
+        parsed = orjson.loads("[" + ",".join([self._values_json(row) for row in rows]) + "]")
+        values = np.array(parsed, dtype=np.float64).reshape(len(rows), self.metrics)
+        return self.event_times_ms[self.rows], values
+
+    def inputs(self, names: list[str]) -> list[RecordInput]:
+        return [
+            RecordInput(
+                int(self.event_times_ms[row]),
+                dict(zip(names, orjson.loads(self._values_json(row)), strict=True))
+                if self.metrics
+                else {},
+            )
+            for row in self.rows.tolist()
+        ]
+
+    def _values_json(self, row: int) -> str:
+        text = self.metric_values_json[row] if self.metric_values_json else None
+        return text or "[" + ",".join(["null"] * self.metrics) + "]"
 
 
 def _advance_key(
     key: Key,
     stored: StoredKey,
-    rows: np.ndarray,
-    event_times_ms: np.ndarray,
-    metric_values: np.ndarray,
+    records: _KeyRecords,
     resolved: ResolvedSource,
     processing_time_ms: int,
     out: _Output,
 ) -> None:
-    """Run one key's batch (or its idle timeout, with no records) and gather its rows.
-
-    `rows` are the records' rows in the bucket's batch; `metric_values` has a column per metric
-    of the key's rules, NaN where a record has no value.
-    """
+    """Run one key's batch (or its idle timeout, with no records) and gather its rows."""
     rules, state = resolved.rules, stored.key_state
-    if len(rows) >= COLUMNAR_MIN_RECORDS and handles(state, rules, resolved.rules_id):
-        result = advance_columns(
-            state, event_times_ms, metric_values, rules, processing_time_ms, resolved.rules_id
+    if len(records) >= COLUMNAR_MIN_RECORDS and handles(state, rules, resolved.rules_id):
+        event_times_ms, metric_values = records.columns()
+        out.add_columns(
+            key,
+            records.rows,
+            advance_columns(
+                state, event_times_ms, metric_values, rules, processing_time_ms, resolved.rules_id
+            ),
         )
     else:
-        names = list(rules.metrics)
-        records = [
-            RecordInput(event_time_ms, dict(zip(names, _inputs(values), strict=True)))
-            for event_time_ms, values in zip(
-                event_times_ms.tolist(), metric_values.tolist(), strict=True
-            )
-        ]
-        result = _as_columns(advance(state, records, rules, processing_time_ms, resolved.rules_id))
+        inputs = records.inputs(list(rules.metrics))
+        result = advance(state, inputs, rules, processing_time_ms, resolved.rules_id)
+        out.add_result(key, records.rows.tolist(), result)
     # Call this key again when it has been idle that long, to advance its watermark.
     stored.idle_deadline_ms = (
         processing_time_ms + rules.idle_timeout_ms
         if rules.idle_timeout_ms is not None and state.windows
         else None
     )
-    out.add_result(key, rows, result)
     out.add_status(key, stored, processing_time_ms, Lifecycle.ACTIVE)
-
-
-def _inputs(values: list[float]) -> list[float | None]:
-    return [None if math.isnan(value) else value for value in values]
-
-
-def _as_columns(result: BatchResult) -> ColumnarResult:
-    """The reference's result in the columnar path's form, so the output has one shape."""
-    placed, rejected = result.assignments, result.too_late
-    return ColumnarResult(
-        Placements(
-            np.array([a.record_index for a in placed], dtype=np.int64),
-            np.array([a.window_id for a in placed], dtype=object),
-            np.array([a.window_start_ms for a in placed], dtype=np.int64),
-            np.array([a.window_end_ms for a in placed], dtype=np.int64),
-            np.array([a.pane_index for a in placed], dtype=np.int64),
-            np.array([a.timing is Timing.LATE for a in placed], dtype=bool),
-        ),
-        Rejections(
-            np.array([t.record_index for t in rejected], dtype=np.int64),
-            np.array([t.window_start_ms for t in rejected], dtype=np.int64),
-            np.array([t.window_end_ms for t in rejected], dtype=np.int64),
-            np.array([t.watermark_ms for t in rejected], dtype=np.int64),
-        ),
-        result.panes,
-    )
 
 
 def _event_times(batch: pd.DataFrame) -> np.ndarray:
@@ -387,16 +414,6 @@ def _event_times(batch: pd.DataFrame) -> np.ndarray:
         return np.zeros(len(batch), dtype=np.int64)
     times: np.ndarray = batch["event_time_ms"].to_numpy(dtype=np.float64, na_value=-1.0)
     return times.astype(np.int64)
-
-
-def _metric_matrix(texts: list[str | None], rows: list[int], metrics: int) -> np.ndarray:
-    """The metric inputs of `rows`, a row each and a column per metric; NaN: no value."""
-    if not metrics or not rows or not texts:
-        return np.full((len(rows), metrics), np.nan)
-    # The router wrote each as a JSON array of the source's metrics: one parse for the key.
-    no_values = "[" + ",".join(["null"] * metrics) + "]"
-    parsed = orjson.loads("[" + ",".join([texts[row] or no_values for row in rows]) + "]")
-    return np.array(parsed, dtype=np.float64).reshape(len(rows), metrics)
 
 
 def _strings(column: pd.Series) -> list[str | None]:
@@ -474,16 +491,24 @@ class _Output:
     batch: pd.DataFrame
     placed: list[tuple[Key, np.ndarray, Placements]] = field(default_factory=list)
     rejected: list[tuple[Key, np.ndarray, Rejections]] = field(default_factory=list)
-    """Per key: its records' rows in the batch, and what happened to them."""
+    """Per key of the columnar path: its records' rows in the batch, and what happened to them."""
+    assignments: list[tuple[Key, int, Assignment]] = field(default_factory=list)
+    too_late: list[tuple[Key, int, TooLate]] = field(default_factory=list)
+    """The same from keys that went record by record: few records each, kept as objects."""
     panes: list[tuple[Key, Pane]] = field(default_factory=list)
     statuses: list[tuple[Key, StoredKey, int, Lifecycle]] = field(default_factory=list)
     quarantine_mask: np.ndarray | None = None
 
-    def add_result(self, key: Key, rows: np.ndarray, result: ColumnarResult) -> None:
+    def add_columns(self, key: Key, rows: np.ndarray, result: ColumnarResult) -> None:
         if len(result.placements.record_index):
             self.placed.append((key, rows, result.placements))
         if len(result.rejections.record_index):
             self.rejected.append((key, rows, result.rejections))
+        self.panes += [(key, pane) for pane in result.panes]
+
+    def add_result(self, key: Key, rows: list[int], result: BatchResult) -> None:
+        self.assignments += [(key, rows[a.record_index], a) for a in result.assignments]
+        self.too_late += [(key, rows[t.record_index], t) for t in result.too_late]
         self.panes += [(key, pane) for pane in result.panes]
 
     def add_status(
@@ -514,52 +539,86 @@ class _Output:
         return table.to_pandas(types_mapper=_NULLABLE_PANDAS_TYPES.get)
 
     def _event_rows(self) -> pa.Table | None:
-        if not self.placed:
+        if not self.placed and not self.assignments:
             return None
-        placed = [placements for _, _, placements in self.placed]
-        late = np.concatenate([p.late for p in placed])
+        chunks = [placements for _, _, placements in self.placed]
+        objects = [assignment for _, _, assignment in self.assignments]
+
+        def column(name: str, dtype: type, values: list[Any]) -> np.ndarray:
+            return np.concatenate(
+                [*(getattr(chunk, name) for chunk in chunks), np.array(values, dtype=dtype)]
+            )
+
+        late = column("late", bool, [a.timing is Timing.LATE for a in objects])
         return union_table(
             {
-                **self._record_columns(EVENTS.name, self.placed),
-                "window_id": np.concatenate([p.window_id for p in placed]),
-                "window_start_ms": np.concatenate([p.window_start_ms for p in placed]),
-                "window_end_ms": np.concatenate([p.window_end_ms for p in placed]),
-                "pane_index": np.concatenate([p.pane_index for p in placed]),
+                **self._record_columns(EVENTS.name, self.placed, self.assignments),
+                "window_id": column("window_id", object, [a.window_id for a in objects]),
+                "window_start_ms": column(
+                    "window_start_ms", np.int64, [a.window_start_ms for a in objects]
+                ),
+                "window_end_ms": column(
+                    "window_end_ms", np.int64, [a.window_end_ms for a in objects]
+                ),
+                "pane_index": column("pane_index", np.int64, [a.pane_index for a in objects]),
                 "timing": np.where(late, Timing.LATE.value, Timing.ON_TIME.value),
             },
             len(late),
         )
 
     def _late_rows(self) -> pa.Table | None:
-        if not self.rejected:
+        if not self.rejected and not self.too_late:
             return None
-        rejected = [rejections for _, _, rejections in self.rejected]
-        starts = np.concatenate([r.window_start_ms for r in rejected])
-        watermarks = np.concatenate([r.watermark_ms for r in rejected])
+        chunks = [rejections for _, _, rejections in self.rejected]
+        objects = [too_late for _, _, too_late in self.too_late]
+
+        def column(name: str, values: list[int]) -> np.ndarray:
+            return np.concatenate(
+                [*(getattr(chunk, name) for chunk in chunks), np.array(values, dtype=np.int64)]
+            )
+
+        ends = column("window_end_ms", [t.window_end_ms for t in objects])
+        watermarks = column("watermark_ms", [t.watermark_ms for t in objects])
         return union_table(
             {
-                **self._record_columns(LATE_EVENTS.name, self.rejected),
-                "window_start_ms": starts,
-                "window_end_ms": np.concatenate([r.window_end_ms for r in rejected]),
-                "lateness_ms": watermarks - np.concatenate([r.window_end_ms for r in rejected]),
+                **self._record_columns(LATE_EVENTS.name, self.rejected, self.too_late),
+                "window_start_ms": column("window_start_ms", [t.window_start_ms for t in objects]),
+                "window_end_ms": ends,
+                "lateness_ms": watermarks - ends,
                 "watermark_ms": watermarks,
             },
-            len(starts),
+            len(ends),
         )
 
     def _record_columns(
         self,
         kind: str,
         chunks: list[tuple[Key, np.ndarray, Placements]] | list[tuple[Key, np.ndarray, Rejections]],
+        objects: list[tuple[Key, int, Assignment]] | list[tuple[Key, int, TooLate]],
     ) -> dict[str, Any]:
-        """The batch's columns of each chunk's records, and the chunk's key."""
-        indexes = np.concatenate([rows[part.record_index] for _, rows, part in chunks])
+        """The batch's columns of the records placed (or rejected), and their keys."""
         sizes = [len(part.record_index) for _, _, part in chunks]
+        indexes = np.concatenate(
+            [
+                *(rows[part.record_index] for _, rows, part in chunks),
+                np.array([row for _, row, _ in objects], dtype=np.int64),
+            ]
+        )
+
+        def key_column(position: int) -> np.ndarray:
+            chunk_keys = np.array([key[position] for key, _, _ in chunks], dtype=object)
+            return np.concatenate(
+                [
+                    np.repeat(chunk_keys, sizes),
+                    np.array([key[position] for key, _, _ in objects], dtype=object),
+                ]
+            )
+
         return {
             **self._batch_columns(indexes, [*_RECORD_COLUMNS, "event_time_ms", "event_id"]),
             "kind": [kind] * len(indexes),
-            "tenant": np.repeat(np.array([key[0] for key, _, _ in chunks], dtype=object), sizes),
-            "source": np.repeat(np.array([key[1] for key, _, _ in chunks], dtype=object), sizes),
+            "tenant": key_column(0),
+            "source": key_column(1),
         }
 
     def _quarantine_rows(self) -> pa.Table | None:
