@@ -10,6 +10,12 @@ Spark session, `maxOffsetsPerTrigger` and shuffle partitions:
 2. `builtin`: Spark's own `withWatermark` + `window` count per (tenant, source) into `noop`;
 3. `product`: `tenant-windows run --available-now` end to end, into a Delta lake.
 
+Two more stages (`--stages read,route,state_empty,windowed,builtin,product`) cut the product's
+plan short, each into `noop`, to show where a batch's time goes: `route` is reading and routing;
+`state_empty` adds the shuffle and `applyInPandasWithState` with a state function that reads
+its input and returns nothing (Spark's own cost of the stateful stage); `windowed` is the
+product's plan without its Delta sink.
+
 It prints a table and writes the figures as JSON: records/s (overall from the query's start,
 and steady state, i.e. batches after the first), the ratios the scale issue asks for, batch
 latency p50/p95, pane delay in batches after the key's watermark passed the window's end, state
@@ -45,6 +51,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql.streaming.state import GroupStateTimeout
 
 from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_process import descendants, rss_mib
@@ -53,7 +60,9 @@ from storage.delta_lake import DeltaLake, compaction_app_id
 from storage.tables import ALL_TABLES, TENANT_STATUS, WINDOWS
 from storage.views import register_views
 from streaming.app import StreamApp
-from streaming.query import read_kafka
+from streaming.keyed_state import BUCKET_COLUMN, OUTPUT_SCHEMA, STATE_SCHEMA, bucket_expression
+from streaming.query import read_kafka, windowed_rows
+from streaming.routing import KAFKA_COLUMNS_SQL, ROUTED_SCHEMA, make_router
 from streaming.session import build_spark
 from tenants.registry import load_registry
 from tenants.settings import AppSettings, load_settings
@@ -269,8 +278,53 @@ def _product_stage(spark: SparkSession, dataset: _Dataset) -> StageFigures:
     return figures
 
 
+def _plan_stage(stage: str) -> Callable[[SparkSession, _Dataset], StageFigures]:
+    """A prefix of the product's plan into `noop` (see the module's docstring)."""
+
+    def measure(spark: SparkSession, dataset: _Dataset) -> StageFigures:
+        app = StreamApp(dataset.settings)
+        app.watcher.publish_at_start(0)  # what `run` does first: executors read this snapshot
+        settings = dataset.settings
+        kafka = read_kafka(spark, settings)
+        if stage == "windowed":
+            frame = windowed_rows(kafka, app.snapshots, settings)
+        else:
+            frame = kafka.selectExpr(*KAFKA_COLUMNS_SQL).mapInPandas(
+                make_router(app.snapshots, settings.stream.max_record_bytes), ROUTED_SCHEMA
+            )
+        if stage == "state_empty":
+            frame = (
+                frame.selectExpr("*", bucket_expression(settings.stream.state_buckets))
+                .groupBy(BUCKET_COLUMN)
+                .applyInPandasWithState(
+                    _nothing, OUTPUT_SCHEMA, STATE_SCHEMA, "append", GroupStateTimeout.NoTimeout
+                )
+            )
+        return _measure(
+            stage,
+            dataset,
+            lambda: (
+                frame.writeStream.format("noop")
+                .option("checkpointLocation", str(dataset.workdir / f"cp-{stage}"))
+                .trigger(availableNow=True)
+                .start()
+            ),
+        )
+
+    return measure
+
+
+def _nothing(_bucket: Any, frames: Iterator[pd.DataFrame], _state: Any) -> Iterator[pd.DataFrame]:
+    for _ in frames:
+        pass
+    yield pd.DataFrame({name: [] for name in OUTPUT_SCHEMA.fieldNames()})
+
+
 _STAGES: dict[str, Callable[[SparkSession, _Dataset], StageFigures]] = {
     "read": _read_stage,
+    "route": _plan_stage("route"),
+    "state_empty": _plan_stage("state_empty"),
+    "windowed": _plan_stage("windowed"),
     "builtin": _builtin_stage,
     "product": _product_stage,
 }
