@@ -9,8 +9,8 @@ keys of its bucket at once:
 2. when the tenant config changed since the bucket last looked, close the keys whose config
    is gone (offboarding): each open window gets its final pane, and the key's state is dropped;
 3. quarantine what cannot be accepted (unknown key, clock too far ahead), as whole columns;
-4. run the pure windowing logic key by key over plain Python lists, so a key costs a function
-   call, not a pandas round trip;
+4. run the windowing key by key: `columnar_windowing` on the key's columns (NumPy) when it
+   has a few records and fixed windows, `windowing.advance` record by record otherwise;
 5. advance the watermark of the bucket's idle keys (`idle_timeout`);
 6. emit one union row per output row, tagged with the table it belongs to (`kind`), built
    column-wise once per bucket. The sink splits them by `kind`.
