@@ -55,7 +55,7 @@ amounts = st.one_of(
     st.floats(-1e6, 1e6, allow_nan=False),
 )
 records = st.lists(
-    st.tuples(st.integers(-3000, 1500), st.sampled_from(["ERROR", "INFO"]), amounts),
+    st.tuples(st.integers(-2500, 3000), st.sampled_from(["ERROR", "INFO"]), amounts),
     min_size=1,
     max_size=60,
 )
