@@ -17,12 +17,16 @@ Pure: pyarrow only, no Spark.
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from streaming.windowing import KeyState
 
@@ -65,28 +69,27 @@ class StoredKey:
     """When the key's idle timeout fires, if it has open windows and an idle timeout."""
 
 
-@dataclass
-class _Row:
-    key_state_json: str
-    """`KeyState.to_json_dict()` without its `rules`, unless `rules_ids` is None."""
-    quarantined_records: int
-    idle_deadline_ms: int | None
-    rules_ids: list[str] | None
-
-
 class BucketState:
-    """The keys of one bucket; decode with `from_bytes`, change with `get`/`put`/`drop`."""
+    """The keys of one bucket: read with `from_bytes`, decode with `decode`/`get`, `drop`.
+
+    The keys a batch does not touch stay in the Arrow table they were read in, and go back out
+    by a filter and a concatenation: a bucket of 3,000 keys that a batch touches 10 of costs
+    Python work for 10 keys, not 3,000 (at 100,000 tenants most keys sit out most batches).
+    """
 
     def __init__(
         self,
-        rows: dict[Key, _Row] | None = None,
+        stored: pa.Table | None = None,
         checked_fingerprint: str | None = None,
         rules_by_id: dict[str, dict[str, Any]] | None = None,
     ) -> None:
-        self._rows: dict[Key, _Row] = rows or {}
+        self._stored = stored if stored is not None else _SCHEMA.empty_table()
+        """The rows read; those of keys in `_decoded` or `_dropped` are stale."""
+        self._stored_keys: pa.Array | None = None
         # Shared by the decoded keys' `KeyState.rules`, which only read them.
         self._rules_by_id: dict[str, dict[str, Any]] = rules_by_id or {}
         self._decoded: dict[Key, StoredKey] = {}
+        self._dropped: set[Key] = set()
         self._checked_fingerprint = checked_fingerprint
         # The blob this state was read from, while nothing changed: a bucket woken only to
         # look at the config saves it as it was instead of encoding every key again.
@@ -109,14 +112,20 @@ class BucketState:
             return cls()
         table = pa.ipc.open_stream(blob).read_all()
         metadata = table.schema.metadata or {}
-        columns = [
-            table.column(name).to_pylist() if name in table.schema.names else [None] * len(table)
-            for name in _SCHEMA.names
-        ]
+        # Blobs written before a column existed read it as nulls.
+        stored = pa.table(
+            [
+                table.column(name)
+                if name in table.schema.names
+                else pa.nulls(len(table), _SCHEMA.field(name).type)
+                for name in _SCHEMA.names
+            ],
+            schema=_SCHEMA,
+        )
         checked = metadata.get(_CHECKED_FINGERPRINT)
         rules_by_id = metadata.get(_RULES_BY_ID)
         state = cls(
-            {(tenant, source): _Row(*row) for tenant, source, *row in zip(*columns, strict=True)},
+            stored,
             checked.decode() if checked is not None else None,
             orjson.loads(rules_by_id) if rules_by_id is not None else None,
         )
@@ -126,20 +135,26 @@ class BucketState:
     def to_bytes(self) -> bytes:
         if self._unchanged_blob is not None:
             return self._unchanged_blob
-        for key, stored in self._decoded.items():
-            body = stored.key_state.to_json_dict()
-            rules = body.pop("rules")
-            self._rules_by_id.update(rules)
-            self._rows[key] = _Row(
-                orjson.dumps(body).decode(),
-                stored.quarantined_records,
-                stored.idle_deadline_ms,
-                list(rules),
-            )
-        self._decoded.clear()
-        keys = sorted(self._rows)
-        rows = [self._rows[key] for key in keys]
-        used_rules_ids = {rules_id for row in rows for rules_id in row.rules_ids or ()}
+        touched = sorted(self._decoded)
+        bodies = []
+        for key in touched:
+            body = self._decoded[key].key_state.to_json_dict()
+            self._rules_by_id.update(body.pop("rules"))
+            bodies.append(body)
+        changed = pa.table(
+            [
+                [tenant for tenant, _ in touched],
+                [source for _, source in touched],
+                [orjson.dumps(body).decode() for body in bodies],
+                [self._decoded[key].quarantined_records for key in touched],
+                [self._decoded[key].idle_deadline_ms for key in touched],
+                [list(self._decoded[key].key_state.rules) for key in touched],
+            ],
+            schema=_SCHEMA,
+        )
+        rows = pa.concat_tables([self._stored.filter(self._carried()), changed])
+        rows = rows.take(pc.sort_indices(rows, [("tenant", "ascending"), ("source", "ascending")]))
+        used_rules_ids = set(pc.unique(pc.list_flatten(rows["rules_ids"])).to_pylist())
         # Rules no key uses any more are left behind.
         self._rules_by_id = {
             rules_id: rules
@@ -150,64 +165,68 @@ class BucketState:
         if self._checked_fingerprint is not None:
             metadata[_CHECKED_FINGERPRINT] = self._checked_fingerprint.encode()
         schema = _SCHEMA.with_metadata(metadata)
-        table = pa.table(
-            [
-                [tenant for tenant, _ in keys],
-                [source for _, source in keys],
-                [row.key_state_json for row in rows],
-                [row.quarantined_records for row in rows],
-                [row.idle_deadline_ms for row in rows],
-                [row.rules_ids for row in rows],
-            ],
-            schema=schema,
-        )
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, schema, options=_COMPRESSED) as writer:
-            writer.write_table(table)
+            writer.write_table(rows.replace_schema_metadata(metadata))
         return bytes(sink.getvalue())
 
     def __len__(self) -> int:
-        return len(self._rows.keys() | self._decoded.keys())
+        return len(self.keys())
 
     def keys(self) -> set[Key]:
-        return self._rows.keys() | self._decoded.keys()
+        carried = self._stored.filter(self._carried())
+        stored = zip(carried["tenant"].to_pylist(), carried["source"].to_pylist(), strict=True)
+        return set(stored) | self._decoded.keys()
 
     def get(self, key: Key) -> StoredKey:
         """The key's state, decoded once; a new, empty state for a key not seen before."""
         stored = self._decoded.get(key)
         if stored is None:
-            self._unchanged_blob = None  # the caller may change what it gets
-            row = self._rows.pop(key, None)
-            stored = (
-                StoredKey(KeyState())
-                if row is None
-                else StoredKey(
-                    KeyState.from_json_dict(self._key_state_json(row)),
-                    row.quarantined_records,
-                    row.idle_deadline_ms,
-                )
-            )
-            self._decoded[key] = stored
+            self.decode([key])
+            stored = self._decoded[key]
         return stored
 
-    def _key_state_json(self, row: _Row) -> Any:
-        body = _decode(row.key_state_json)
-        if row.rules_ids is not None:
-            body["rules"] = {rules_id: self._rules_by_id[rules_id] for rules_id in row.rules_ids}
+    def decode(self, keys: list[Key]) -> None:
+        """Decode these keys' states in one pass over their rows (`get` then finds them)."""
+        self._unchanged_blob = None  # the caller may change what it gets
+        keys = [key for key in keys if key not in self._decoded]
+        positions = self._positions([key for key in keys if key not in self._dropped])
+        found = [key for key, position in positions.items() if position is not None]
+        rows = self._stored.take(
+            pa.array([positions[key] for key in found], pa.int64())
+        ).to_pydict()
+        for number, key in enumerate(found):
+            rules_ids = rows["rules_ids"][number]
+            self._decoded[key] = StoredKey(
+                KeyState.from_json_dict(
+                    self._key_state_json(rows["key_state_json"][number], rules_ids)
+                ),
+                rows["quarantined_records"][number],
+                rows["idle_deadline_ms"][number],
+            )
+        for key in keys:
+            self._dropped.discard(key)
+            self._decoded.setdefault(key, StoredKey(KeyState()))
+
+    def _key_state_json(self, key_state_json: str, rules_ids: list[str] | None) -> Any:
+        body = _decode(key_state_json)
+        if rules_ids is not None:
+            body["rules"] = {rules_id: self._rules_by_id[rules_id] for rules_id in rules_ids}
         return body
 
     def drop(self, key: Key) -> None:
         self._unchanged_blob = None
-        self._rows.pop(key, None)
         self._decoded.pop(key, None)
+        self._dropped.add(key)
 
     def idle_keys(self, processing_time_ms: int) -> list[Key]:
         """Keys whose idle timeout has passed at `processing_time_ms`."""
-        due = [
-            key
-            for key, row in self._rows.items()
-            if row.idle_deadline_ms is not None and row.idle_deadline_ms <= processing_time_ms
-        ]
+        deadlines = self._stored["idle_deadline_ms"]
+        due_rows = pc.and_(pc.less_equal(deadlines, processing_time_ms), self._carried())
+        due_table = self._stored.filter(pc.fill_null(due_rows, False))
+        due = list(
+            zip(due_table["tenant"].to_pylist(), due_table["source"].to_pylist(), strict=True)
+        )
         due += [
             key
             for key, stored in self._decoded.items()
@@ -216,10 +235,36 @@ class BucketState:
         return sorted(due)
 
     def next_idle_deadline_ms(self) -> int | None:
-        deadlines = [row.idle_deadline_ms for row in self._rows.values()] + [
+        carried = self._stored["idle_deadline_ms"].filter(self._carried())
+        deadlines = [pc.min(carried).as_py()] + [
             stored.idle_deadline_ms for stored in self._decoded.values()
         ]
         return min((d for d in deadlines if d is not None), default=None)
+
+    def _positions(self, keys: Iterable[Key]) -> dict[Key, int | None]:
+        """Each key's row in the stored table (None: not stored), looked up column-wise."""
+        if self._stored_keys is None:
+            self._stored_keys = _joined(self._stored["tenant"], self._stored["source"])
+        wanted = list(keys)
+        lookup = _joined(
+            pa.array([tenant for tenant, _ in wanted], pa.string()),
+            pa.array([source for _, source in wanted], pa.string()),
+        )
+        found = pc.index_in(lookup, value_set=self._stored_keys).to_pylist()
+        return dict(zip(wanted, found, strict=True))
+
+    def _carried(self) -> pa.BooleanArray:
+        """Which stored rows still hold their key's state: not decoded since, nor dropped."""
+        carried = np.ones(len(self._stored), dtype=bool)
+        stale = self._positions(itertools.chain(self._decoded, self._dropped)).values()
+        carried[[position for position in stale if position is not None]] = False
+        return pa.array(carried)
+
+
+def _joined(tenants: pa.Array | pa.ChunkedArray, sources: pa.Array | pa.ChunkedArray) -> pa.Array:
+    # Identifiers never hold a NUL (`tenants.models.ID_PATTERN`), so the join is one-to-one.
+    joined = pc.binary_join_element_wise(tenants, sources, "\x00")
+    return joined.combine_chunks() if isinstance(joined, pa.ChunkedArray) else joined
 
 
 def _decode(key_state_json: str) -> Any:

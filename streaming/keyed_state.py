@@ -274,6 +274,14 @@ def _process_bucket(
         )
     accepted_rows = np.flatnonzero(accepted)
     bounds = np.searchsorted(accepted_rows, [first for first, _ in runs] + [len(tenants)]).tolist()
+    # The bucket's keys this batch touches, decoded in one pass over their stored rows.
+    keys.decode(
+        [
+            (tenants[first], sources[first])  # type: ignore[misc]
+            for (first, _), resolved in zip(runs, routes, strict=True)
+            if resolved is not None
+        ]
+    )
     processed: set[Key] = set()
     for number, ((first, last), resolved) in enumerate(zip(runs, routes, strict=True)):
         tenant, source = tenants[first], sources[first]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import gc
 import json
 import logging
 import threading
@@ -177,7 +178,13 @@ def _in_force_index(names: list[tuple[int, str]], at_ms: int) -> int | None:
 def _read_snapshot(location: str, name: str) -> TenantRegistry:
     filesystem, path = fs.FileSystem.from_uri(location)
     with filesystem.open_input_stream(f"{path}/{name}") as stream:
-        return registry_from_snapshot(stream.read(), f"{location}/{name}")
+        registry = registry_from_snapshot(stream.read(), f"{location}/{name}")
+    # A registry lives as long as the worker and holds a few objects per tenant: millions at
+    # 100,000 tenants. Left to the cycle collector, every full collection walks all of them
+    # (routing at 100,000 tenants: 25 -> 15 us per record once they are frozen). Frozen objects
+    # are still freed by reference counting when the cache lets a registry go.
+    gc.freeze()
+    return registry
 
 
 @dataclass

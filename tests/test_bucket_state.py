@@ -7,7 +7,7 @@ from dataclasses import asdict, replace
 
 import pyarrow as pa
 
-from streaming.bucket_state import BucketState, _Row
+from streaming.bucket_state import _SCHEMA, BucketState
 from streaming.windowing import KeyState, RecordInput, advance
 from tenants.models import WindowRules, rules_id
 
@@ -91,7 +91,7 @@ def test_an_overflowed_sum_survives_the_state_written_now_and_by_earlier_release
     # Releases before orjson wrote the standard library's `Infinity`.
     legacy = json.dumps(state.to_json_dict()).replace('"inf"', "Infinity")
     assert "Infinity" in legacy
-    old_bucket = BucketState({("acme", "web"): _Row(legacy, 0, None, None)})
+    old_bucket = BucketState(pa.table([["acme"], ["web"], [legacy], [0], [None], [None]], _SCHEMA))
     (old_window,) = old_bucket.get(("acme", "web")).key_state.windows.values()
     assert old_window.total.metrics["total"] == [float("inf"), 2]
 
@@ -155,3 +155,25 @@ def test_a_bucket_with_rules_inside_each_key_reads_back_and_is_rewritten_per_buc
     assert set(_rules_stored(restored.to_bytes())) == {rules_id(RULES)}
     assert rewritten.get(("acme", "web")).key_state == state
     assert rewritten.get(("globex", "web")).key_state == state
+
+
+def test_keys_a_batch_does_not_touch_keep_their_stored_rows_byte_for_byte() -> None:
+    bucket = BucketState()
+    for tenant in ("a", "b", "c"):
+        bucket.get((tenant, "web")).key_state = _state_with_records(5_000)
+    before = pa.ipc.open_stream(bucket.to_bytes()).read_all()
+
+    restored = BucketState.from_bytes(bucket.to_bytes())
+    restored.get(("b", "web")).key_state = _state_with_records(5_000, 70_000)
+    restored.drop(("c", "web"))
+    restored.get(("d", "web")).quarantined_records = 1
+    after = pa.ipc.open_stream(restored.to_bytes()).read_all()
+
+    assert after["tenant"].to_pylist() == ["a", "b", "d"]
+    assert after.slice(0, 1).to_pylist() == before.slice(0, 1).to_pylist()
+    again = BucketState.from_bytes(restored.to_bytes())
+    assert again.get(("b", "web")).key_state == _state_with_records(5_000, 70_000)
+    assert again.get(("d", "web")).quarantined_records == 1
+    # A dropped key that comes back starts afresh.
+    restored.get(("c", "web"))
+    assert restored.get(("c", "web")).key_state == KeyState()
