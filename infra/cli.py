@@ -21,6 +21,7 @@ from storage.s3 import LakeUnavailableError
 from storage.writer_lease import StreamLeaseHeldError
 from streaming.checkpoint_identity import CheckpointMismatchError
 from streaming.hooks import NO_FAULTS, FaultHook
+from tenants.api_keys import ApiKeyError, issue_key, revoke_key
 from tenants.models import parse_duration_ms
 from tenants.registry import ConfigError, load_registry
 from tenants.settings import AppSettings, load_settings
@@ -80,6 +81,9 @@ def main(argv: Sequence[str] | None = None, fault_hook: FaultHook = NO_FAULTS) -
     except DevToolsMissingError as error:
         print(f"{error}", file=sys.stderr)
         return 2
+    except ApiKeyError as error:
+        print(f"{error}", file=sys.stderr)
+        return 2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -125,6 +129,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     offboard.add_argument("--timeout", default="5m", help="how long --wait waits at most")
     offboard.set_defaults(handler=_offboard)
+    issue_key = tenant_commands.add_parser(
+        "issue-key",
+        help="print a new API key for the tenant's queries; only its salted hash is kept",
+    )
+    issue_key.add_argument("tenant", help="the tenant id")
+    issue_key.add_argument("--name", help="what the key is called (default key-N)")
+    issue_key.add_argument("--conf", type=Path, default=Path("conf"), help="config directory")
+    issue_key.set_defaults(handler=_issue_key)
+    revoke_key = tenant_commands.add_parser("revoke-key", help="revoke a tenant's API key")
+    revoke_key.add_argument("tenant", help="the tenant id")
+    revoke_key.add_argument("name", help="the key's name")
+    revoke_key.add_argument("--conf", type=Path, default=Path("conf"), help="config directory")
+    revoke_key.set_defaults(handler=_revoke_key)
 
     sql = commands.add_parser(
         "sql",
@@ -156,6 +173,16 @@ def _parser() -> argparse.ArgumentParser:
         "--delta-spark", action="store_true", help="read with delta-spark (cluster with Delta jars)"
     )
     sql.set_defaults(handler=_sql)
+
+    serve = commands.add_parser(
+        "serve",
+        help="answer tenants' SQL over HTTP, each with its own API key (docs/querying.md)",
+    )
+    _settings_options(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--master", help="Spark master, as for run (default local[2])")
+    serve.set_defaults(handler=_serve)
 
     produce = commands.add_parser("produce", help="produce sample multi-tenant load")
     _settings_options(produce)
@@ -246,6 +273,30 @@ def _validate(args: argparse.Namespace) -> int:
         f"{args.conf}: {len(registry.tenants)} tenants, {len(registry.sources)} sources, "
         f"{routes} routes: OK"
     )
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from infra.query_api import serve
+
+    # sqlglot logs a warning for every statement it can only read as a bare command; the guard
+    # refuses those with its own message.
+    logging.getLogger("sqlglot").setLevel(logging.ERROR)
+    serve(settings_from(args), args.host, args.port, args.master)
+    return 0
+
+
+def _issue_key(args: argparse.Namespace) -> int:
+    if not load_registry(args.conf).knows_tenant(args.tenant):
+        raise ApiKeyError(f"tenant {args.tenant!r} is not configured in {args.conf}")
+    # The key alone on stdout, so `KEY=$(tenant-windows tenants issue-key T)` takes it.
+    print(issue_key(args.conf, args.tenant, args.name))
+    return 0
+
+
+def _revoke_key(args: argparse.Namespace) -> int:
+    revoke_key(args.conf, args.tenant, args.name)
+    print(f"key {args.name!r} of tenant {args.tenant!r} revoked", file=sys.stderr)
     return 0
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 from deltalake.exceptions import TableNotFoundError
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
@@ -126,14 +127,30 @@ def key_status_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
     # configured key has a row (a key gets one in the batch it is configured), not all of it.
     # Keys no longer configured show if their last row is that recent.
     table = lake.read_newest(TENANT_STATUS, columns, every_configured_key_seen)
-    latest = latest_per_key(table)
+    rows = {(row["tenant"], row["source"]): row for row in _key_rows(latest_per_key(table))}
+    for key in configured:
+        rows.setdefault(key, {"tenant": key[0], "source": key[1], "watermark": NO_DATA_YET})
+    return StatusSection(
+        title=KEYS,
+        rows=[rows[key] for key in sorted(rows)],
+        note="trailing_s: newest event time minus the watermark",
+    )
+
+
+def tenant_key_status(lake: DeltaLake, tenant: str) -> list[dict[str, Any]]:
+    """One tenant's keys as `key_status_section` shows them, read from its own files only."""
+    columns = ["tenant", "source", *_KEY_COLUMNS]
+    table = lake.read_arrow(TENANT_STATUS, columns, ds.field("tenant") == tenant, tenant=tenant)
+    return _key_rows(latest_per_key(table))
+
+
+def _key_rows(latest: pa.Table) -> list[dict[str, Any]]:
     trailing_ms = pc.subtract(
         pc.cast(latest["max_event_time"], pa.int64()), pc.cast(latest["watermark"], pa.int64())
     )
     latest = latest.append_column("trailing_ms", pc.divide(trailing_ms, 1_000))
-    rows: dict[tuple[str, str], dict[str, Any]] = {}
-    for row in latest.to_pylist():
-        rows[(row["tenant"], row["source"])] = {
+    return [
+        {
             "tenant": row["tenant"],
             "source": row["source"],
             # A `configured` row: the key is known but has not sent anything yet.
@@ -148,13 +165,8 @@ def key_status_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
             "lifecycle": row["lifecycle"],
             "batch_id": row["batch_id"],
         }
-    for key in configured:
-        rows.setdefault(key, {"tenant": key[0], "source": key[1], "watermark": NO_DATA_YET})
-    return StatusSection(
-        title=KEYS,
-        rows=[rows[key] for key in sorted(rows)],
-        note="trailing_s: newest event time minus the watermark",
-    )
+        for row in latest.to_pylist()
+    ]
 
 
 # -- Kafka lag: broker end offsets against the checkpoint's offsets ----------------------------

@@ -331,11 +331,61 @@ class SourceConfig(WindowRules):
         return self.notify
 
 
+class QueryLimits(BaseModel):
+    """What one tenant's SQL may use in the query service: app defaults (`query:` in app.yaml),
+    which a tenant's file may override field by field under its own `query:`."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True
+    )
+
+    statement_timeout_ms: PositiveDurationMs = Field(
+        default=30_000,
+        alias="statement_timeout",
+        description="A statement still running after this is cancelled (its Spark jobs too).",
+    )
+    max_result_rows: int = Field(
+        default=10_000, gt=0, description="Rows a result holds at most; more are cut off."
+    )
+    max_result_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        gt=0,
+        description="Bytes of JSON rows a result holds at most; more rows are cut off.",
+    )
+    max_concurrent_queries: int = Field(
+        default=2, gt=0, description="A tenant's statements running at once; more get 429."
+    )
+    max_queries_per_minute: int = Field(
+        default=120, gt=0, description="A tenant's statements per minute; more get 429."
+    )
+    max_statement_chars: int = Field(
+        default=20_000, gt=0, description="Longer statements are refused with 413."
+    )
+
+    def with_overrides(self, overrides: dict[str, object]) -> QueryLimits:
+        """These limits, with the fields a tenant's `query:` sets replaced."""
+        tenant = QueryLimits.model_validate(overrides)
+        own = {name: getattr(self, name) for name in QueryLimits.model_fields}
+        return QueryLimits(**own).model_copy(
+            update={name: getattr(tenant, name) for name in tenant.model_fields_set}
+        )
+
+
 class TenantConfig(_Frozen):
     """One tenant: its id and the sources it sends, each with the tenant's rule overrides."""
 
     id: Identifier
     sources: dict[Identifier, RuleOverrides] = Field(min_length=1)
+    query: dict[str, object] = Field(
+        default_factory=dict,
+        description="Overrides of the query service's limits for this tenant (`QueryLimits`).",
+    )
+
+    @field_validator("query")
+    @classmethod
+    def _query_limits_are_limits(cls, query: dict[str, object]) -> dict[str, object]:
+        QueryLimits.model_validate(query)  # names and values; defaults fill the rest
+        return query
 
     @model_validator(mode="before")
     @classmethod

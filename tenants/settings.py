@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from tenants.models import ID_PATTERN, NonNegativeDurationMs, PositiveDurationMs
+from tenants.models import ID_PATTERN, NonNegativeDurationMs, PositiveDurationMs, QueryLimits
 from tenants.registry import ConfigError
 
 ENV_PREFIX = "TW_"
@@ -225,6 +225,16 @@ class QuarantineLogSettings(_Frozen):
     )
 
 
+class QuerySettings(QueryLimits):
+    """The query service (`tenant-windows serve`, docs/querying.md): every tenant's limits."""
+
+    operator_key: SecretStr | None = Field(
+        default=None,
+        description="Bearer key for unscoped queries (all tenants, `deliveries`); set it from "
+        "the environment (TW_QUERY__OPERATOR_KEY). Never logged.",
+    )
+
+
 class AppSettings(_Frozen):
     conf_dir: Path = Field(default=Path("conf"), description="Holds sources.yaml and tenants/.")
     kafka: KafkaSettings = KafkaSettings()
@@ -236,6 +246,9 @@ class AppSettings(_Frozen):
     quarantine_log: QuarantineLogSettings = Field(
         default_factory=QuarantineLogSettings,
         description="How quarantined records are summarised in the stream's log.",
+    )
+    query: QuerySettings = Field(
+        default_factory=QuerySettings, description="Limits of the query service."
     )
 
 

@@ -1,0 +1,250 @@
+"""The query service's engine: one warm Spark session answering every tenant's SQL, with limits.
+
+Free of HTTP (`infra/query_api.py` is the door). Every statement of a tenant goes through all
+four layers of `scoped_sql.TenantSql`; the operator's through the guard and Spark's plan check,
+over the unscoped views. What a statement may use is bounded per tenant (`QueryLimits`):
+
+- length, checked before anything parses it;
+- concurrency and rate, checked before it reaches Spark (429 with a retry hint);
+- time: its Spark jobs run in a job group of their own, cancelled at the timeout;
+- size: Spark collects at most `max_result_rows + 1` rows, and the result is cut to the row and
+  byte limits (`truncated`);
+- each tenant's jobs run in a FAIR scheduler pool of their own, so one tenant's heavy statement
+  shares the executors with another's small one instead of queueing it.
+
+Views are opened once per tenant and kept while no table has a new version: a small query pays
+for its own plan only, not for listing the lake (issue 19's latency target).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pyarrow as pa
+from pyspark.errors import AnalysisException
+from pyspark.sql import DataFrame, SparkSession
+
+from storage.delta_lake import DeltaLake
+from storage.scoped_sql import TenantSql, check_spark_plan
+from storage.sql_guard import QueryRefused, check_query
+from storage.tables import ALL_TABLES, LAKE_TABLES
+from storage.views import LakeNotWrittenError, TableVersionError, register_views
+from tenants.models import QueryLimits
+
+OPERATOR = None
+"""The scope of the operator's key: every tenant, and `deliveries`."""
+_CANCEL_GRACE_S = 5.0
+# Spark's own words for a statement that would not fit in memory.
+_RESOURCE_ERRORS = ("exceeding the array size limit", "OutOfMemoryError", "too large")
+
+
+class QueryError(Exception):
+    """A statement that gets no result: an HTTP status, a stable code and a one-line message."""
+
+    def __init__(
+        self, status: int, code: str, message: str, retry_after_s: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    table: pa.Table
+    """The rows, cut to the limits."""
+    truncated: bool
+    elapsed_ms: int
+
+
+@dataclass(frozen=True)
+class _Scope:
+    views: tuple[str, ...]
+    query: Callable[[str], DataFrame]
+
+
+class _TenantGate:
+    """A tenant's running statements and its recent ones, for concurrency and rate limits."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.started_s: collections.deque[float] = collections.deque()
+
+
+@dataclass
+class QueryService:
+    spark: SparkSession
+    lake: DeltaLake
+    limits_of: Callable[[str | None], QueryLimits]
+    """A tenant's limits (the operator's: None); re-read by the caller's config watch."""
+    max_cached_scopes: int = 256
+    _scopes: collections.OrderedDict[tuple[str | None, tuple[int, ...]], _Scope] = field(
+        default_factory=collections.OrderedDict
+    )
+    _gates: dict[str | None, _TenantGate] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def run(
+        self, scope: str | None, statement: str, as_of_version: int | None = None
+    ) -> QueryResult:
+        started = time.monotonic()
+        limits = self.limits_of(scope)
+        if len(statement) > limits.max_statement_chars:
+            raise QueryError(
+                413,
+                "statement_too_large",
+                f"the statement has {len(statement)} characters; the limit is "
+                f"{limits.max_statement_chars}",
+            )
+        with self._admitted(scope, limits):
+            frame = self._plan(scope, statement, as_of_version)
+            table = self._collect(scope, frame, limits)
+        table, truncated = _cut(table, limits)
+        return QueryResult(table, truncated, int((time.monotonic() - started) * 1000))
+
+    @contextmanager
+    def _admitted(self, scope: str | None, limits: QueryLimits) -> Iterator[None]:
+        now = time.monotonic()
+        with self._lock:
+            gate = self._gates.setdefault(scope, _TenantGate())
+            while gate.started_s and gate.started_s[0] <= now - 60:
+                gate.started_s.popleft()
+            if gate.running >= limits.max_concurrent_queries:
+                raise QueryError(
+                    429,
+                    "too_many_concurrent",
+                    f"{gate.running} statements of this tenant are running; the limit is "
+                    f"{limits.max_concurrent_queries}",
+                    retry_after_s=1,
+                )
+            if len(gate.started_s) >= limits.max_queries_per_minute:
+                wait_s = int(gate.started_s[0] + 60 - now) + 1
+                raise QueryError(
+                    429,
+                    "rate_limited",
+                    f"{limits.max_queries_per_minute} statements a minute is this tenant's limit",
+                    retry_after_s=wait_s,
+                )
+            gate.running += 1
+            gate.started_s.append(now)
+        try:
+            yield
+        finally:
+            with self._lock:
+                gate.running -= 1
+
+    def _plan(self, scope: str | None, statement: str, as_of_version: int | None) -> DataFrame:
+        try:
+            return self._scope(scope, as_of_version).query(statement)
+        except QueryRefused as refused:
+            raise QueryError(400, "refused", refused.reason) from None
+        except (TableVersionError, LakeNotWrittenError) as error:
+            raise QueryError(400, "bad_version", str(error)) from None
+        except AnalysisException as error:
+            raise QueryError(422, "analysis_error", _one_line(error)) from None
+
+    def _scope(self, scope: str | None, as_of_version: int | None) -> _Scope:
+        """The scope's views, opened again only when one of its tables has a new version."""
+        tables = LAKE_TABLES if scope is OPERATOR else ALL_TABLES
+        if as_of_version is not None:
+            return self._open(scope, dict.fromkeys((spec.name for spec in tables), as_of_version))
+        cache_key = (scope, tuple(self._current_version(spec) for spec in tables))
+        with self._lock:
+            cached = self._scopes.get(cache_key)
+            if cached is not None:
+                self._scopes.move_to_end(cache_key)
+                return cached
+        opened = self._open(scope, None)
+        with self._lock:
+            self._scopes[cache_key] = opened
+            while len(self._scopes) > self.max_cached_scopes:
+                self._scopes.popitem(last=False)
+        return opened
+
+    def _open(self, scope: str | None, versions: dict[str, int] | None) -> _Scope:
+        if scope is not OPERATOR:
+            tenant_sql = TenantSql.open(self.spark, self.lake, scope, versions=versions)
+            return _Scope(tenant_sql.views, tenant_sql.query)
+        # The operator reads every tenant, but still only through one read-only query.
+        session = self.spark.newSession()
+        views = tuple(register_views(session, self.lake, None, versions=versions))
+
+        def query(statement: str) -> DataFrame:
+            check_query(statement, views)
+            check_spark_plan(session, statement, views)
+            return session.sql(statement)
+
+        return _Scope(views, query)
+
+    def _current_version(self, spec: Any) -> int:
+        try:
+            return int(self.lake.open(spec).version())
+        except Exception:  # a table not written yet: `register_views` says what is missing
+            return -1
+
+    def _collect(self, scope: str | None, frame: DataFrame, limits: QueryLimits) -> pa.Table:
+        """At most `max_result_rows + 1` rows, in a job group cancelled at the timeout."""
+        context = self.spark.sparkContext
+        group = f"tw-query-{uuid.uuid4().hex}"
+        outcome: dict[str, Any] = {}
+
+        def collect() -> None:
+            # Pinned threads: these properties hold for the jobs this thread starts only.
+            context.setJobGroup(group, f"query of {scope or 'the operator'}", True)
+            context.setLocalProperty("spark.scheduler.pool", f"tenant-{scope or 'operator'}")
+            try:
+                outcome["table"] = frame.limit(limits.max_result_rows + 1).toArrow()
+            except Exception as error:  # handed to the caller's thread below
+                outcome["error"] = error
+
+        worker = threading.Thread(target=collect, name=group, daemon=True)
+        worker.start()
+        worker.join(limits.statement_timeout_ms / 1000)
+        if worker.is_alive():
+            context.cancelJobGroup(group)
+            worker.join(_CANCEL_GRACE_S)
+            raise QueryError(
+                408,
+                "statement_timeout",
+                f"the statement ran longer than {limits.statement_timeout_ms / 1000:g} s "
+                "and was cancelled",
+            )
+        error = outcome.get("error")
+        if error is not None:
+            message = _one_line(error)
+            if any(marker in str(error) for marker in _RESOURCE_ERRORS):
+                raise QueryError(400, "resource_limit", message)
+            raise QueryError(422, "query_failed", message)
+        table: pa.Table = outcome["table"]
+        return table
+
+
+def _cut(table: pa.Table, limits: QueryLimits) -> tuple[pa.Table, bool]:
+    """The table cut to the row limit, then to the byte limit of its rows as JSON."""
+    truncated = table.num_rows > limits.max_result_rows
+    table = table.slice(0, limits.max_result_rows)
+    size = 0
+    for number, batch in enumerate(_row_sizes(table)):
+        size += batch
+        if size > limits.max_result_bytes:
+            return table.slice(0, number), True
+    return table, truncated
+
+
+def _row_sizes(table: pa.Table) -> Iterator[int]:
+    for row in table.to_pylist():
+        yield len(orjson.dumps(list(row.values()), default=str))
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else type(error).__name__
+    return first[:500]

@@ -1,0 +1,288 @@
+"""`tenant-windows serve` end to end: a lake written by the real stream, the real HTTP server
+(uvicorn on loopback), Spark and Delta. A tenant's key sees that tenant's rows only, and no
+statement gets past the limits."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import io
+import json
+import logging
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import requests
+import uvicorn
+from pydantic import SecretStr
+
+from infra.query_api import KeyCheck, TenantLimits, create_app
+from storage.query_service import QueryService
+from streaming.status import tenant_key_status
+from tenants.api_keys import issue_key, revoke_key
+from tenants.models import QueryLimits
+from tenants.registry import ConfReader
+from tests.harness import Pipeline, record
+from tests.test_sql_scoped import ESCAPES_REFUSED, ESCAPES_SEEING_ONLY_THE_TENANT, PASSWD_MARK
+
+pytestmark = pytest.mark.integration
+
+T0_MS = 1_767_225_600_000
+OPERATOR_KEY = "operator-secret-for-tests"
+TIMEOUT_S = 3
+# Fourteen copies of acme's five `events` rows crossed: billions of rows, so only the timeout
+# ends it.
+HEAVY = "SELECT count(*) AS n FROM " + ", ".join(f"events e{n}" for n in range(14))
+RECHECK_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def lake_conf(tmp_path_factory: pytest.TempPathFactory, conf_dir: Path) -> Path:
+    conf = tmp_path_factory.mktemp("serve") / "conf"
+    shutil.copytree(conf_dir, conf)
+    limits = {
+        "acme": {"statement_timeout": f"{TIMEOUT_S}s", "max_queries_per_minute": 100_000},
+        "globex": {"max_queries_per_minute": 100_000, "max_result_rows": 2},
+        "initech": {"max_queries_per_minute": 3},
+    }
+    for tenant, query in limits.items():
+        path = conf / "tenants" / f"{tenant}.yaml"
+        path.write_text(path.read_text() + "query: " + json.dumps(query) + "\n")
+    return conf
+
+
+@pytest.fixture(scope="module")
+def pipeline(kafka: Any, spark: Any, lake_conf: Path) -> Pipeline:
+    pipeline = Pipeline.create(kafka, lake_conf.parent, lake_conf)
+    pipeline.produce(
+        [
+            *(record("acme", "web", T0_MS + seconds * 1000) for seconds in (0, 15, 30, 75)),
+            record("acme", "billing", T0_MS + 1_000, amount=5),
+            *(record("globex", "web", T0_MS + seconds * 1000) for seconds in (10, 20, 80)),
+        ]
+    )
+    pipeline.run_available_now(spark)
+    return pipeline
+
+
+@pytest.fixture(scope="module")
+def server(pipeline: Pipeline, spark: Any, lake_conf: Path) -> Iterator[str]:
+    settings = pipeline.settings
+    lake = pipeline.lake
+    limits = TenantLimits(QueryLimits(), ConfReader(lake_conf), RECHECK_S)
+    app = create_app(
+        QueryService(spark, lake, limits),
+        KeyCheck(lake_conf, SecretStr(OPERATOR_KEY), RECHECK_S),
+        lambda tenant: tenant_key_status(lake, tenant),
+    )
+    assert settings.lake.root == lake.root
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
+    uvicorn_server = uvicorn.Server(config)
+    thread = threading.Thread(target=uvicorn_server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not uvicorn_server.started:
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    uvicorn_server.should_exit = True
+    thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def keys(lake_conf: Path) -> dict[str, str]:
+    return {tenant: issue_key(lake_conf, tenant) for tenant in ("acme", "globex", "initech")}
+
+
+def post(server: str, key: str | None, sql: str, **body: Any) -> requests.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+    return requests.post(
+        f"{server}/v1/query", json={"sql": sql, **body}, headers=headers, timeout=60
+    )
+
+
+def rows(response: requests.Response) -> list[dict[str, Any]]:
+    assert response.status_code == 200, response.text
+    body = response.json()
+    names = [column["name"] for column in body["columns"]]
+    return [dict(zip(names, row, strict=True)) for row in body["rows"]]
+
+
+def test_health_needs_no_key_and_the_api_is_described(server: str) -> None:
+    assert requests.get(f"{server}/healthz", timeout=10).json() == {"status": "ok"}
+    paths = requests.get(f"{server}/openapi.json", timeout=10).json()["paths"]
+    assert {"/v1/query", "/v1/status", "/healthz"} <= set(paths)
+
+
+def test_a_tenant_counts_its_own_final_windows(
+    server: str, keys: dict[str, str], pipeline: Pipeline
+) -> None:
+    windows = pipeline.table("windows")
+    expected = int(((windows["tenant"] == "acme") & windows["is_final"]).sum())
+    answer = post(server, keys["acme"], "SELECT count(*) AS n FROM windows WHERE is_final")
+    assert rows(answer) == [{"n": expected}]
+    assert answer.json()["truncated"] is False
+    assert answer.json()["columns"] == [{"name": "n", "type": "int64"}]
+
+
+@pytest.mark.parametrize("statement", ESCAPES_REFUSED)
+def test_escapes_get_a_4xx_and_no_rows(
+    server: str, keys: dict[str, str], pipeline: Pipeline, statement: str
+) -> None:
+    answer = post(server, keys["acme"], statement.format(lake=pipeline.lake.root))
+    assert 400 <= answer.status_code < 500, answer.text
+    assert set(answer.json()) == {"error"}
+    assert "globex" not in answer.text and PASSWD_MARK not in answer.text
+    assert "\n\tat " not in answer.text  # no Java stack trace
+
+
+@pytest.mark.parametrize("statement", ESCAPES_SEEING_ONLY_THE_TENANT)
+def test_accepted_tricks_see_only_the_callers_rows(
+    server: str, keys: dict[str, str], statement: str
+) -> None:
+    assert rows(post(server, keys["acme"], statement)) == [{"tenant": "acme"}]
+
+
+def test_missing_changed_and_revoked_keys_get_401(
+    server: str, keys: dict[str, str], lake_conf: Path
+) -> None:
+    doomed = issue_key(lake_conf, "globex", "doomed")
+    assert post(server, doomed, "SELECT 1 AS one").status_code == 200
+    revoke_key(lake_conf, "globex", "doomed")
+    time.sleep(RECHECK_S + 0.2)  # the server remembers a verified key this long
+
+    changed = keys["acme"][:-1] + ("x" if keys["acme"][-1] != "x" else "y")
+    for key in (None, "", changed, doomed, "tw.acme.0000000000000000.guess"):
+        answer = post(server, key, "SELECT 1 AS one")
+        assert answer.status_code == 401, key
+        assert answer.json()["error"]["code"] == "unauthorized"
+
+
+def test_the_operator_key_reads_every_tenant_and_the_outbox(server: str) -> None:
+    tenants = rows(post(server, OPERATOR_KEY, "SELECT DISTINCT tenant FROM events ORDER BY 1"))
+    assert tenants == [{"tenant": "acme"}, {"tenant": "globex"}]
+    assert post(server, OPERATOR_KEY, "SELECT count(*) FROM deliveries").status_code == 200
+    assert post(server, OPERATOR_KEY, "DROP VIEW events").status_code == 400
+
+
+def test_results_over_the_row_limit_are_cut_and_say_so(
+    server: str, keys: dict[str, str], pipeline: Pipeline
+) -> None:
+    answer = post(server, keys["globex"], "SELECT * FROM events ORDER BY event_time")
+    assert len(rows(answer)) == 2
+    assert answer.json()["truncated"] is True
+    assert (pipeline.table("events")["tenant"] == "globex").sum() == 3
+
+
+def test_csv_and_arrow_carry_the_same_rows(server: str, keys: dict[str, str]) -> None:
+    statement = "SELECT source, count(*) AS n FROM events GROUP BY source ORDER BY source"
+    expected = rows(post(server, keys["acme"], statement))
+    csv_text = post(server, keys["acme"], statement, format="csv").text
+    assert csv_text.splitlines() == ["source,n"] + [f"{r['source']},{r['n']}" for r in expected]
+    arrow = post(server, keys["acme"], statement, format="arrow")
+    assert arrow.headers["content-type"] == "application/vnd.apache.arrow.stream"
+    assert pa.ipc.open_stream(io.BytesIO(arrow.content)).read_all().to_pylist() == expected
+
+
+def test_clean_errors_for_bad_sql_long_statements_and_bad_bodies(
+    server: str, keys: dict[str, str]
+) -> None:
+    unknown = post(server, keys["acme"], "SELECT no_such_column FROM events")
+    assert unknown.status_code == 422
+    assert "\n" not in unknown.json()["error"]["message"]
+    too_long = post(server, keys["acme"], "SELECT 1 AS one" + " " * 20_000)
+    assert (too_long.status_code, too_long.json()["error"]["code"]) == (
+        413,
+        "statement_too_large",
+    )
+    bad = requests.post(
+        f"{server}/v1/query",
+        json={"sql": "SELECT 1", "format": "xml"},
+        headers={"Authorization": f"Bearer {keys['acme']}"},
+        timeout=30,
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "bad_request"
+
+
+def test_a_heavy_statement_is_cancelled_while_another_tenant_keeps_answering(
+    server: str, keys: dict[str, str]
+) -> None:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        heavy = pool.submit(lambda: (time.monotonic(), post(server, keys["acme"], HEAVY)))
+        small_latencies = []
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            answer = post(server, keys["globex"], "SELECT count(*) AS n FROM windows")
+            assert answer.status_code == 200, answer.text
+            small_latencies.append(time.monotonic() - started)
+        started, answer = heavy.result(timeout=TIMEOUT_S + 30)
+    assert answer.status_code == 408, answer.text
+    assert answer.json()["error"]["code"] == "statement_timeout"
+    assert time.monotonic() - started < TIMEOUT_S + 5
+    print(
+        f"globex's small queries during acme's heavy one: {len(small_latencies)}, "
+        f"slowest {max(small_latencies):.2f} s"
+    )
+    # The server still answers the tenant afterwards.
+    assert rows(post(server, keys["acme"], "SELECT 1 AS one")) == [{"one": 1}]
+
+
+def test_over_the_concurrency_or_rate_limit_a_tenant_gets_429_and_others_do_not(
+    server: str, keys: dict[str, str]
+) -> None:
+    def acme() -> requests.Response:
+        return post(server, keys["acme"], "SELECT count(*) AS n FROM events a, events b")
+
+    def globex() -> requests.Response:
+        return post(server, keys["globex"], "SELECT count(*) AS n FROM events")
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=20) as pool:
+        acme_answers = [pool.submit(acme) for _ in range(50)]
+        # globex, one statement at a time (within its own limits), all through acme's burst.
+        globex_statuses = [globex().status_code for _ in range(5)]
+        statuses = [future.result(timeout=120).status_code for future in acme_answers]
+    assert globex_statuses == [200] * 5
+    assert set(statuses) <= {200, 429} and 429 in statuses and 200 in statuses
+    limited = [post(server, keys["initech"], "SELECT 1 AS one") for _ in range(4)]
+    assert [answer.status_code for answer in limited] == [200, 200, 200, 429]
+    assert limited[-1].json()["error"]["code"] == "rate_limited"
+    assert int(limited[-1].headers["Retry-After"]) >= 1
+
+
+def test_status_shows_the_callers_own_keys(server: str, keys: dict[str, str]) -> None:
+    answer = requests.get(
+        f"{server}/v1/status", headers={"Authorization": f"Bearer {keys['acme']}"}, timeout=30
+    )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["tenant"] == "acme"
+    assert {row["source"] for row in body["keys"]} == {"web", "billing"}
+    assert {row["tenant"] for row in body["keys"]} == {"acme"}
+
+
+def test_every_request_is_audited_and_no_key_is_ever_logged(
+    server: str, keys: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO):
+        post(server, keys["acme"], "SELECT 1 AS one")
+        post(server, keys["acme"] + "x", "SELECT 1 AS one")
+    audits = [
+        json.loads(r.getMessage()) for r in caplog.records if r.name == "tenant_windows.audit"
+    ]
+    assert [(a["tenant"], a["outcome"], a["rows"]) for a in audits[-2:]] == [
+        ("acme", "ok", 1),
+        (None, "unauthorized", 0),
+    ]
+    assert all(len(a["statement_sha256"]) == 64 for a in audits)
+    for line in caplog.text.splitlines():
+        assert keys["acme"] not in line and keys["acme"].rsplit(".", 1)[1] not in line
