@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from storage.query_service import OPERATOR, QueryError, QueryService
 from tenants.api_keys import Caller, verify_key
-from tenants.models import QueryLimits
+from tenants.models import SECRET_FILE_PREFIX, QueryLimits
 from tenants.registry import ConfigError, ConfReader, TenantRegistry
 from tenants.settings import AppSettings
 
@@ -236,6 +236,22 @@ class TenantLimits:
             return self._registry
 
 
+def resolved_operator_key(settings: AppSettings) -> SecretStr | None:
+    """`query.operator_key` as given, or read from `secret:FILE` (relative to the conf dir)."""
+    key = settings.query.operator_key
+    text = key.get_secret_value().strip() if key is not None else ""
+    if not text.startswith(SECRET_FILE_PREFIX):
+        return SecretStr(text) if text else None
+    path = settings.conf_dir / text[len(SECRET_FILE_PREFIX) :].strip()
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(path, [("query.operator_key", f"cannot be read: {error}")]) from None
+    if not text:
+        raise ConfigError(path, [("query.operator_key", "the secret file is empty")])
+    return SecretStr(text)
+
+
 def serve(settings: AppSettings, host: str, port: int, master: str | None) -> None:
     """Run the query service until interrupted: one warm Spark session for every tenant."""
     import uvicorn
@@ -260,7 +276,7 @@ def serve(settings: AppSettings, host: str, port: int, master: str | None) -> No
     )
     app = create_app(
         QueryService(spark, lake, limits),
-        KeyCheck(settings.conf_dir, settings.query.operator_key, recheck_s),
+        KeyCheck(settings.conf_dir, resolved_operator_key(settings), recheck_s),
         lambda tenant: tenant_key_status(lake, tenant),
     )
     log.info("query service on http://%s:%d (OpenAPI at /openapi.json)", host, port)

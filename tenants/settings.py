@@ -230,8 +230,9 @@ class QuerySettings(QueryLimits):
 
     operator_key: SecretStr | None = Field(
         default=None,
-        description="Bearer key for unscoped queries (all tenants, `deliveries`); set it from "
-        "the environment (TW_QUERY__OPERATOR_KEY). Never logged.",
+        description="Bearer key for unscoped queries (all tenants, `deliveries`): from the "
+        "environment (TW_QUERY__OPERATOR_KEY), or `secret:path/to/file` (relative to the conf "
+        "dir). Never logged.",
     )
 
 

@@ -22,12 +22,13 @@ import requests
 import uvicorn
 from pydantic import SecretStr
 
-from infra.query_api import KeyCheck, TenantLimits, create_app
+from infra.query_api import KeyCheck, TenantLimits, create_app, resolved_operator_key
 from storage.query_service import QueryService
 from streaming.status import tenant_key_status
 from tenants.api_keys import issue_key, revoke_key
 from tenants.models import QueryLimits
-from tenants.registry import ConfReader
+from tenants.registry import ConfigError, ConfReader
+from tenants.settings import load_settings
 from tests.harness import Pipeline, record
 from tests.test_sql_scoped import ESCAPES_REFUSED, ESCAPES_SEEING_ONLY_THE_TENANT, PASSWD_MARK
 
@@ -286,3 +287,17 @@ def test_every_request_is_audited_and_no_key_is_ever_logged(
     assert all(len(a["statement_sha256"]) == 64 for a in audits)
     for line in caplog.text.splitlines():
         assert keys["acme"] not in line and keys["acme"].rsplit(".", 1)[1] not in line
+
+
+def test_the_operator_key_may_come_from_a_secret_file(tmp_path: Path) -> None:
+    (tmp_path / "operator.key").write_text("from-a-file\n")
+    from_file = load_settings(
+        None, {"TW_QUERY__OPERATOR_KEY": "secret:operator.key"}, {"conf_dir": str(tmp_path)}
+    )
+    assert resolved_operator_key(from_file) == SecretStr("from-a-file")
+    missing = load_settings(
+        None, {"TW_QUERY__OPERATOR_KEY": "secret:nope.key"}, {"conf_dir": str(tmp_path)}
+    )
+    with pytest.raises(ConfigError, match=r"query\.operator_key"):
+        resolved_operator_key(missing)
+    assert resolved_operator_key(load_settings(None, {})) is None
