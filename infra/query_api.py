@@ -127,6 +127,11 @@ def create_app(
         except QueryError as failure:
             _audit(audit, failure.code, 0, started)
             return _error(failure.status, failure.code, failure.message, failure.retry_after_s)
+        except Exception:
+            # A caller sees one line; the operator's log has the trace (never the key).
+            log.exception("statement of %s failed unexpectedly", audit["tenant"] or "operator")
+            _audit(audit, "internal", 0, started)
+            return _error(500, "internal", "the statement failed inside the service")
         _audit(audit, "ok", result.table.num_rows, started)
         if request.format == "arrow":
             return Response(_arrow_bytes(result.table), media_type=ARROW_STREAM)

@@ -13,12 +13,15 @@ over the unscoped views. What a statement may use is bounded per tenant (`QueryL
   shares the executors with another's small one instead of queueing it.
 
 Views are opened once per tenant and kept while no table has a new version: a small query pays
-for its own plan only, not for listing the lake (issue 19's latency target).
+for its own plan only, not for listing the lake. A result is remembered for the same scope,
+statement, table versions and limits, so a dashboard polling a statement costs one Spark job per
+new table version, not one per poll.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 import uuid
@@ -33,15 +36,29 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
 from storage.delta_lake import DeltaLake
-from storage.scoped_sql import TenantSql, check_spark_plan
+from storage.scoped_sql import (
+    ResourceRefused,
+    TenantSql,
+    check_constant_sizes,
+    check_spark_plan,
+    plan_nodes,
+    scala_seq,
+)
 from storage.sql_guard import QueryRefused, check_query
 from storage.tables import ALL_TABLES, LAKE_TABLES
 from storage.views import LakeNotWrittenError, TableVersionError, register_views
 from tenants.models import QueryLimits
 
+log = logging.getLogger(__name__)
+
 OPERATOR = None
 """The scope of the operator's key: every tenant, and `deliveries`."""
 _CANCEL_GRACE_S = 5.0
+_REMEMBERED_RESULTS = 1_024
+_NESTED_LOOP_JOINS = frozenset({"BroadcastNestedLoopJoinExec", "CartesianProductExec"})
+_NESTED_LOOP_MAX_BYTES = 256 * 1024 * 1024
+
+_REMEMBERED_RESULT_BYTES = 1024 * 1024
 # Spark's own words for a statement that would not fit in memory.
 _RESOURCE_ERRORS = ("exceeding the array size limit", "OutOfMemoryError", "too large")
 
@@ -69,6 +86,8 @@ class QueryResult:
 class _Scope:
     views: tuple[str, ...]
     query: Callable[[str], DataFrame]
+    data_version: tuple[int, ...]
+    """The table versions the views read: the same statement over them has the same result."""
 
 
 class _TenantGate:
@@ -89,6 +108,11 @@ class QueryService:
     _scopes: collections.OrderedDict[tuple[str | None, tuple[int, ...]], _Scope] = field(
         default_factory=collections.OrderedDict
     )
+    _results: collections.OrderedDict[Any, tuple[pa.Table, bool]] = field(
+        default_factory=collections.OrderedDict
+    )
+    """Recent results by (scope, statement, table versions, limits): a dashboard that polls
+    the same statement gets it again without a Spark job until a table has a new version."""
     _gates: dict[str | None, _TenantGate] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -105,9 +129,21 @@ class QueryService:
                 f"{limits.max_statement_chars}",
             )
         with self._admitted(scope, limits):
-            frame = self._plan(scope, statement, as_of_version)
-            table = self._collect(scope, frame, limits)
-        table, truncated = _cut(table, limits)
+            with _as_query_errors():
+                views = self._scope(scope, as_of_version)
+            result_key = (scope, statement, views.data_version, limits)
+            with self._lock:
+                remembered = self._results.get(result_key)
+            if remembered is None:
+                with _as_query_errors():
+                    frame = views.query(statement)
+                remembered = _cut(self._collect(scope, frame, limits), limits)
+                if remembered[0].nbytes <= _REMEMBERED_RESULT_BYTES:
+                    with self._lock:
+                        self._results[result_key] = remembered
+                        while len(self._results) > _REMEMBERED_RESULTS:
+                            self._results.popitem(last=False)
+        table, truncated = remembered
         return QueryResult(table, truncated, int((time.monotonic() - started) * 1000))
 
     @contextmanager
@@ -141,38 +177,32 @@ class QueryService:
             with self._lock:
                 gate.running -= 1
 
-    def _plan(self, scope: str | None, statement: str, as_of_version: int | None) -> DataFrame:
-        try:
-            return self._scope(scope, as_of_version).query(statement)
-        except QueryRefused as refused:
-            raise QueryError(400, "refused", refused.reason) from None
-        except (TableVersionError, LakeNotWrittenError) as error:
-            raise QueryError(400, "bad_version", str(error)) from None
-        except AnalysisException as error:
-            raise QueryError(422, "analysis_error", _one_line(error)) from None
-
     def _scope(self, scope: str | None, as_of_version: int | None) -> _Scope:
         """The scope's views, opened again only when one of its tables has a new version."""
         tables = LAKE_TABLES if scope is OPERATOR else ALL_TABLES
         if as_of_version is not None:
-            return self._open(scope, dict.fromkeys((spec.name for spec in tables), as_of_version))
-        cache_key = (scope, tuple(self._current_version(spec) for spec in tables))
+            versions = dict.fromkeys((spec.name for spec in tables), as_of_version)
+            # Negative: never the same as a current snapshot's versions.
+            return self._open(scope, versions, (-1 - as_of_version,))
+        current = tuple(self._current_version(spec) for spec in tables)
         with self._lock:
-            cached = self._scopes.get(cache_key)
+            cached = self._scopes.get((scope, current))
             if cached is not None:
-                self._scopes.move_to_end(cache_key)
+                self._scopes.move_to_end((scope, current))
                 return cached
-        opened = self._open(scope, None)
+        opened = self._open(scope, None, current)
         with self._lock:
-            self._scopes[cache_key] = opened
+            self._scopes[(scope, current)] = opened
             while len(self._scopes) > self.max_cached_scopes:
                 self._scopes.popitem(last=False)
         return opened
 
-    def _open(self, scope: str | None, versions: dict[str, int] | None) -> _Scope:
+    def _open(
+        self, scope: str | None, versions: dict[str, int] | None, data_version: tuple[int, ...]
+    ) -> _Scope:
         if scope is not OPERATOR:
             tenant_sql = TenantSql.open(self.spark, self.lake, scope, versions=versions)
-            return _Scope(tenant_sql.views, tenant_sql.query)
+            return _Scope(tenant_sql.views, tenant_sql.query, data_version)
         # The operator reads every tenant, but still only through one read-only query.
         session = self.spark.newSession()
         views = tuple(register_views(session, self.lake, None, versions=versions))
@@ -180,9 +210,11 @@ class QueryService:
         def query(statement: str) -> DataFrame:
             check_query(statement, views)
             check_spark_plan(session, statement, views)
-            return session.sql(statement)
+            frame = session.sql(statement)
+            check_constant_sizes(frame)
+            return frame
 
-        return _Scope(views, query)
+        return _Scope(views, query, data_version)
 
     def _current_version(self, spec: Any) -> int:
         try:
@@ -192,6 +224,7 @@ class QueryService:
 
     def _collect(self, scope: str | None, frame: DataFrame, limits: QueryLimits) -> pa.Table:
         """At most `max_result_rows + 1` rows, in a job group cancelled at the timeout."""
+        _check_resources(frame, limits)
         context = self.spark.sparkContext
         group = f"tw-query-{uuid.uuid4().hex}"
         outcome: dict[str, Any] = {}
@@ -211,6 +244,13 @@ class QueryService:
         if worker.is_alive():
             context.cancelJobGroup(group)
             worker.join(_CANCEL_GRACE_S)
+            log.warning(
+                "cancelled a statement of %s after %g s (job group %s)%s",
+                scope or "the operator",
+                limits.statement_timeout_ms / 1000,
+                group,
+                "; it is still running" if worker.is_alive() else "",
+            )
             raise QueryError(
                 408,
                 "statement_timeout",
@@ -225,6 +265,64 @@ class QueryService:
             raise QueryError(422, "query_failed", message)
         table: pa.Table = outcome["table"]
         return table
+
+
+def _check_resources(frame: DataFrame, limits: QueryLimits) -> None:
+    """Refuse, before any job runs, what the plan shows would outgrow memory or time.
+
+    Spark cancels a job by flagging its tasks, and a task looks at the flag between input rows:
+    a join that multiplies rows (a cross join, or an equi-join on a column every row shares)
+    can produce billions of rows from one input row and never look, so no timeout stops it and
+    it holds its executor cores. Such statements are refused up front: more joins than the
+    tenant's `max_joins`, or a nested-loop join whose estimated output passes
+    `_NESTED_LOOP_MAX_BYTES`. (`scoped_sql.check_constant_sizes` has already refused constants
+    too big to build.)
+    """
+    execution = frame._jdf.queryExecution()
+    joins = sum(
+        node.getClass().getSimpleName() == "Join" for node in plan_nodes(execution.analyzed())
+    )
+    if joins > limits.max_joins:
+        raise QueryError(
+            400,
+            "resource_limit",
+            f"the statement joins {joins} times (views included); the limit is {limits.max_joins}",
+        )
+    physical = [
+        node.getClass().getSimpleName() for node in _physical_nodes(execution.executedPlan())
+    ]
+    if any(name in _NESTED_LOOP_JOINS for name in physical):
+        estimated = int(str(execution.optimizedPlan().stats().sizeInBytes()))
+        if estimated > _NESTED_LOOP_MAX_BYTES:
+            raise QueryError(
+                400,
+                "resource_limit",
+                f"the statement has a join without an equality condition whose output Spark "
+                f"estimates at {estimated:,} bytes; the limit is {_NESTED_LOOP_MAX_BYTES:,}",
+            )
+
+
+def _physical_nodes(plan: Any) -> Iterator[Any]:
+    pending = [plan]
+    while pending:
+        node = pending.pop()
+        yield node
+        pending.extend(scala_seq(node.children()))
+
+
+@contextmanager
+def _as_query_errors() -> Iterator[None]:
+    """What Spark or the guard says about a statement, as the `QueryError` the caller gets."""
+    try:
+        yield
+    except ResourceRefused as refused:
+        raise QueryError(400, "resource_limit", refused.reason) from None
+    except QueryRefused as refused:
+        raise QueryError(400, "refused", refused.reason) from None
+    except (TableVersionError, LakeNotWrittenError) as error:
+        raise QueryError(400, "bad_version", str(error)) from None
+    except AnalysisException as error:
+        raise QueryError(422, "analysis_error", _one_line(error)) from None
 
 
 def _cut(table: pa.Table, limits: QueryLimits) -> tuple[pa.Table, bool]:

@@ -85,6 +85,7 @@ class TenantSql:
         check_spark_plan(self.session, statement, self.views)
         # Parsing above executed nothing; this analyses the query (commands were refused).
         frame = self.session.sql(statement)
+        check_constant_sizes(frame)  # before anything optimizes (and so folds) the plan
         outside = set(frame.inputFiles()) - self.readable_files
         if outside:
             raise QueryRefused(
@@ -104,6 +105,46 @@ def _in_scope(path: str, tenant: str) -> bool:
     return True
 
 
+class ResourceRefused(QueryRefused):
+    """A statement refused because of what it would take to run, not what it reads."""
+
+
+MAX_CONSTANT_SIZE = 1_000_000
+_SIZED_FUNCTIONS = {"StringRepeat": "repeat", "Sequence": "sequence"}
+
+
+def check_constant_sizes(frame: DataFrame) -> None:
+    """Refuse `repeat` and `sequence` whose sizes are constants too big to build.
+
+    Spark's optimizer evaluates constant expressions while it plans, in the driver: `SELECT
+    size(sequence(1, 2000000000))` ran the driver out of memory before any job or timeout. The
+    analysed plan still holds them unevaluated, with their arguments resolved.
+    """
+    for node in plan_nodes(frame._jdf.queryExecution().analyzed()):
+        for expression in scala_seq(node.expressions()):
+            for part in expression_nodes(expression):
+                name = _SIZED_FUNCTIONS.get(part.getClass().getSimpleName())
+                if name is None:
+                    continue
+                numbers = [_constant_int(child) for child in scala_seq(part.children())]
+                if name == "repeat":
+                    size = numbers[-1] or 0
+                else:  # sequence(start, stop[, step])
+                    start, stop = numbers[0], numbers[1]
+                    size = abs(stop - start) if start is not None and stop is not None else 0
+                if size > MAX_CONSTANT_SIZE:
+                    raise ResourceRefused(
+                        f"{name} of {size:,} elements; the limit is {MAX_CONSTANT_SIZE:,}"
+                    )
+
+
+def _constant_int(expression: Any) -> int | None:
+    if not expression.foldable():
+        return None
+    value = expression.eval(None)
+    return value if isinstance(value, int) else None
+
+
 def check_spark_plan(session: SparkSession, statement: str, views: tuple[str, ...]) -> None:
     """Spark's own parse of `statement` (nothing runs) must be a query over `views` only."""
     parser = session._jsparkSession.sessionState().sqlParser()
@@ -111,7 +152,7 @@ def check_spark_plan(session: SparkSession, statement: str, views: tuple[str, ..
         plan = parser.parsePlan(statement)
     except Exception as error:  # py4j wraps Spark's ParseException
         raise QueryRefused(f"Spark cannot parse the statement: {error}") from error
-    nodes = list(_plan_nodes(plan))
+    nodes = list(plan_nodes(plan))
     ctes = {name.lower() for node in nodes for name in _cte_names(node)}
     allowed_relations = {name.lower() for name in views} | ctes
     for node in nodes:
@@ -119,18 +160,18 @@ def check_spark_plan(session: SparkSession, statement: str, views: tuple[str, ..
         if kind not in QUERY_PLAN_NODES:
             raise QueryRefused(f"Spark reads the statement as {kind}, which is not a query step")
         if kind == "UnresolvedRelation":
-            parts = [str(part) for part in _seq(node.multipartIdentifier())]
+            parts = [str(part) for part in scala_seq(node.multipartIdentifier())]
             if len(parts) != 1 or parts[0].lower() not in allowed_relations:
                 raise QueryRefused(f"Spark reads a relation {'.'.join(parts)!r}: not a view")
-        for expression in _seq(node.expressions()):
+        for expression in scala_seq(node.expressions()):
             _check_spark_expression(expression)
 
 
 def _check_spark_expression(expression: Any) -> None:
-    for node in _expression_nodes(expression):
+    for node in expression_nodes(expression):
         kind = node.getClass().getSimpleName()
         if kind == "UnresolvedFunction":
-            parts = [str(part) for part in _seq(node.nameParts())]
+            parts = [str(part) for part in scala_seq(node.nameParts())]
         elif kind == "UnresolvedGenerator":
             parts = [str(node.name().funcName())]
         else:
@@ -141,22 +182,22 @@ def _check_spark_expression(expression: Any) -> None:
             )
 
 
-def _plan_nodes(plan: Any) -> Iterator[Any]:
+def plan_nodes(plan: Any) -> Iterator[Any]:
     """Every plan node, including CTE bodies and subqueries inside expressions."""
     pending = [plan]
     while pending:
         node = pending.pop()
         yield node
-        pending.extend(_seq(node.children()))
+        pending.extend(scala_seq(node.children()))
         pending.extend(
             child
-            for child in _seq(node.innerChildren())
+            for child in scala_seq(node.innerChildren())
             if _is_plan(child)  # UnresolvedWith holds its CTE bodies here
         )
-        for expression in _seq(node.expressions()):
+        for expression in scala_seq(node.expressions()):
             pending.extend(
                 sub.plan()
-                for sub in _expression_nodes(expression)
+                for sub in expression_nodes(expression)
                 if sub.getClass().getSimpleName() in _SUBQUERY_EXPRESSIONS
             )
 
@@ -164,18 +205,18 @@ def _plan_nodes(plan: Any) -> Iterator[Any]:
 _SUBQUERY_EXPRESSIONS = frozenset({"ScalarSubquery", "ListQuery", "Exists", "LateralSubquery"})
 
 
-def _expression_nodes(expression: Any) -> Iterator[Any]:
+def expression_nodes(expression: Any) -> Iterator[Any]:
     pending = [expression]
     while pending:
         node = pending.pop()
         yield node
-        pending.extend(_seq(node.children()))
+        pending.extend(scala_seq(node.children()))
 
 
 def _cte_names(node: Any) -> list[str]:
     if node.getClass().getSimpleName() != "UnresolvedWith":
         return []
-    return [str(pair._1()) for pair in _seq(node.cteRelations())]
+    return [str(pair._1()) for pair in scala_seq(node.cteRelations())]
 
 
 def _is_plan(node: Any) -> bool:
@@ -184,5 +225,5 @@ def _is_plan(node: Any) -> bool:
     )
 
 
-def _seq(scala_seq: Any) -> list[Any]:
+def scala_seq(scala_seq: Any) -> list[Any]:
     return [scala_seq.apply(index) for index in range(scala_seq.size())]

@@ -361,6 +361,12 @@ class QueryLimits(BaseModel):
     max_statement_chars: int = Field(
         default=20_000, gt=0, description="Longer statements are refused with 413."
     )
+    max_joins: int = Field(
+        default=3,
+        ge=0,
+        description="Joins in one statement, views included (`window_contents` is one); more "
+        "are refused up front: a join can multiply rows past what a timeout can stop.",
+    )
 
     def with_overrides(self, overrides: dict[str, object]) -> QueryLimits:
         """These limits, with the fields a tenant's `query:` sets replaced."""

@@ -1,0 +1,204 @@
+"""Query service latency: 8 tenants querying a warm `serve` at once, alone and beside a heavy one.
+
+    .venv/bin/python -m infra.dev.benchmarks.query_latency [--seconds 20] [--tenants 8]
+
+It writes a lake with the real stream (a local broker, sample load for `--tenants` tenants,
+`run --available-now`), starts the query service in this process on loopback (FAIR scheduler,
+as `serve` runs it), issues each tenant a key and then measures, over HTTP:
+
+1. `same`: every tenant runs a small scoped query (its final windows' count) in a loop, all at
+   once; p50 and p95 per request. The statement repeats, as a dashboard's does, so most answers
+   are the service's remembered result for the tables' current versions;
+2. `distinct`: the same, but every statement differs, so each one runs a Spark job;
+3. `beside heavy`: `distinct`, while the first tenant runs a cross join that only its statement
+   timeout ends; the small queries' p50 and p95, and how the heavy one ended.
+
+Every loop is bounded by `--seconds` and by a request count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import shutil
+import socket
+import statistics
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import requests
+import uvicorn
+from pyspark.sql import SparkSession
+
+from infra.dev.load_generator import LoadSpec, generate, send
+from infra.dev.local_stack import LocalKafka
+from infra.query_api import KeyCheck, TenantLimits, create_app
+from storage.delta_lake import DeltaLake
+from storage.query_service import QueryService
+from streaming.app import StreamApp
+from streaming.session import build_spark
+from streaming.status import tenant_key_status
+from tenants.api_keys import issue_key
+from tenants.models import QueryLimits
+from tenants.registry import ConfReader, load_registry
+from tenants.settings import load_settings
+
+PROJECT_CONF = Path(__file__).resolve().parents[3] / "conf"
+SMALL = "SELECT count(*) AS final_windows FROM windows WHERE is_final"
+HEAVY = "SELECT count(*) AS n FROM " + ", ".join(f"events e{n}" for n in range(8))
+HEAVY_TIMEOUT = "10s"
+MAX_REQUESTS_PER_CLIENT = 2_000
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tenants", type=int, default=8)
+    parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="tw-query-latency-"))
+    try:
+        with LocalKafka(workdir / "kafka") as kafka:
+            spark = build_spark(
+                "tenant-windows-query-latency",
+                shuffle_partitions=4,
+                extra_conf={"spark.scheduler.mode": "FAIR"},
+            )
+            try:
+                _run(spark, kafka, workdir, args)
+            finally:
+                spark.stop()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+def _run(spark: SparkSession, kafka: LocalKafka, workdir: Path, args: argparse.Namespace) -> None:
+    tenants = tuple(f"q{n:02d}" for n in range(args.tenants))
+    conf = workdir / "conf"
+    (conf / "tenants").mkdir(parents=True)
+    shutil.copy(PROJECT_CONF / "sources.yaml", conf / "sources.yaml")
+    for tenant in tenants:
+        # Clients that ask as fast as they are answered, past the default rate limit; only the
+        # first tenant's statements may run long enough to be heavy.
+        query_limits = "max_queries_per_minute: 1000000"
+        if tenant == tenants[0]:
+            query_limits += f", statement_timeout: {HEAVY_TIMEOUT}"
+        (conf / "tenants" / f"{tenant}.yaml").write_text(
+            f"id: {tenant}\nsources: [web, billing]\nquery: {{{query_limits}}}\n"
+        )
+    kafka.create_topic("latency", 2)
+    registry = load_registry(conf)
+    spec = LoadSpec(tenants=tenants, sources=("web", "billing"), count=args.records, seed=7)
+    send(
+        generate(spec, {n: s.event_time for n, s in registry.sources.items()}),
+        kafka.bootstrap_servers,
+        "latency",
+        timeout_s=600,
+    )
+    settings = load_settings(
+        PROJECT_CONF / "app.yaml",
+        environ={},
+        overrides={
+            "conf_dir": str(conf),
+            "kafka.bootstrap_servers": kafka.bootstrap_servers,
+            "kafka.topic": "latency",
+            "lake.root": str(workdir / "lake"),
+            "stream.checkpoint_dir": str(workdir / "checkpoint"),
+            "stream.name": "latency",
+        },
+    )
+    lake = DeltaLake.from_settings(settings.lake)
+    stream = StreamApp(settings, lake).start(spark, True)
+    try:
+        if not stream.query.awaitTermination(timeout=900):
+            raise RuntimeError("the stream did not catch up within 900 s")
+        stream.compact_now(spark)
+    finally:
+        stream.stop()
+
+    limits = TenantLimits(QueryLimits(), ConfReader(conf), 60.0)
+    app = create_app(
+        QueryService(spark, lake, limits),
+        KeyCheck(conf, None, 60.0),
+        lambda tenant: tenant_key_status(lake, tenant),
+    )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{port}/v1/query"
+    keys = {tenant: issue_key(conf, tenant) for tenant in tenants}
+    try:
+        for tenant in tenants:  # each tenant's views opened once, as on a warm server
+            _query(url, keys[tenant], SMALL)
+        print(f"{'phase':<14} {'clients':>7} {'requests':>8} {'p50 s':>7} {'p95 s':>7}  note")
+        for phase, distinct in (("same", False), ("distinct", True)):
+            latencies, statuses = _clients(url, list(keys.values()), args.seconds, distinct)
+            print(_row(phase, len(tenants), latencies, f"statuses {dict(statuses)}"))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            heavy = pool.submit(_query, url, keys[tenants[0]], HEAVY)
+            others = [keys[tenant] for tenant in tenants[1:]]
+            latencies, statuses = _clients(url, others, args.seconds, True)
+            status, heavy_s = heavy.result(timeout=600)
+        note = f"statuses {dict(statuses)}; heavy: {status} after {heavy_s:.1f} s"
+        print(_row("beside heavy", len(others), latencies, note))
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def _query(url: str, key: str, sql: str) -> tuple[int, float]:
+    started = time.monotonic()
+    answer = requests.post(
+        url, json={"sql": sql}, headers={"Authorization": f"Bearer {key}"}, timeout=120
+    )
+    return answer.status_code, time.monotonic() - started
+
+
+def _clients(
+    url: str, keys: list[str], seconds: float, distinct: bool
+) -> tuple[list[float], Counter[int]]:
+    """Each key's client queries in a loop for `seconds`: the latencies of the 200s, and how
+    many answers had each status. `distinct`: every statement differs, so none is answered from
+    the service's remembered results."""
+    deadline = time.monotonic() + seconds
+
+    def client(key: str) -> tuple[list[float], Counter[int]]:
+        latencies, statuses = [], Counter[int]()
+        for number in range(MAX_REQUESTS_PER_CLIENT):
+            if time.monotonic() >= deadline:
+                break
+            statement = f"{SMALL} AND count > -{number}" if distinct else SMALL
+            status, elapsed = _query(url, key, statement)
+            statuses[status] += 1
+            if status == 200:
+                latencies.append(elapsed)
+        return latencies, statuses
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(keys)) as pool:
+        parts = list(pool.map(client, keys))
+    return [latency for part, _ in parts for latency in part], sum(
+        (statuses for _, statuses in parts), Counter()
+    )
+
+
+def _row(phase: str, clients: int, latencies: list[float], note: str) -> str:
+    ordered = sorted(latencies)
+    p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))] if ordered else float("nan")
+    p50 = statistics.median(ordered) if ordered else float("nan")
+    return f"{phase:<14} {clients:>7} {len(ordered):>8} {p50:>7.3f} {p95:>7.3f}  {note}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
