@@ -42,7 +42,7 @@ from storage.scoped_sql import (
     check_constant_sizes,
     check_spark_plan,
     plan_nodes,
-    scala_seq,
+    tree_nodes,
 )
 from storage.sql_guard import QueryRefused, check_query
 from storage.tables import ALL_TABLES, LAKE_TABLES
@@ -288,9 +288,7 @@ def _check_resources(frame: DataFrame, limits: QueryLimits) -> None:
             "resource_limit",
             f"the statement joins {joins} times (views included); the limit is {limits.max_joins}",
         )
-    physical = [
-        node.getClass().getSimpleName() for node in _physical_nodes(execution.executedPlan())
-    ]
+    physical = [node.getClass().getSimpleName() for node in tree_nodes(execution.executedPlan())]
     if any(name in _NESTED_LOOP_JOINS for name in physical):
         estimated = int(str(execution.optimizedPlan().stats().sizeInBytes()))
         if estimated > _NESTED_LOOP_MAX_BYTES:
@@ -300,14 +298,6 @@ def _check_resources(frame: DataFrame, limits: QueryLimits) -> None:
                 f"the statement has a join without an equality condition whose output Spark "
                 f"estimates at {estimated:,} bytes; the limit is {_NESTED_LOOP_MAX_BYTES:,}",
             )
-
-
-def _physical_nodes(plan: Any) -> Iterator[Any]:
-    pending = [plan]
-    while pending:
-        node = pending.pop()
-        yield node
-        pending.extend(scala_seq(node.children()))
 
 
 @contextmanager

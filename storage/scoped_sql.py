@@ -122,7 +122,7 @@ def check_constant_sizes(frame: DataFrame) -> None:
     """
     for node in plan_nodes(frame._jdf.queryExecution().analyzed()):
         for expression in scala_seq(node.expressions()):
-            for part in expression_nodes(expression):
+            for part in tree_nodes(expression):
                 name = _SIZED_FUNCTIONS.get(part.getClass().getSimpleName())
                 if name is None:
                     continue
@@ -168,7 +168,7 @@ def check_spark_plan(session: SparkSession, statement: str, views: tuple[str, ..
 
 
 def _check_spark_expression(expression: Any) -> None:
-    for node in expression_nodes(expression):
+    for node in tree_nodes(expression):
         kind = node.getClass().getSimpleName()
         if kind == "UnresolvedFunction":
             parts = [str(part) for part in scala_seq(node.nameParts())]
@@ -197,7 +197,7 @@ def plan_nodes(plan: Any) -> Iterator[Any]:
         for expression in scala_seq(node.expressions()):
             pending.extend(
                 sub.plan()
-                for sub in expression_nodes(expression)
+                for sub in tree_nodes(expression)
                 if sub.getClass().getSimpleName() in _SUBQUERY_EXPRESSIONS
             )
 
@@ -205,8 +205,9 @@ def plan_nodes(plan: Any) -> Iterator[Any]:
 _SUBQUERY_EXPRESSIONS = frozenset({"ScalarSubquery", "ListQuery", "Exists", "LateralSubquery"})
 
 
-def expression_nodes(expression: Any) -> Iterator[Any]:
-    pending = [expression]
+def tree_nodes(root: Any) -> Iterator[Any]:
+    """Every node of a Catalyst tree (an expression, or a physical plan) by its children."""
+    pending = [root]
     while pending:
         node = pending.pop()
         yield node
