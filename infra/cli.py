@@ -22,7 +22,7 @@ from storage.writer_lease import StreamLeaseHeldError
 from streaming.checkpoint_identity import CheckpointMismatchError
 from streaming.hooks import NO_FAULTS, FaultHook
 from tenants.api_keys import ApiKeyError, issue_key, revoke_key
-from tenants.models import parse_duration_ms
+from tenants.models import QueryLimits, parse_duration_ms
 from tenants.registry import ConfigError, load_registry
 from tenants.settings import AppSettings, load_settings
 
@@ -382,8 +382,15 @@ def _status(args: argparse.Namespace) -> int:
 def _sql(args: argparse.Namespace) -> int:
     from pyspark.errors import AnalysisException
 
-    from infra.sql_shell import SqlOptionError, parse_versions, print_frame, run_prompt
+    from infra.sql_shell import (
+        SqlOptionError,
+        parse_versions,
+        print_frame,
+        render_frame,
+        run_prompt,
+    )
     from storage.delta_lake import DeltaLake
+    from storage.query_service import QueryError, check_statement_length, run_within_limits
     from storage.scoped_sql import TenantSql
     from storage.sql_guard import QueryRefused
     from storage.views import LakeNotWrittenError, TableVersionError, register_views
@@ -403,6 +410,8 @@ def _sql(args: argparse.Namespace) -> int:
     spark = build_spark("tenant-windows-sql", shuffle_partitions=settings.stream.shuffle_partitions)
     lake = DeltaLake.from_settings(settings.lake)
     run_query: Callable[[str], DataFrame]
+    # A tenant's statements get the query service's limits, as over HTTP.
+    limits = None if args.tenant is None else _tenant_limits(settings, args.tenant)
     try:
         if args.tenant is None:
             register_views(spark, lake, None, args.delta_spark, versions)
@@ -415,12 +424,24 @@ def _sql(args: argparse.Namespace) -> int:
 
     def run_statement(statement: str) -> bool:
         try:
-            print_frame(run_query(statement), args.format, args.limit)
+            if limits is None:
+                print_frame(run_query(statement), args.format, args.limit)
+                return True
+            check_statement_length(statement, limits)
+            frame = run_query(statement)
+            rows = min(args.limit, limits.max_result_rows)
+            text = run_within_limits(
+                spark, args.tenant, frame, limits, lambda: render_frame(frame, args.format, rows)
+            )
+            print(text, end="")
         except QueryRefused as error:
             print(f"refused: {error.reason}", file=sys.stderr)
             return False
         except AnalysisException as error:
             print(f"query failed: {str(error).splitlines()[0]}", file=sys.stderr)
+            return False
+        except QueryError as error:
+            print(f"{error.code}: {error.message}", file=sys.stderr)
             return False
         return True
 
@@ -428,6 +449,11 @@ def _sql(args: argparse.Namespace) -> int:
         return 0 if run_statement(args.query) else 2
     scope = f"[{args.tenant}]" if args.tenant else ""
     return run_prompt(run_statement, f"tenant-windows{scope}> ", sys.stdin, sys.stdout)
+
+
+def _tenant_limits(settings: AppSettings, tenant: str) -> QueryLimits:
+    config = load_registry(settings.conf_dir).tenants.get(tenant)
+    return settings.query.with_overrides(config.query if config is not None else {})
 
 
 def _check_tenant(tenant: str, conf_dir: Path) -> None:

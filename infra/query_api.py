@@ -275,9 +275,7 @@ def serve(settings: AppSettings, host: str, port: int, master: str | None) -> No
     lake = DeltaLake.from_settings(settings.lake)
     recheck_s = settings.stream.config_recheck_interval_ms / 1000
     limits = TenantLimits(
-        QueryLimits(**{name: getattr(settings.query, name) for name in QueryLimits.model_fields}),
-        ConfReader(settings.conf_dir),
-        recheck_s,
+        settings.query.with_overrides({}), ConfReader(settings.conf_dir), recheck_s
     )
     app = create_app(
         QueryService(spark, lake, limits),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -55,18 +56,27 @@ def _version_number(text: str, value: str) -> int:
 
 def print_frame(frame: DataFrame, output_format: str, limit: int) -> None:
     """Print at most `limit` rows of `frame` as a table, CSV (with a header) or JSON lines."""
+    print(render_frame(frame, output_format, limit), end="")
+
+
+def render_frame(frame: DataFrame, output_format: str, limit: int) -> str:
+    """`print_frame`'s text: the rows are collected first, so nothing is printed of a statement
+    that fails or is cancelled half way."""
     rows = frame.limit(limit)
+    out = io.StringIO()
     if output_format == "json":
         for row in rows.select(F.to_json(F.struct("*")).alias("line")).collect():
-            print(row["line"])
+            out.write(row["line"] + "\n")
     elif output_format == "csv":
-        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer = csv.writer(out, lineterminator="\n")
         writer.writerow(frame.columns)
         as_text = rows.select(*(_csv_text(frame, name) for name in frame.columns))
         for row in as_text.collect():
             writer.writerow(["" if value is None else value for value in row])
     else:
-        frame.show(n=limit, truncate=False)
+        # What `show` prints, as text (PySpark's own helper behind `show`).
+        out.write(frame._show_string(limit, truncate=False) + "\n")  # type: ignore[operator]
+    return out.getvalue()
 
 
 def _csv_text(frame: DataFrame, name: str) -> Column:

@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import pyarrow as pa
@@ -50,6 +50,7 @@ from storage.views import LakeNotWrittenError, TableVersionError, register_views
 from tenants.models import QueryLimits
 
 log = logging.getLogger(__name__)
+_Result = TypeVar("_Result")
 
 OPERATOR = None
 """The scope of the operator's key: every tenant, and `deliveries`."""
@@ -121,13 +122,7 @@ class QueryService:
     ) -> QueryResult:
         started = time.monotonic()
         limits = self.limits_of(scope)
-        if len(statement) > limits.max_statement_chars:
-            raise QueryError(
-                413,
-                "statement_too_large",
-                f"the statement has {len(statement)} characters; the limit is "
-                f"{limits.max_statement_chars}",
-            )
+        check_statement_length(statement, limits)
         with self._admitted(scope, limits):
             with _as_query_errors():
                 views = self._scope(scope, as_of_version)
@@ -223,51 +218,80 @@ class QueryService:
             return -1
 
     def _collect(self, scope: str | None, frame: DataFrame, limits: QueryLimits) -> pa.Table:
-        """At most `max_result_rows + 1` rows, in a job group cancelled at the timeout."""
-        _check_resources(frame, limits)
-        context = self.spark.sparkContext
-        group = f"tw-query-{uuid.uuid4().hex}"
-        outcome: dict[str, Any] = {}
-
-        def collect() -> None:
-            # Pinned threads: these properties hold for the jobs this thread starts only.
-            context.setJobGroup(group, f"query of {scope or 'the operator'}", True)
-            context.setLocalProperty("spark.scheduler.pool", f"tenant-{scope or 'operator'}")
-            try:
-                outcome["table"] = frame.limit(limits.max_result_rows + 1).toArrow()
-            except Exception as error:  # handed to the caller's thread below
-                outcome["error"] = error
-
-        worker = threading.Thread(target=collect, name=group, daemon=True)
-        worker.start()
-        worker.join(limits.statement_timeout_ms / 1000)
-        if worker.is_alive():
-            context.cancelJobGroup(group)
-            worker.join(_CANCEL_GRACE_S)
-            log.warning(
-                "cancelled a statement of %s after %g s (job group %s)%s",
-                scope or "the operator",
-                limits.statement_timeout_ms / 1000,
-                group,
-                "; it is still running" if worker.is_alive() else "",
-            )
-            raise QueryError(
-                408,
-                "statement_timeout",
-                f"the statement ran longer than {limits.statement_timeout_ms / 1000:g} s "
-                "and was cancelled",
-            )
-        error = outcome.get("error")
-        if error is not None:
-            message = _one_line(error)
-            if any(marker in str(error) for marker in _RESOURCE_ERRORS):
-                raise QueryError(400, "resource_limit", message)
-            raise QueryError(422, "query_failed", message)
-        table: pa.Table = outcome["table"]
-        return table
+        """At most `max_result_rows + 1` rows, within the scope's limits."""
+        return run_within_limits(
+            self.spark,
+            scope,
+            frame,
+            limits,
+            lambda: frame.limit(limits.max_result_rows + 1).toArrow(),
+        )
 
 
-def _check_resources(frame: DataFrame, limits: QueryLimits) -> None:
+def check_statement_length(statement: str, limits: QueryLimits) -> None:
+    if len(statement) > limits.max_statement_chars:
+        raise QueryError(
+            413,
+            "statement_too_large",
+            f"the statement has {len(statement)} characters; the limit is "
+            f"{limits.max_statement_chars}",
+        )
+
+
+def run_within_limits(
+    spark: SparkSession,
+    scope: str | None,
+    frame: DataFrame,
+    limits: QueryLimits,
+    action: Callable[[], _Result],
+) -> _Result:
+    """`action`'s jobs over `frame`, checked first (`check_resources`), in a job group of their
+    own and the scope's FAIR pool, cancelled at the statement timeout. Failures are
+    `QueryError`s of one line."""
+    check_resources(frame, limits)
+    context = spark.sparkContext
+    group = f"tw-query-{uuid.uuid4().hex}"
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        # Pinned threads: these properties hold for the jobs this thread starts only.
+        context.setJobGroup(group, f"query of {scope or 'the operator'}", True)
+        context.setLocalProperty("spark.scheduler.pool", f"tenant-{scope or 'operator'}")
+        try:
+            outcome["result"] = action()
+        except Exception as error:  # handed to the caller's thread below
+            outcome["error"] = error
+
+    worker = threading.Thread(target=run, name=group, daemon=True)
+    worker.start()
+    worker.join(limits.statement_timeout_ms / 1000)
+    if worker.is_alive():
+        context.cancelJobGroup(group)
+        worker.join(_CANCEL_GRACE_S)
+        log.warning(
+            "cancelled a statement of %s after %g s (job group %s)%s",
+            scope or "the operator",
+            limits.statement_timeout_ms / 1000,
+            group,
+            "; it is still running" if worker.is_alive() else "",
+        )
+        raise QueryError(
+            408,
+            "statement_timeout",
+            f"the statement ran longer than {limits.statement_timeout_ms / 1000:g} s "
+            "and was cancelled",
+        )
+    error = outcome.get("error")
+    if error is not None:
+        message = _one_line(error)
+        if any(marker in str(error) for marker in _RESOURCE_ERRORS):
+            raise QueryError(400, "resource_limit", message)
+        raise QueryError(422, "query_failed", message)
+    result: _Result = outcome["result"]
+    return result
+
+
+def check_resources(frame: DataFrame, limits: QueryLimits) -> None:
     """Refuse, before any job runs, what the plan shows would outgrow memory or time.
 
     Spark cancels a job by flagging its tasks, and a task looks at the flag between input rows:

@@ -296,3 +296,48 @@ def test_an_unknown_or_malformed_tenant_is_a_clear_error(
 def test_every_table_has_a_view(pipeline: Pipeline, spark: Any) -> None:
     scoped = TenantSql.open(spark, pipeline.lake, TENANT)
     assert {spec.name for spec in ALL_TABLES} < set(scoped.views)
+
+
+@pytest.mark.parametrize(
+    ("environ", "statement", "message"),
+    [
+        ({"TW_QUERY__MAX_STATEMENT_CHARS": "10"}, "SELECT 1 AS one", "statement_too_large: "),
+        (
+            {"TW_QUERY__MAX_JOINS": "0"},
+            "SELECT count(*) AS n FROM events a JOIN events b ON a.tenant = b.tenant",
+            "resource_limit: the statement joins 1 times",
+        ),
+        (
+            {},
+            "SELECT size(sequence(1, 2000000000)) AS n",
+            "refused: sequence of 1,999,999,999 elements",
+        ),
+        (
+            {"TW_QUERY__STATEMENT_TIMEOUT": "1ms"},
+            "SELECT count(*) AS n FROM events",
+            "statement_timeout: ",
+        ),
+    ],
+)
+def test_the_query_services_limits_hold_for_sql_tenant_too(
+    pipeline: Pipeline,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    environ: dict[str, str],
+    statement: str,
+    message: str,
+) -> None:
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    code, out, err = run_sql(pipeline, capsys, statement, "--tenant", TENANT)
+    assert code == 2
+    assert err.startswith(message), err
+    assert err.count("\n") == 1 and out == ""
+
+
+def test_sql_tenant_prints_at_most_the_tenants_row_limit(
+    pipeline: Pipeline, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TW_QUERY__MAX_RESULT_ROWS", "2")
+    rows = scoped_json(pipeline, capsys, "SELECT event_id FROM events")
+    assert len(rows) == 2 < len(acme_rows(pipeline, "events"))
