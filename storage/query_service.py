@@ -56,10 +56,9 @@ OPERATOR = None
 """The scope of the operator's key: every tenant, and `deliveries`."""
 _CANCEL_GRACE_S = 5.0
 _REMEMBERED_RESULTS = 1_024
+_REMEMBERED_RESULT_BYTES = 1024 * 1024
 _NESTED_LOOP_JOINS = frozenset({"BroadcastNestedLoopJoinExec", "CartesianProductExec"})
 _NESTED_LOOP_MAX_BYTES = 256 * 1024 * 1024
-
-_REMEMBERED_RESULT_BYTES = 1024 * 1024
 # Spark's own words for a statement that would not fit in memory.
 _RESOURCE_ERRORS = ("exceeding the array size limit", "OutOfMemoryError", "too large")
 
@@ -85,7 +84,6 @@ class QueryResult:
 
 @dataclass(frozen=True)
 class _Scope:
-    views: tuple[str, ...]
     query: Callable[[str], DataFrame]
     data_version: tuple[int, ...]
     """The table versions the views read: the same statement over them has the same result."""
@@ -197,7 +195,7 @@ class QueryService:
     ) -> _Scope:
         if scope is not OPERATOR:
             tenant_sql = TenantSql.open(self.spark, self.lake, scope, versions=versions)
-            return _Scope(tenant_sql.views, tenant_sql.query, data_version)
+            return _Scope(tenant_sql.query, data_version)
         # The operator reads every tenant, but still only through one read-only query.
         session = self.spark.newSession()
         views = tuple(register_views(session, self.lake, None, versions=versions))
@@ -209,7 +207,7 @@ class QueryService:
             check_constant_sizes(frame)
             return frame
 
-        return _Scope(views, query, data_version)
+        return _Scope(query, data_version)
 
     def _current_version(self, spec: Any) -> int:
         try:
