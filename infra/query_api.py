@@ -25,7 +25,7 @@ import orjson
 import pyarrow as pa
 from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from storage.query_service import OPERATOR, QueryError, QueryService
@@ -100,6 +100,10 @@ def create_app(
         where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
         return _error(400, "bad_request", f"{where or 'body'}: {first.get('msg', 'invalid')}")
 
+    @app.get("/", include_in_schema=False)
+    def console() -> HTMLResponse:
+        return HTMLResponse(CONSOLE_PAGE.read_text(encoding="utf-8"), headers=_CONSOLE_HEADERS)
+
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
@@ -170,6 +174,15 @@ def create_app(
 
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
+CONSOLE_PAGE = Path(__file__).with_name("console.html")
+# The page talks to this server only, and keeps nothing: no cookie is ever set, and its script
+# keeps the key in a variable.
+_CONSOLE_HEADERS = {
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
+    "style-src 'unsafe-inline'; connect-src 'self'; img-src 'self'",
+    "Referrer-Policy": "no-referrer",
+}
 
 
 def _error(status: int, code: str, message: str, retry_after_s: int | None = None) -> JSONResponse:

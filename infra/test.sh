@@ -8,6 +8,16 @@ export SPARK_LOCAL_IP=127.0.0.1
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+# The query console's test drives Debian's Chromium headless (tests/test_query_api.py).
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null
+  else
+    echo "the tests need Debian's chromium and chromium-driver:" \
+      "sudo apt-get install -y chromium chromium-driver" >&2
+    exit 1
+  fi
+fi
 # A selected run (arguments for pytest) checks this Python only.
 if [ $# -eq 0 ]; then
   bash infra/check_pythons.sh

@@ -311,3 +311,77 @@ def test_the_operator_key_may_come_from_a_secret_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"query\.operator_key"):
         resolved_operator_key(missing)
     assert resolved_operator_key(load_settings(None, {})) is None
+
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "data" / "test-artifacts"
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path_factory.mktemp('chromium')}",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service("/usr/bin/chromedriver"))
+    driver.set_window_size(1200, 900)
+    yield driver
+    driver.quit()
+
+
+def test_the_console_runs_sql_draws_window_counts_and_shows_status(
+    server: str, keys: dict[str, str], pipeline: Pipeline, browser: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def cells(selector: str) -> list[list[str]]:
+        rows = browser.find_elements(By.CSS_SELECTOR, f"{selector} tr")
+        return [
+            [cell.text for cell in row.find_elements(By.CSS_SELECTOR, "th, td")] for row in rows
+        ]
+
+    wait = WebDriverWait(browser, 60)
+    browser.get(f"{server}/")
+    browser.find_element(By.ID, "key").send_keys(keys["acme"])
+    browser.find_element(By.ID, "run").click()
+    wait.until(lambda _: len(cells("#result")) > 1)
+    windows = pipeline.table("windows")
+    acme = windows[windows["tenant"] == "acme"]
+    per_source = acme.groupby("source")["is_final"].agg(["size", "sum"]).sort_index()
+    assert cells("#result") == [["source", "panes", "final_panes"]] + [
+        [source, str(row["size"]), str(row["sum"])] for source, row in per_source.iterrows()
+    ]
+
+    browser.find_element(By.ID, "chart").click()
+    wait.until(lambda _: browser.find_elements(By.CSS_SELECTOR, "#plot svg rect"))
+    bars = browser.find_elements(By.CSS_SELECTOR, "#plot svg rect")
+    assert len(bars) == acme["window_start"].nunique() > 0
+
+    browser.find_element(By.ID, "status").click()
+    wait.until(lambda _: "status of acme" in browser.find_element(By.ID, "meta").text)
+    assert sorted(row[0] for row in cells("#result")[1:]) == ["billing", "web"]
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(ARTIFACTS / "console.png"))
+    # The key stays in the page's memory.
+    assert browser.execute_script("return window.localStorage.length") == 0
+    assert browser.execute_script("return document.cookie") == ""
+    assert browser.get_cookies() == []
+
+    browser.find_element(By.ID, "key").clear()
+    browser.find_element(By.ID, "key").send_keys("tw.acme.0000000000000000.wrong")
+    browser.find_element(By.ID, "run").click()
+    wait.until(lambda _: "401 unauthorized" in browser.find_element(By.ID, "message").text)
