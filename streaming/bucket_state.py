@@ -86,6 +86,8 @@ class BucketState:
         self._stored = stored if stored is not None else _SCHEMA.empty_table()
         """The rows read; those of keys in `_decoded` or `_dropped` are stale."""
         self._stored_keys: pa.Array | None = None
+        self._carried_rows: pa.BooleanArray | None = None
+        """`_carried()`, until `decode` or `drop` changes which rows are stale."""
         # Shared by the decoded keys' `KeyState.rules`, which only read them.
         self._rules_by_id: dict[str, dict[str, Any]] = rules_by_id or {}
         self._decoded: dict[Key, StoredKey] = {}
@@ -171,7 +173,7 @@ class BucketState:
         return bytes(sink.getvalue())
 
     def __len__(self) -> int:
-        return len(self.keys())
+        return int(pc.sum(self._carried()).as_py() or 0) + len(self._decoded)
 
     def keys(self) -> set[Key]:
         carried = self._stored.filter(self._carried())
@@ -188,8 +190,11 @@ class BucketState:
 
     def decode(self, keys: list[Key]) -> None:
         """Decode these keys' states in one pass over their rows (`get` then finds them)."""
-        self._unchanged_blob = None  # the caller may change what it gets
         keys = [key for key in keys if key not in self._decoded]
+        if not keys:
+            return  # a bucket woken only to look at its config keeps its blob as it was
+        self._unchanged_blob = None  # the caller may change what it gets
+        self._carried_rows = None
         positions = self._positions([key for key in keys if key not in self._dropped])
         found = [key for key, position in positions.items() if position is not None]
         rows = self._stored.take(
@@ -216,6 +221,7 @@ class BucketState:
 
     def drop(self, key: Key) -> None:
         self._unchanged_blob = None
+        self._carried_rows = None
         self._decoded.pop(key, None)
         self._dropped.add(key)
 
@@ -255,10 +261,12 @@ class BucketState:
 
     def _carried(self) -> pa.BooleanArray:
         """Which stored rows still hold their key's state: not decoded since, nor dropped."""
-        carried = np.ones(len(self._stored), dtype=bool)
-        stale = self._positions(itertools.chain(self._decoded, self._dropped)).values()
-        carried[[position for position in stale if position is not None]] = False
-        return pa.array(carried)
+        if self._carried_rows is None:
+            carried = np.ones(len(self._stored), dtype=bool)
+            stale = self._positions(itertools.chain(self._decoded, self._dropped)).values()
+            carried[[position for position in stale if position is not None]] = False
+            self._carried_rows = pa.array(carried)
+        return self._carried_rows
 
 
 def _joined(tenants: pa.Array | pa.ChunkedArray, sources: pa.Array | pa.ChunkedArray) -> pa.Array:

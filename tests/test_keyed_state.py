@@ -338,6 +338,7 @@ def test_keys_are_not_checked_again_while_the_config_fingerprint_is_unchanged(
     assert out.empty
     assert woken.keys() == {("acme", "web")}
     assert woken.to_bytes() == blob, "a bucket woken for nothing saves its state as it was"
+    assert woken.to_bytes() is blob, "... without encoding its keys again"
 
     changed = TenantRegistry.build(
         registry.sources, {"globex": registry.tenants["globex"]}, fingerprint="changed"
