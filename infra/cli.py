@@ -397,10 +397,12 @@ def _sql(args: argparse.Namespace) -> int:
     from streaming.session import build_spark
 
     settings = settings_from(args)
+    # A tenant's statements get the query service's limits, as over HTTP.
+    limits: QueryLimits | None = None
     try:
         versions = parse_versions(args.as_of_version)
         if args.tenant is not None:
-            _check_tenant(args.tenant, settings.conf_dir)
+            limits = _tenant_limits(settings, args.tenant)
     except SqlOptionError as error:
         print(f"{error}", file=sys.stderr)
         return 2
@@ -410,8 +412,6 @@ def _sql(args: argparse.Namespace) -> int:
     spark = build_spark("tenant-windows-sql", shuffle_partitions=settings.stream.shuffle_partitions)
     lake = DeltaLake.from_settings(settings.lake)
     run_query: Callable[[str], DataFrame]
-    # A tenant's statements get the query service's limits, as over HTTP.
-    limits = None if args.tenant is None else _tenant_limits(settings, args.tenant)
     try:
         if args.tenant is None:
             register_views(spark, lake, None, args.delta_spark, versions)
@@ -452,12 +452,7 @@ def _sql(args: argparse.Namespace) -> int:
 
 
 def _tenant_limits(settings: AppSettings, tenant: str) -> QueryLimits:
-    config = load_registry(settings.conf_dir).tenants.get(tenant)
-    return settings.query.with_overrides(config.query if config is not None else {})
-
-
-def _check_tenant(tenant: str, conf_dir: Path) -> None:
-    """A `--tenant` must be a tenant id that the registry knows."""
+    """The limits of a `--tenant`, which must be a tenant id that the registry knows."""
     from infra.sql_shell import SqlOptionError
     from tenants.models import ID_PATTERN
 
@@ -466,8 +461,10 @@ def _check_tenant(tenant: str, conf_dir: Path) -> None:
             f"--tenant {tenant!r} is not a tenant id (lower-case letters, digits, '_' and '-', "
             "at most 63, starting with a letter or digit)"
         )
-    if tenant not in load_registry(conf_dir).tenants:
-        raise SqlOptionError(f"--tenant {tenant!r}: no such tenant in {conf_dir}")
+    config = load_registry(settings.conf_dir).tenants.get(tenant)
+    if config is None:
+        raise SqlOptionError(f"--tenant {tenant!r}: no such tenant in {settings.conf_dir}")
+    return settings.query.with_overrides(config.query)
 
 
 def _produce(args: argparse.Namespace) -> int:

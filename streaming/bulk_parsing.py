@@ -2,11 +2,11 @@
 
 `parsing.parse_value` stays the reference, one record at a time. Here an ordinary record (a JSON
 object whose tenant and source are strings, whose event time and metric fields have the types
-their source expects) is decoded with orjson, grouped with the other records of its key, routed
-once per key, and its fields read with the key's paths in one pass per field. Any other record
-goes through `parse_value` itself, so the two never disagree on an outcome, a reason or a
-message (`tests/test_bulk_parsing.py` checks it on random records). At 10 tenants this took
-routing from about 29 to a few µs per record (`infra/dev/benchmarks/windowing_cost`).
+their source expects) is decoded with orjson and routed once per key; the records of all keys
+that read their fields the same way (most keys of a source) are then read in one pass per field.
+Any other record goes through `parse_value` itself, so the two never disagree on an outcome, a
+reason or a message (`tests/test_bulk_parsing.py` checks it on random records). At 10 tenants
+this took routing from about 29 to a few µs per record (`infra/dev/benchmarks/windowing_cost`).
 """
 
 from __future__ import annotations
