@@ -53,12 +53,14 @@ from pyspark.sql.types import (
 
 from storage.tables import EVENTS, LATE_EVENTS, QUARANTINE, TENANT_STATUS, WINDOWS
 from streaming.bucket_state import STATE_LAYOUT, BucketState, Key, StoredKey
-from streaming.columnar_windowing import (
-    ColumnarResult,
-    Placements,
-    Rejections,
-    advance_columns,
-    handles,
+from streaming.bucket_windowing import (
+    NO_TIME,
+    BucketAdvance,
+    RecordColumns,
+    advance_bucket,
+    handles_window,
+    metric_names,
+    window_ids,
 )
 from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
 from streaming.offboarding import close_all_windows
@@ -73,6 +75,7 @@ from streaming.windowing import (
     advance,
 )
 from tenants.config_store import ConfigSnapshots
+from tenants.models import WindowRules
 from tenants.registry import ResolvedSource, TenantRegistry
 
 BUCKET_COLUMN = "bucket"
@@ -274,35 +277,123 @@ def _process_bucket(
         )
     accepted_rows = np.flatnonzero(accepted)
     bounds = np.searchsorted(accepted_rows, [first for first, _ in runs] + [len(tenants)]).tolist()
-    # The bucket's keys this batch touches, decoded in one pass over their stored rows.
-    keys.decode(
-        [
-            (tenants[first], sources[first])  # type: ignore[misc]
-            for (first, _), resolved in zip(runs, routes, strict=True)
-            if resolved is not None
-        ]
-    )
-    processed: set[Key] = set()
+    # Idle keys are found before any key is read out, as the stored rows say.
+    idle = keys.idle_keys(processing_time_ms)
+    work: list[_KeyWork] = []
     for number, ((first, last), resolved) in enumerate(zip(runs, routes, strict=True)):
         tenant, source = tenants[first], sources[first]
         if resolved is None or tenant is None or source is None:
             continue
-        key = (tenant, source)
-        stored = keys.get(key)
         rows = accepted_rows[bounds[number] : bounds[number + 1]]
-        stored.quarantined_records += (last - first) - len(rows)
-        records = _KeyRecords(rows, event_times, metric_values, len(resolved.rules.metrics))
-        _advance_key(key, stored, records, resolved, processing_time_ms, out)
-        processed.add(key)
-    for key in keys.idle_keys(processing_time_ms):
-        if key in processed:
-            continue
-        stored = keys.get(key)
+        work.append(_KeyWork((tenant, source), resolved, rows, (last - first) - len(rows)))
+    with_records = {item.key for item in work}
+    for key in idle:
         resolved = registry.resolve(*key)
-        if resolved is None:
-            continue  # not reached: `_offboard_gone_keys` dropped the keys whose config is gone
-        _advance_key(key, stored, _KeyRecords.none(), resolved, processing_time_ms, out)
+        # None is not reached: `_offboard_gone_keys` dropped the keys whose config is gone.
+        if key not in with_records and resolved is not None:
+            work.append(_KeyWork(key, resolved, _NO_ROWS, 0))
+    records = _Records(event_times, metric_values)
+    groups = _column_groups(work, keys)
+    by_object = [item for item in work if not item.by_columns]
+    keys.decode([item.key for item in by_object])
+    for group in groups:
+        _advance_columns(group, keys, records, processing_time_ms, out)
+    for item in by_object:
+        stored = keys.get(item.key)
+        stored.quarantined_records += item.quarantined
+        _advance_key(item, stored, records, processing_time_ms, out)
     out.set_quarantine(reasons, errors)
+
+
+_NO_ROWS = np.zeros(0, np.int64)
+
+
+@dataclass
+class _KeyWork:
+    """A key the batch runs: its rules, its accepted records' rows, how many it quarantined."""
+
+    key: Key
+    resolved: ResolvedSource
+    rows: np.ndarray
+    quarantined: int
+    by_columns: bool = False
+
+
+def _column_groups(work: list[_KeyWork], keys: BucketState) -> list[list[_KeyWork]]:
+    """The keys `bucket_windowing` can advance, by rule set: fixed windows, and every open
+    window opened with the key's current rules. The others go record by record."""
+    fixed = [item for item in work if handles_window(item.resolved.rules)]
+    if not fixed:
+        return []
+    usable = keys.column_keys(
+        [item.key for item in fixed], [item.resolved.rules_id for item in fixed]
+    )
+    groups: dict[str, list[_KeyWork]] = {}
+    for item, by_columns in zip(fixed, usable.tolist(), strict=True):
+        if by_columns:
+            item.by_columns = True
+            groups.setdefault(item.resolved.rules_id, []).append(item)
+    return list(groups.values())
+
+
+@dataclass(frozen=True)
+class _Records:
+    """The batch's event times and metric inputs, for the keys' rows to pick from."""
+
+    event_times_ms: np.ndarray
+    metric_values_json: list[str | None]
+    """As the router wrote them: a JSON array per record, in the source's metric order."""
+
+    def metric_matrix(self, rows: np.ndarray, rules: WindowRules) -> np.ndarray:
+        """A row per record, a column per metric in `metric_names` order; NaN: no value."""
+        names = list(rules.metrics)
+        if not names or not len(rows):
+            return np.zeros((len(rows), len(names)), np.float64)
+        # One parse for all the rows: each is a JSON array of the source's metrics.
+        texts = [self._values_json(row, len(names)) for row in rows.tolist()]
+        values = np.array(orjson.loads("[" + ",".join(texts) + "]"), dtype=np.float64)
+        stored_order = [names.index(name) for name in metric_names(rules)]
+        return values.reshape(len(rows), len(names))[:, stored_order]
+
+    def inputs(self, rows: np.ndarray, rules: WindowRules) -> list[RecordInput]:
+        names = list(rules.metrics)
+        return [
+            RecordInput(
+                int(self.event_times_ms[row]),
+                dict(zip(names, orjson.loads(self._values_json(row, len(names))), strict=True))
+                if names
+                else {},
+            )
+            for row in rows.tolist()
+        ]
+
+    def _values_json(self, row: int, metrics: int) -> str:
+        text = self.metric_values_json[row] if self.metric_values_json else None
+        return text or "[" + ",".join(["null"] * metrics) + "]"
+
+
+def _advance_columns(
+    group: list[_KeyWork],
+    keys: BucketState,
+    records: _Records,
+    processing_time_ms: int,
+    out: _Output,
+) -> None:
+    """Advance a group of keys with the same rules together (`bucket_windowing`)."""
+    resolved = group[0].resolved
+    rules = resolved.rules
+    columns = keys.take_columns([item.key for item in group], len(rules.metrics))
+    columns.quarantined_records += np.array([item.quarantined for item in group], np.int64)
+    rows = np.concatenate([item.rows for item in group])
+    record_key = np.repeat(np.arange(len(group)), [len(item.rows) for item in group])
+    result = advance_bucket(
+        columns,
+        RecordColumns(record_key, records.event_times_ms[rows], records.metric_matrix(rows, rules)),
+        rules,
+        processing_time_ms,
+    )
+    keys.put_columns(result.keys, resolved.rules_id, rules.model_dump(mode="json"))
+    out.add_columns(result, rows, record_key, metric_names(rules), processing_time_ms)
 
 
 def _offboard_gone_keys(
@@ -334,86 +425,25 @@ def _unknown_key(
     )
 
 
-COLUMNAR_MIN_RECORDS = 4
-"""Below this many records a key's batch goes record by record: NumPy's cost per call outweighs
-what it saves (`bucket_cost`: at 10,000 tenants, 2.5 records per key and batch, 120 µs per record
-with this threshold, 174 with none)."""
-
-
-@dataclass(frozen=True)
-class _KeyRecords:
-    """One key's accepted records of the batch: their rows, event times and metric inputs."""
-
-    rows: np.ndarray
-    event_times_ms: np.ndarray
-    """The whole batch's event times; `rows` picks the key's."""
-    metric_values_json: list[str | None]
-    """The whole batch's, as the router wrote them."""
-    metrics: int
-
-    @classmethod
-    def none(cls) -> _KeyRecords:
-        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), [], 0)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def columns(self) -> tuple[np.ndarray, np.ndarray]:
-        """Event times, and a row per record with a column per metric (NaN: no value)."""
-        rows = self.rows.tolist()
-        if not self.metrics or not rows or not self.metric_values_json:
-            return self.event_times_ms[self.rows], np.full((len(rows), self.metrics), np.nan)
-        # One parse for the key: each is a JSON array of the source's metrics.
-        parsed = orjson.loads("[" + ",".join([self._values_json(row) for row in rows]) + "]")
-        values = np.array(parsed, dtype=np.float64).reshape(len(rows), self.metrics)
-        return self.event_times_ms[self.rows], values
-
-    def inputs(self, names: list[str]) -> list[RecordInput]:
-        return [
-            RecordInput(
-                int(self.event_times_ms[row]),
-                dict(zip(names, orjson.loads(self._values_json(row)), strict=True))
-                if self.metrics
-                else {},
-            )
-            for row in self.rows.tolist()
-        ]
-
-    def _values_json(self, row: int) -> str:
-        text = self.metric_values_json[row] if self.metric_values_json else None
-        return text or "[" + ",".join(["null"] * self.metrics) + "]"
-
-
 def _advance_key(
-    key: Key,
+    item: _KeyWork,
     stored: StoredKey,
-    records: _KeyRecords,
-    resolved: ResolvedSource,
+    records: _Records,
     processing_time_ms: int,
     out: _Output,
 ) -> None:
-    """Run one key's batch (or its idle timeout, with no records) and gather its rows."""
-    rules, state = resolved.rules, stored.key_state
-    if len(records) >= COLUMNAR_MIN_RECORDS and handles(state, rules, resolved.rules_id):
-        event_times_ms, metric_values = records.columns()
-        out.add_columns(
-            key,
-            records.rows,
-            advance_columns(
-                state, event_times_ms, metric_values, rules, processing_time_ms, resolved.rules_id
-            ),
-        )
-    else:
-        inputs = records.inputs(list(rules.metrics))
-        result = advance(state, inputs, rules, processing_time_ms, resolved.rules_id)
-        out.add_result(key, records.rows.tolist(), result)
+    """Run one key's batch (or its idle timeout, with no records) record by record."""
+    rules, state = item.resolved.rules, stored.key_state
+    inputs = records.inputs(item.rows, rules)
+    result = advance(state, inputs, rules, processing_time_ms, item.resolved.rules_id)
+    out.add_result(item.key, item.rows.tolist(), result)
     # Call this key again when it has been idle that long, to advance its watermark.
     stored.idle_deadline_ms = (
         processing_time_ms + rules.idle_timeout_ms
         if rules.idle_timeout_ms is not None and state.windows
         else None
     )
-    out.add_status(key, stored, processing_time_ms, Lifecycle.ACTIVE)
+    out.add_status(item.key, stored, processing_time_ms, Lifecycle.ACTIVE)
 
 
 def _event_times(batch: pd.DataFrame) -> np.ndarray:
@@ -489,30 +519,114 @@ def wake_up_after_ms(
 class _Output:
     """The union rows of one bucket call, gathered per table and built into one frame.
 
-    Results are kept as the windowing objects they are and turned into Arrow columns once, one
-    list comprehension per column; the union is assembled in Arrow, where a column another
-    table does not have costs one null array, and converted to pandas once. Building it in
-    pandas (a frame per table, concat, then a nullable dtype per column) cost more than the
-    windowing itself at 10,000 tenants.
+    Keys advanced as columns give their rows as Arrow tables at once. Keys that went record by
+    record give windowing objects, turned into columns once per bucket, one list comprehension
+    per column. The union is assembled in Arrow, where a column another table does not have
+    costs one null array, and converted to pandas once.
     """
 
     batch: pd.DataFrame
-    placed: list[tuple[Key, np.ndarray, Placements]] = field(default_factory=list)
-    rejected: list[tuple[Key, np.ndarray, Rejections]] = field(default_factory=list)
-    """Per key of the columnar path: its records' rows in the batch, and what happened to them."""
+    tables: list[pa.Table] = field(default_factory=list)
+    """Rows of the keys advanced as columns."""
     assignments: list[tuple[Key, int, Assignment]] = field(default_factory=list)
     too_late: list[tuple[Key, int, TooLate]] = field(default_factory=list)
-    """The same from keys that went record by record: few records each, kept as objects."""
     panes: list[tuple[Key, Pane]] = field(default_factory=list)
     statuses: list[tuple[Key, StoredKey, int, Lifecycle]] = field(default_factory=list)
     quarantine_mask: np.ndarray | None = None
 
-    def add_columns(self, key: Key, rows: np.ndarray, result: ColumnarResult) -> None:
-        if len(result.placements.record_index):
-            self.placed.append((key, rows, result.placements))
-        if len(result.rejections.record_index):
-            self.rejected.append((key, rows, result.rejections))
-        self.panes += [(key, pane) for pane in result.panes]
+    def add_columns(
+        self,
+        result: BucketAdvance,
+        rows: np.ndarray,
+        record_key: np.ndarray,
+        names: list[str],
+        processing_time_ms: int,
+    ) -> None:
+        """The rows of keys advanced together: `rows[i]` is record i's row in the batch,
+        `record_key[i]` its key in `result.keys`."""
+        keys, panes = result.keys, result.panes
+        placed, rejected = result.placements, result.rejections
+        if len(placed.record_index):
+            record = placed.record_index
+            self.tables.append(
+                union_table(
+                    {
+                        **self._record_columns(
+                            EVENTS.name,
+                            rows[record],
+                            keys.tenant[record_key[record]],
+                            keys.source[record_key[record]],
+                        ),
+                        "window_id": window_ids(placed.window_start_ms, placed.window_end_ms),
+                        "window_start_ms": placed.window_start_ms,
+                        "window_end_ms": placed.window_end_ms,
+                        "pane_index": placed.pane_index,
+                        "timing": np.where(placed.late, Timing.LATE.value, Timing.ON_TIME.value),
+                    },
+                    len(record),
+                )
+            )
+        if len(rejected.record_index):
+            record = rejected.record_index
+            self.tables.append(
+                union_table(
+                    {
+                        **self._record_columns(
+                            LATE_EVENTS.name,
+                            rows[record],
+                            keys.tenant[record_key[record]],
+                            keys.source[record_key[record]],
+                        ),
+                        "window_start_ms": rejected.window_start_ms,
+                        "window_end_ms": rejected.window_end_ms,
+                        "lateness_ms": rejected.watermark_ms - rejected.window_end_ms,
+                        "watermark_ms": rejected.watermark_ms,
+                    },
+                    len(record),
+                )
+            )
+        if len(panes.key):
+            self.tables.append(
+                union_table(
+                    {
+                        "kind": [WINDOWS.name] * len(panes.key),
+                        "tenant": keys.tenant[panes.key],
+                        "source": keys.source[panes.key],
+                        "window_id": window_ids(panes.window_start_ms, panes.window_end_ms),
+                        "window_start_ms": panes.window_start_ms,
+                        "window_end_ms": panes.window_end_ms,
+                        "pane_index": panes.pane_index,
+                        "timing": np.where(panes.late, Timing.LATE.value, Timing.ON_TIME.value),
+                        "is_final": panes.is_final,
+                        "count": panes.count,
+                        "metrics_json": panes.metrics_json(names),
+                        "merged_window_ids_json": ["[]"] * len(panes.key),
+                        "watermark_ms": _optional_times(panes.watermark_ms),
+                    },
+                    len(panes.key),
+                )
+            )
+        count = len(keys.tenant)
+        self.tables.append(
+            union_table(
+                {
+                    "kind": [TENANT_STATUS.name] * count,
+                    "tenant": keys.tenant,
+                    "source": keys.source,
+                    "watermark_ms": _optional_times(keys.watermark_ms),
+                    "max_event_time_ms": _optional_times(keys.max_event_time_ms),
+                    "open_windows": np.bincount(keys.windows.key, minlength=count),
+                    "last_record_processing_ms": _optional_times(keys.last_record_processing_ms),
+                    "processing_time_ms": np.full(count, processing_time_ms, np.int64),
+                    "on_time_records": keys.on_time_records,
+                    "late_records": keys.late_records,
+                    "too_late_records": keys.too_late_records,
+                    "quarantined_records": keys.quarantined_records,
+                    "lifecycle": [Lifecycle.ACTIVE.value] * count,
+                },
+                count,
+            )
+        )
 
     def add_result(self, key: Key, rows: list[int], result: BatchResult) -> None:
         self.assignments += [(key, rows[a.record_index], a) for a in result.assignments]
@@ -535,6 +649,7 @@ class _Output:
         parts = [
             part
             for part in (
+                *self.tables,
                 self._event_rows(),
                 self._late_rows(),
                 self._pane_rows(),
@@ -547,86 +662,55 @@ class _Output:
         return table.to_pandas(types_mapper=_NULLABLE_PANDAS_TYPES.get)
 
     def _event_rows(self) -> pa.Table | None:
-        if not self.placed and not self.assignments:
+        if not self.assignments:
             return None
-        chunks = [placements for _, _, placements in self.placed]
         objects = [assignment for _, _, assignment in self.assignments]
-
-        def column(name: str, dtype: type, values: list[Any]) -> np.ndarray:
-            return np.concatenate(
-                [*(getattr(chunk, name) for chunk in chunks), np.array(values, dtype=dtype)]
-            )
-
-        late = column("late", bool, [a.timing is Timing.LATE for a in objects])
         return union_table(
             {
-                **self._record_columns(EVENTS.name, self.placed, self.assignments),
-                "window_id": column("window_id", object, [a.window_id for a in objects]),
-                "window_start_ms": column(
-                    "window_start_ms", np.int64, [a.window_start_ms for a in objects]
-                ),
-                "window_end_ms": column(
-                    "window_end_ms", np.int64, [a.window_end_ms for a in objects]
-                ),
-                "pane_index": column("pane_index", np.int64, [a.pane_index for a in objects]),
-                "timing": np.where(late, Timing.LATE.value, Timing.ON_TIME.value),
+                **self._object_record_columns(EVENTS.name, self.assignments),
+                "window_id": [a.window_id for a in objects],
+                "window_start_ms": [a.window_start_ms for a in objects],
+                "window_end_ms": [a.window_end_ms for a in objects],
+                "pane_index": [a.pane_index for a in objects],
+                "timing": [a.timing.value for a in objects],
             },
-            len(late),
+            len(objects),
         )
 
     def _late_rows(self) -> pa.Table | None:
-        if not self.rejected and not self.too_late:
+        if not self.too_late:
             return None
-        chunks = [rejections for _, _, rejections in self.rejected]
         objects = [too_late for _, _, too_late in self.too_late]
-
-        def column(name: str, values: list[int]) -> np.ndarray:
-            return np.concatenate(
-                [*(getattr(chunk, name) for chunk in chunks), np.array(values, dtype=np.int64)]
-            )
-
-        ends = column("window_end_ms", [t.window_end_ms for t in objects])
-        watermarks = column("watermark_ms", [t.watermark_ms for t in objects])
         return union_table(
             {
-                **self._record_columns(LATE_EVENTS.name, self.rejected, self.too_late),
-                "window_start_ms": column("window_start_ms", [t.window_start_ms for t in objects]),
-                "window_end_ms": ends,
-                "lateness_ms": watermarks - ends,
-                "watermark_ms": watermarks,
+                **self._object_record_columns(LATE_EVENTS.name, self.too_late),
+                "window_start_ms": [t.window_start_ms for t in objects],
+                "window_end_ms": [t.window_end_ms for t in objects],
+                "lateness_ms": [t.lateness_ms for t in objects],
+                "watermark_ms": [t.watermark_ms for t in objects],
             },
-            len(ends),
+            len(objects),
+        )
+
+    def _object_record_columns(
+        self, kind: str, objects: list[tuple[Key, int, Assignment]] | list[tuple[Key, int, TooLate]]
+    ) -> dict[str, Any]:
+        return self._record_columns(
+            kind,
+            np.array([row for _, row, _ in objects], dtype=np.int64),
+            [key[0] for key, _, _ in objects],
+            [key[1] for key, _, _ in objects],
         )
 
     def _record_columns(
-        self,
-        kind: str,
-        chunks: list[tuple[Key, np.ndarray, Placements]] | list[tuple[Key, np.ndarray, Rejections]],
-        objects: list[tuple[Key, int, Assignment]] | list[tuple[Key, int, TooLate]],
+        self, kind: str, rows: np.ndarray, tenants: Any, sources: Any
     ) -> dict[str, Any]:
-        """The batch's columns of the records placed (or rejected), and their keys."""
-        sizes = [len(part.record_index) for _, _, part in chunks]
-        indexes = np.concatenate(
-            [
-                *(rows[part.record_index] for _, rows, part in chunks),
-                np.array([row for _, row, _ in objects], dtype=np.int64),
-            ]
-        )
-
-        def key_column(position: int) -> np.ndarray:
-            chunk_keys = np.array([key[position] for key, _, _ in chunks], dtype=object)
-            return np.concatenate(
-                [
-                    np.repeat(chunk_keys, sizes),
-                    np.array([key[position] for key, _, _ in objects], dtype=object),
-                ]
-            )
-
+        """The batch's columns of these records, and their keys."""
         return {
-            **self._batch_columns(indexes, [*_RECORD_COLUMNS, "event_time_ms", "event_id"]),
-            "kind": [kind] * len(indexes),
-            "tenant": key_column(0),
-            "source": key_column(1),
+            **self._batch_columns(rows, [*_RECORD_COLUMNS, "event_time_ms", "event_id"]),
+            "kind": [kind] * len(rows),
+            "tenant": tenants,
+            "source": sources,
         }
 
     def _quarantine_rows(self) -> pa.Table | None:
@@ -691,6 +775,10 @@ class _Output:
         )
 
 
+def _optional_times(times_ms: np.ndarray) -> pa.Array:
+    return pa.array(times_ms, pa.int64(), mask=times_ms == NO_TIME)
+
+
 def union_table(columns: dict[str, Any], rows: int) -> pa.Table:
     """A table of the union schema: `columns` as given, every other column null.
 
@@ -706,6 +794,8 @@ def union_table(columns: dict[str, Any], rows: int) -> pa.Table:
 
 
 def _arrow_column(values: Any, arrow_type: pa.DataType) -> pa.Array:
+    if isinstance(values, pa.Array):
+        return values if values.type == arrow_type else values.cast(arrow_type)
     if isinstance(values, pd.Series):
         # A column of the batch: pandas' missing values (None, NaN or NA) become nulls.
         return pa.Array.from_pandas(values, type=arrow_type)

@@ -7,7 +7,7 @@ from dataclasses import asdict, replace
 
 import pyarrow as pa
 
-from streaming.bucket_state import _SCHEMA, BucketState
+from streaming.bucket_state import BucketState
 from streaming.windowing import KeyState, RecordInput, advance
 from tenants.models import WindowRules, rules_id
 
@@ -91,7 +91,7 @@ def test_an_overflowed_sum_survives_the_state_written_now_and_by_earlier_release
     # Releases before orjson wrote the standard library's `Infinity`.
     legacy = json.dumps(state.to_json_dict()).replace('"inf"', "Infinity")
     assert "Infinity" in legacy
-    old_bucket = BucketState(pa.table([["acme"], ["web"], [legacy], [0], [None], [None]], _SCHEMA))
+    old_bucket = BucketState.from_bytes(_json_layout_blob(["acme"], [legacy]))
     (old_window,) = old_bucket.get(("acme", "web")).key_state.windows.values()
     assert old_window.total.metrics["total"] == [float("inf"), 2]
 
@@ -122,8 +122,9 @@ def test_rules_shared_by_keys_are_stored_once_per_bucket_and_dropped_when_unused
     assert set(_rules_stored(restored.to_bytes())) == {rules_id(RULES)}
 
 
-def test_a_bucket_with_rules_inside_each_key_reads_back_and_is_rewritten_per_bucket() -> None:
-    state = _state_with_records(5_000, 80_000)
+def _json_layout_blob(tenants: list[str], bodies: list[str]) -> bytes:
+    """A bucket as releases before the columnar state wrote it: a key's state as JSON, with its
+    rules inside."""
     legacy_schema = pa.schema(
         [
             pa.field("tenant", pa.string(), nullable=False),
@@ -134,27 +135,29 @@ def test_a_bucket_with_rules_inside_each_key_reads_back_and_is_rewritten_per_buc
         ]
     )
     table = pa.table(
-        [
-            ["acme", "globex"],
-            ["web", "web"],
-            [json.dumps(state.to_json_dict())] * 2,
-            [2, 0],
-            [None, None],
-        ],
+        [tenants, ["web"] * len(tenants), bodies, [2] * len(tenants), [None] * len(tenants)],
         schema=legacy_schema,
     )
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, legacy_schema) as writer:
         writer.write_table(table)
+    return bytes(sink.getvalue())
 
-    restored = BucketState.from_bytes(bytes(sink.getvalue()))
+
+def test_a_bucket_of_the_json_layout_reads_back_and_is_rewritten_in_columns() -> None:
+    state = _state_with_records(5_000, 80_000)
+    blob = _json_layout_blob(["acme", "globex"], [json.dumps(state.to_json_dict())] * 2)
+
+    restored = BucketState.from_bytes(blob)
     assert restored.get(("acme", "web")).key_state == state
     assert restored.get(("acme", "web")).quarantined_records == 2
-    # globex stays as read (rules inside its state) until a batch decodes it.
-    rewritten = BucketState.from_bytes(restored.to_bytes())
-    assert set(_rules_stored(restored.to_bytes())) == {rules_id(RULES)}
+    rewritten_blob = restored.to_bytes()
+    assert b"key_state_json" not in pa.ipc.open_stream(rewritten_blob).schema.to_string().encode()
+    assert set(_rules_stored(rewritten_blob)) == {rules_id(RULES)}
+    rewritten = BucketState.from_bytes(rewritten_blob)
     assert rewritten.get(("acme", "web")).key_state == state
     assert rewritten.get(("globex", "web")).key_state == state
+    assert rewritten.get(("globex", "web")).quarantined_records == 2
 
 
 def test_keys_a_batch_does_not_touch_keep_their_stored_rows_byte_for_byte() -> None:
