@@ -450,9 +450,20 @@ class _Fold:
     """Folds records into windows' aggregates in record order, as `Aggregates.add` does one
     record at a time: per metric, a window's first value replaces nothing, then min, max or +."""
 
-    SHORT = 64
-    """Windows with up to this many values are folded a position at a time across all windows;
-    longer ones one window at a time (a 10-tenant batch puts thousands in one window)."""
+    by_window_only = False
+    """Tests set it to fold every window one at a time."""
+
+    def short_limit(self, lengths: np.ndarray) -> int:
+        """Windows up to this many values are folded a position at a time across windows (a
+        step per position of the longest), longer ones a window at a time (a step per window):
+        the limit that takes fewest steps. At 10,000 tenants windows hold one or two values a
+        batch; at 10 tenants dozens."""
+        if self.by_window_only:
+            return 0
+        limits = np.r_[0, np.sort(lengths)]
+        # With the k shortest windows by position: limits[k] steps, plus one per other window.
+        steps = limits + np.arange(len(lengths), -1, -1)
+        return int(limits[np.argmin(steps)])
 
     def __init__(
         self, metric_values: np.ndarray, pair_record: np.ndarray, kinds: list[MetricKind]
@@ -477,11 +488,14 @@ class _Fold:
                 continue
             starts = np.flatnonzero(np.r_[True, targets[1:] != targets[:-1]])
             lengths = np.diff(np.r_[starts, len(values)])
+            short = lengths <= self.short_limit(lengths)
             for aggregates in (windows.total, windows.pending):
-                if lengths.max() <= self.SHORT:
-                    _fold_by_position(aggregates, column, kind, values, targets, starts, lengths)
-                else:
-                    _fold_by_window(aggregates, column, kind, values, targets, starts, lengths)
+                _fold_by_position(
+                    aggregates, column, kind, values, targets, starts[short], lengths[short]
+                )
+                _fold_by_window(
+                    aggregates, column, kind, values, targets, starts[~short], lengths[~short]
+                )
 
 
 def _fold_by_position(
@@ -494,7 +508,7 @@ def _fold_by_position(
     lengths: np.ndarray,
 ) -> None:
     combine = _COMBINE[kind]
-    for position in range(int(lengths.max())):
+    for position in range(int(lengths.max(initial=0))):
         at = starts[lengths > position] + position
         window, value = targets[at], values[at]
         current, seen = aggregates.values[window, column], aggregates.seen[window, column]

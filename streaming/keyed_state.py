@@ -9,14 +9,14 @@ keys of its bucket at once:
 2. when the tenant config changed since the bucket last looked, close the keys whose config
    is gone (offboarding): each open window gets its final pane, and the key's state is dropped;
 3. quarantine what cannot be accepted (unknown key, clock too far ahead), as whole columns;
-4. run the windowing key by key: `columnar_windowing` on the key's columns (NumPy) when it
-   has a few records and fixed windows, `windowing.advance` record by record otherwise;
-5. advance the watermark of the bucket's idle keys (`idle_timeout`);
-6. emit one union row per output row, tagged with the table it belongs to (`kind`), built
+4. run the windowing for the keys with records and the idle keys (`idle_timeout`): the keys
+   with fixed windows, by rule set, all at once as columns (`bucket_windowing`); sessions and
+   keys whose open windows were opened with older rules record by record (`windowing.advance`);
+5. emit one union row per output row, tagged with the table it belongs to (`kind`), built
    column-wise once per bucket. The sink splits them by `kind`.
 
-The per-key watermark is untouched by bucketing: each key keeps its own `KeyState`, stored in
-the bucket's state (`bucket_state`).
+The per-key watermark is untouched by bucketing: each key keeps its own watermark and windows in
+the bucket's state (`bucket_state`), whichever way it is advanced.
 
 A bucket runs only when it has records or its processing-time timeout fires, so a bucket with
 state always sets one: its first idle deadline or `config_recheck_interval` from now, whichever

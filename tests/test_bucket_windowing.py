@@ -189,7 +189,7 @@ def test_keys_advanced_together_match_the_reference_key_by_key(
 ) -> None:
     # Both ways of folding a window's values: a position at a time across windows (short
     # windows), and a window at a time (long ones, as at 10 tenants).
-    with patch.object(bucket_windowing._Fold, "SHORT", 0 if fold_by_window else 64):
+    with patch.object(bucket_windowing._Fold, "by_window_only", fold_by_window):
         _check_against_the_reference(rules, streams, cut_seed)
 
 
@@ -290,3 +290,15 @@ def test_sessions_and_keys_with_windows_of_other_rules_are_left_to_the_reference
     ]
     assert handles_window(tumbling)
     assert not handles_window(_rules({"kind": "session", "gap": 1000}))
+
+
+@given(
+    st.lists(st.lists(st.integers(-(2**61), 2**61), min_size=1, max_size=8), min_size=1, max_size=5)
+)
+def test_the_running_maximum_restarts_at_each_key_even_for_times_centuries_apart(
+    keys: list[list[int]],
+) -> None:
+    values = np.array([value for key in keys for value in key], dtype=np.int64)
+    firsts = np.cumsum([0, *(len(key) for key in keys[:-1])])
+    expected = [running for key in keys for running in itertools.accumulate(key, max)]
+    assert bucket_windowing._running_max_per_key(values, firsts).tolist() == expected

@@ -6,6 +6,7 @@ with a pandas batch in the routed schema, interleaving many keys' records across
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from streaming.keyed_state import _Output, _process_bucket, _sorted_batch, wake_
 from streaming.routing import route_frame
 from streaming.windowing import KeyState, RecordInput, advance
 from tenants.registry import TenantRegistry, load_registry
+from tests.test_bucket_state import _json_layout_blob
 
 ROOT = Path(__file__).resolve().parents[1]
 T0_MS = 1_767_225_600_000
@@ -354,3 +356,50 @@ def test_a_bucket_with_state_wakes_for_its_first_idle_deadline_or_the_config_rec
     assert wake_up_after_ms(now_ms + 5_000, now_ms, 60_000) == 5_000
     assert wake_up_after_ms(now_ms + 90_000, now_ms, 60_000) == 60_000
     assert wake_up_after_ms(now_ms - 1, now_ms, 60_000) == 1  # overdue: as soon as possible
+
+
+def test_a_bucket_of_the_json_layout_resumes_and_is_advanced_as_columns_afterwards(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint from before the columnar state: each key's state was a JSON string."""
+    registry = _registry_with(tmp_path, ["acme", "globex"])
+    resolved = registry.resolve("acme", "web")
+    assert resolved is not None
+    batches = [
+        [("acme", 0, 0, T0_MS + 5_000), ("globex", 0, 1, T0_MS + 7_000)],
+        [("acme", 0, 2, T0_MS + 70_000), ("globex", 0, 3, T0_MS + 2_000)],
+        [("acme", 0, 4, T0_MS + 200_000), ("globex", 0, 5, T0_MS + 190_000)],
+    ]
+    alone = {tenant: KeyState() for tenant in ("acme", "globex")}
+    expected = []
+    for number, rows in enumerate(batches):
+        panes = []
+        for tenant, state in alone.items():
+            result = advance(
+                state,
+                [RecordInput(t) for name, _, _, t in rows if name == tenant],
+                resolved.rules,
+                T0_MS + number * 10_000,
+            )
+            panes += [
+                (tenant, p.window_id, p.pane_index, p.count, p.is_final) for p in result.panes
+            ]
+        expected.append(sorted(panes))
+        if number == 0:
+            json_blob = _json_layout_blob(
+                list(alone), [json.dumps(state.to_json_dict()) for state in alone.values()]
+            )
+
+    assert expected[1] and expected[2], "both resumed batches fire panes"
+    blob = json_blob
+    for number, rows in enumerate(batches[1:], start=1):
+        keys = BucketState.from_bytes(blob)
+        out = _run_bucket(_routed(rows), keys, registry, T0_MS + number * 10_000)
+        panes = out[out["kind"] == "windows"]
+        columns = ["tenant", "window_id", "pane_index", "count", "is_final"]
+        got = panes[columns].itertuples(index=False, name=None)
+        assert sorted(got) == expected[number]
+        blob = keys.to_bytes()
+    resumed = BucketState.from_bytes(blob)
+    for tenant, state in alone.items():
+        assert resumed.get((tenant, "web")).key_state == state
