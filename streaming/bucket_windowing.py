@@ -489,61 +489,53 @@ class _Fold:
             starts = np.flatnonzero(np.r_[True, targets[1:] != targets[:-1]])
             lengths = np.diff(np.r_[starts, len(values)])
             short = lengths <= self.short_limit(lengths)
+            by_position = _Runs(values, targets, starts[short], lengths[short])
+            by_window = _Runs(values, targets, starts[~short], lengths[~short])
             for aggregates in (windows.total, windows.pending):
-                _fold_by_position(
-                    aggregates, column, kind, values, targets, starts[short], lengths[short]
-                )
-                _fold_by_window(
-                    aggregates, column, kind, values, targets, starts[~short], lengths[~short]
-                )
+                by_position.fold_by_position(aggregates, column, kind)
+                by_window.fold_by_window(aggregates, column, kind)
 
 
-def _fold_by_position(
-    aggregates: AggregateColumns,
-    column: int,
-    kind: MetricKind,
-    values: np.ndarray,
-    targets: np.ndarray,
-    starts: np.ndarray,
-    lengths: np.ndarray,
-) -> None:
-    combine = _COMBINE[kind]
-    for position in range(int(lengths.max(initial=0))):
-        at = starts[lengths > position] + position
-        window, value = targets[at], values[at]
-        current, seen = aggregates.values[window, column], aggregates.seen[window, column]
-        with np.errstate(over="ignore", invalid="ignore"):
-            aggregates.values[window, column] = np.where(seen == 0, value, combine(current, value))
-        aggregates.seen[window, column] = seen + 1
+@dataclass(frozen=True)
+class _Runs:
+    """One metric's values to fold, grouped by window (each window's in record order)."""
 
+    values: np.ndarray
+    targets: np.ndarray
+    """The window of each value."""
+    starts: np.ndarray
+    lengths: np.ndarray
 
-def _fold_by_window(
-    aggregates: AggregateColumns,
-    column: int,
-    kind: MetricKind,
-    values: np.ndarray,
-    targets: np.ndarray,
-    starts: np.ndarray,
-    lengths: np.ndarray,
-) -> None:
-    for start, length in zip(starts.tolist(), lengths.tolist(), strict=True):
-        window = int(targets[start])
-        run = values[start : start + length]
-        current = float(aggregates.values[window, column])
-        if aggregates.seen[window, column] == 0:
-            current, run = float(run[0]), run[1:]
-        if kind is MetricKind.MIN:
-            # The builtins keep the first of equal values (0.0 before -0.0), as `min(a, b)` does.
-            current = min([current, *run.tolist()])
-        elif kind is MetricKind.MAX:
-            current = max([current, *run.tolist()])
-        elif len(run):
-            # A cumulative sum adds in order, one value at a time, like the reference; a plain
-            # sum adds pairwise and can differ in the last bit.
+    def fold_by_position(self, aggregates: AggregateColumns, column: int, kind: MetricKind) -> None:
+        combine = _COMBINE[kind]
+        for position in range(int(self.lengths.max(initial=0))):
+            at = self.starts[self.lengths > position] + position
+            window, value = self.targets[at], self.values[at]
+            current, seen = aggregates.values[window, column], aggregates.seen[window, column]
             with np.errstate(over="ignore", invalid="ignore"):
-                current = float(np.cumsum(np.concatenate(([current], run)))[-1])
-        aggregates.values[window, column] = current
-        aggregates.seen[window, column] += length
+                folded = np.where(seen == 0, value, combine(current, value))
+            aggregates.values[window, column] = folded
+            aggregates.seen[window, column] = seen + 1
+
+    def fold_by_window(self, aggregates: AggregateColumns, column: int, kind: MetricKind) -> None:
+        for start, length in zip(self.starts.tolist(), self.lengths.tolist(), strict=True):
+            window = int(self.targets[start])
+            run = self.values[start : start + length]
+            current = float(aggregates.values[window, column])
+            if aggregates.seen[window, column] == 0:
+                current, run = float(run[0]), run[1:]
+            if kind is MetricKind.MIN:
+                # The builtins keep the first of equal values (0.0 before -0.0), as `min` does.
+                current = min([current, *run.tolist()])
+            elif kind is MetricKind.MAX:
+                current = max([current, *run.tolist()])
+            elif len(run):
+                # A cumulative sum adds in order, one value at a time, like the reference; a
+                # plain sum adds pairwise and can differ in the last bit.
+                with np.errstate(over="ignore", invalid="ignore"):
+                    current = float(np.cumsum(np.concatenate(([current], run)))[-1])
+            aggregates.values[window, column] = current
+            aggregates.seen[window, column] += length
 
 
 def _smaller(current: np.ndarray, value: np.ndarray) -> np.ndarray:
