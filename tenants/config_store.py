@@ -95,6 +95,10 @@ class _SnapshotTenants(Mapping[str, TenantConfig]):
         sources: dict[str, Any] = self._bodies[tenant_id]["sources"]
         return sources.keys()
 
+    def overrides_nothing(self, tenant_id: str, source: str) -> bool:
+        # A published body leaves unset overrides out: a source without any is `{}`.
+        return bool(self._bodies[tenant_id]["sources"].get(source) == {})
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._bodies)
 

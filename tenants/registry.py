@@ -69,6 +69,10 @@ class SourceIdIndex(Protocol):
 
     def source_ids(self, tenant_id: str) -> Collection[str]: ...
 
+    def overrides_nothing(self, tenant_id: str, source: str) -> bool:
+        """Whether the tenant sends `source` with the source's own rules, all unchanged."""
+        ...
+
 
 @dataclass(frozen=True)
 class TenantRegistry:
@@ -79,6 +83,9 @@ class TenantRegistry:
     fingerprint: str = ""
     _source_rules: Mapping[str, WindowRules] = field(default_factory=dict, repr=False)
     _source_rules_ids: Mapping[str, str] = field(default_factory=dict, repr=False)
+    _index: SourceIdIndex | None = field(default=None, repr=False, compare=False)
+    """`tenants`, when it can answer for a tenant without building its config. Checked once:
+    `isinstance` against a protocol costs microseconds, paid per new key otherwise."""
     # Routes are built on first use, not for all 100,000 tenants up front: every executor
     # process loads the registry, and a batch touches only the tenants in it. Filling this memo
     # never changes what `resolve` answers, so the registry stays a value.
@@ -100,6 +107,7 @@ class TenantRegistry:
             fingerprint=fingerprint,
             _source_rules=source_rules,
             _source_rules_ids={name: rules_id(rules) for name, rules in source_rules.items()},
+            _index=tenants if isinstance(tenants, SourceIdIndex) else None,
         )
 
     def resolve(self, tenant: str, source: str) -> ResolvedSource | None:
@@ -118,13 +126,13 @@ class TenantRegistry:
     def source_ids(self, tenant: str) -> Collection[str]:
         """The sources `tenant` (which must be known) sends, without validating its config
         when the tenants come from a snapshot: a diff of 100,000 tenants' keys stays cheap."""
-        if isinstance(self.tenants, SourceIdIndex):
-            return self.tenants.source_ids(tenant)
+        if self._index is not None:
+            return self._index.source_ids(tenant)
         return self.tenants[tenant].sources.keys()
 
     def configured_keys(self) -> Iterator[tuple[str, str]]:
         """Every (tenant, source) key, by tenant; as cheap as `source_ids`."""
-        index = self.tenants if isinstance(self.tenants, SourceIdIndex) else None
+        index = self._index
         for tenant in self.tenants:
             sources = (
                 index.source_ids(tenant) if index is not None else self.tenants[tenant].sources
@@ -137,12 +145,15 @@ class TenantRegistry:
         return tenant in self.tenants and source in self.source_ids(tenant)
 
     def _route(self, tenant: str, source: str) -> ResolvedSource | None:
-        config = self.tenants.get(tenant)
-        overrides = config.sources.get(source) if config is not None else None
-        if overrides is None:
+        source_rules = self._source_rules.get(source)
+        if source_rules is None or not self.configures(tenant, source):
             return None
-        source_rules = self._source_rules[source]
-        rules = source_rules.with_overrides(overrides)
+        if self._index is not None and self._index.overrides_nothing(tenant, source):
+            # No tenant config to build: validating it was most of routing a new key, which
+            # every executor process does for every key after each config change.
+            rules = source_rules
+        else:
+            rules = source_rules.with_overrides(self.tenants[tenant].sources[source])
         return ResolvedSource(
             tenant=tenant,
             source=source,
