@@ -394,8 +394,8 @@ def advance(
 class KeyBatch:
     """The work of one batch of a key: the state, the current rules, and what has fired.
 
-    `advance` places records one by one; `columnar_windowing.advance_columns` folds them in by
-    window and calls the same watermark and pane logic.
+    `advance` places records one by one (`bucket_windowing` computes the same for many keys of
+    fixed windows at once, on columns).
     """
 
     def __init__(self, state: KeyState, rules: WindowRules, current_rules_id: str) -> None:
