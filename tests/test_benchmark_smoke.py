@@ -1,5 +1,5 @@
-"""The scale benchmark runs end to end on a tiny input (its figures are not checked: CI machines
-are noisy; what is checked is that every stage ran over every record and reported)."""
+"""The benchmarks that run the stream work end to end on a tiny input (their figures are not
+checked: CI machines are noisy; what is checked is that they saw every record and reported)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from infra.dev.benchmarks import noisy_neighbour
 from infra.dev.benchmarks.scale import parse_args, run
 
 pytestmark = pytest.mark.integration
@@ -33,3 +34,23 @@ def test_every_stage_reads_every_record_and_reports_its_figures(
     # them in one file per partition.
     assert 0 < product.extra["adds_per_batch"]["events"]["max"] <= 4
     assert product.extra["compaction_files"] >= 40
+
+
+def test_the_noisy_neighbour_probe_sees_every_quiet_record_of_every_phase(
+    kafka: Any, spark: Any, tmp_path: Path
+) -> None:
+    kafka.create_topic(noisy_neighbour.TOPIC, 2)
+    timeline = noisy_neighbour.Timeline(warm_up_s=4, before_s=4, burst_s=2, after_s=4)
+    settings = noisy_neighbour.probe_settings(kafka.bootstrap_servers, tmp_path)
+
+    probe, batches = noisy_neighbour.run(spark, settings, timeline)
+
+    figures = noisy_neighbour.phase_figures(probe, timeline)
+    assert [f.phase for f in figures] == list(noisy_neighbour.PHASES)
+    for phase in figures:
+        # 3 quiet tenants at 10 records/s for 4 s, 2 s and 4 s (the pace may slip a little).
+        assert len(phase.latencies_s) >= 30, phase.phase
+        assert phase.unseen == 0, phase.phase
+        assert 0 < phase.percentile_s(0.5) <= phase.percentile_s(1.0)
+    assert probe.noisy_sent > 10 * (timeline.before_s + timeline.after_s)
+    assert sum(int(p["numInputRows"]) for p in batches) >= len(probe.sent_s) + probe.noisy_sent

@@ -84,7 +84,7 @@ def generate(
             "amount": rng.randint(1, 500),
             "level": rng.choice(["INFO", "INFO", "WARN", "ERROR"]),
         }
-        _set_event_time(record, event_time_specs[source], event_time_ms)
+        set_event_time(record, event_time_specs[source], event_time_ms)
         if rng.random() < spec.malformed_share:
             kind = rng.choice(MALFORMED_KINDS)
             yield _malformed(kind, record, tenant, source)
@@ -123,7 +123,7 @@ def send(
     return sent
 
 
-def _set_event_time(record: dict[str, object], spec: EventTimeSpec, event_time_ms: int) -> None:
+def set_event_time(record: dict[str, object], spec: EventTimeSpec, event_time_ms: int) -> None:
     node = record
     *parents, leaf = spec.path
     for part in parents:

@@ -1,0 +1,329 @@
+"""Noisy neighbour: quiet tenants' latency before, during and after another tenant's burst.
+
+    .venv/bin/python -m infra.dev.benchmarks.noisy_neighbour [--burst-seconds 20]
+
+A continuous stream (1 s trigger, the project's `conf/app.yaml` otherwise) reads a local broker.
+Three quiet tenants produce 10 records/s each. A fourth produces 10 records/s, then as fast as
+one producer can for `--burst-seconds`, then 10/s again. A quiet record's latency runs from the
+moment it is sent to the moment its (partition, offset) is in `events`: a watcher reads every
+file the table's commits add, as they land. The first `--warm-up-seconds` (start-up) are left
+out; records are put in a phase by when they were sent.
+
+It prints, per phase, the quiet records, their latency p50, p95 and max, and how many were
+never seen (must be 0); then the burst's size and the stream's batches. Every loop is bounded
+by the run's own deadline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from kafka import KafkaProducer
+from pyspark.sql import SparkSession
+
+from infra.dev.load_generator import set_event_time
+from infra.dev.local_stack import LocalKafka
+from storage.delta_lake import DeltaLake
+from storage.tables import EVENTS
+from streaming.app import StreamApp
+from streaming.session import build_spark
+from tenants.models import EventTimeSpec
+from tenants.registry import load_registry
+from tenants.settings import AppSettings, load_settings
+
+PROJECT_CONF = Path(__file__).resolve().parents[3] / "conf"
+TOPIC = "noisy-neighbour"
+SOURCE = "billing"
+QUIET = ("quiet-1", "quiet-2", "quiet-3")
+NOISY = "noisy"
+QUIET_RATE_PER_S = 10
+PHASES = ("before the burst", "during the burst", "after the burst")
+DRAIN_LIMIT_S = 300
+"""After the last record is sent, how long the watcher waits for the quiet ones at most."""
+
+
+@dataclass
+class Timeline:
+    """When each phase starts, in seconds after the stream started."""
+
+    warm_up_s: float
+    before_s: float
+    burst_s: float
+    after_s: float
+
+    @property
+    def burst_starts_s(self) -> float:
+        return self.warm_up_s + self.before_s
+
+    @property
+    def burst_ends_s(self) -> float:
+        return self.burst_starts_s + self.burst_s
+
+    @property
+    def ends_s(self) -> float:
+        return self.burst_ends_s + self.after_s
+
+    def phase(self, sent_s: float) -> str | None:
+        """The phase a record sent then belongs to; None: start-up, left out."""
+        if sent_s < self.warm_up_s:
+            return None
+        if sent_s < self.burst_starts_s:
+            return PHASES[0]
+        return PHASES[1] if sent_s < self.burst_ends_s else PHASES[2]
+
+
+@dataclass
+class Probe:
+    """Quiet records by (partition, offset): when each was sent and first seen in `events`."""
+
+    started: float = field(default_factory=time.monotonic)
+    sent_s: dict[tuple[int, int], float] = field(default_factory=dict)
+    seen_s: dict[tuple[int, int], float] = field(default_factory=dict)
+    noisy_sent: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def now_s(self) -> float:
+        return time.monotonic() - self.started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--warm-up-seconds", type=float, default=30)
+    parser.add_argument("--before-seconds", type=float, default=30)
+    parser.add_argument("--burst-seconds", type=float, default=20)
+    parser.add_argument("--after-seconds", type=float, default=30)
+    parser.add_argument("--partitions", type=int, default=4)
+    args = parser.parse_args(argv)
+    timeline = Timeline(
+        args.warm_up_seconds, args.before_seconds, args.burst_seconds, args.after_seconds
+    )
+    workdir = Path(tempfile.mkdtemp(prefix="tw-noisy-"))
+    try:
+        with LocalKafka(workdir / "kafka") as kafka:
+            kafka.create_topic(TOPIC, args.partitions)
+            spark = build_spark("tenant-windows-noisy-neighbour", shuffle_partitions=4)
+            try:
+                probe, batches = run(
+                    spark, probe_settings(kafka.bootstrap_servers, workdir), timeline
+                )
+            finally:
+                spark.stop()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(_report(probe, timeline, batches))
+    return 0
+
+
+def probe_settings(bootstrap_servers: str, workdir: Path) -> AppSettings:
+    """The project's settings, with a 1 s trigger, on this run's broker, lake and tenants."""
+    conf = workdir / "conf"
+    (conf / "tenants").mkdir(parents=True)
+    shutil.copy(PROJECT_CONF / "sources.yaml", conf / "sources.yaml")
+    for tenant in (*QUIET, NOISY):
+        (conf / "tenants" / f"{tenant}.yaml").write_text(f"id: {tenant}\nsources: [{SOURCE}]\n")
+    return load_settings(
+        PROJECT_CONF / "app.yaml",
+        environ={},
+        overrides={
+            "conf_dir": str(conf),
+            "kafka.bootstrap_servers": bootstrap_servers,
+            "kafka.topic": TOPIC,
+            "lake.root": str(workdir / "lake"),
+            "stream.checkpoint_dir": str(workdir / "checkpoint"),
+            "stream.trigger_interval": "1s",
+        },
+    )
+
+
+def run(spark: SparkSession, settings: AppSettings, timeline: Timeline) -> tuple[Probe, list[Any]]:
+    """Run the stream, the producers and the watcher; the probe's records and the batches."""
+    event_time = load_registry(settings.conf_dir).sources[SOURCE].event_time
+    stream = StreamApp(settings, DeltaLake.from_settings(settings.lake)).start(spark)
+    probe = Probe()
+    stop = threading.Event()
+    workers = [
+        threading.Thread(target=target, name=name, daemon=True)
+        for name, target in [
+            ("quiet", lambda: _produce_quiet(settings, event_time, probe, timeline)),
+            ("noisy", lambda: _produce_noisy(settings, event_time, probe, timeline)),
+            ("watcher", lambda: _watch(settings, probe, stop)),
+        ]
+    ]
+    try:
+        for worker in workers:
+            worker.start()
+        for worker in workers[:2]:
+            worker.join(timeline.ends_s + 60)
+        deadline_s = probe.now_s() + DRAIN_LIMIT_S
+        while probe.now_s() < deadline_s and _unseen(probe):
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        workers[2].join(30)
+        query = stream.query
+        batches = [p for p in query.recentProgress if int(p["numInputRows"]) > 0]
+        stream.stop()
+    return probe, batches
+
+
+def _value(tenant: str, number: int, event_time: EventTimeSpec) -> bytes:
+    record: dict[str, object] = {
+        "tenant": tenant,
+        "source": SOURCE,
+        "event_id": f"{tenant}-{number}",
+        "amount": number % 500,
+    }
+    set_event_time(record, event_time, int(time.time() * 1000))
+    return json.dumps(record, separators=(",", ":")).encode()
+
+
+def _producer(settings: AppSettings) -> KafkaProducer:
+    return KafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, acks=1, linger_ms=5)
+
+
+def _produce_quiet(
+    settings: AppSettings, event_time: EventTimeSpec, probe: Probe, timeline: Timeline
+) -> None:
+    producer = _producer(settings)
+    number = 0
+    next_s = probe.now_s()
+    try:
+        while next_s < timeline.ends_s:
+            for tenant in QUIET:
+                sent_s = probe.now_s()
+                future = producer.send(
+                    TOPIC, key=tenant.encode(), value=_value(tenant, number, event_time)
+                )
+                future.add_callback(_remember(probe, sent_s))
+            number += 1
+            next_s += 1 / QUIET_RATE_PER_S
+            time.sleep(max(0.0, next_s - probe.now_s()))
+        producer.flush(timeout=60)
+    finally:
+        producer.close(timeout=10)
+
+
+def _remember(probe: Probe, sent_s: float) -> Callable[[object], None]:
+    def sent(metadata: object) -> None:
+        with probe.lock:
+            probe.sent_s[(metadata.partition, metadata.offset)] = sent_s  # type: ignore[attr-defined]
+
+    return sent
+
+
+def _produce_noisy(
+    settings: AppSettings, event_time: EventTimeSpec, probe: Probe, timeline: Timeline
+) -> None:
+    producer = _producer(settings)
+    next_s = probe.now_s()
+    try:
+        while (now_s := probe.now_s()) < timeline.ends_s:
+            value = _value(NOISY, probe.noisy_sent, event_time)
+            producer.send(TOPIC, key=NOISY.encode(), value=value)
+            probe.noisy_sent += 1
+            if not timeline.burst_starts_s <= now_s < timeline.burst_ends_s:
+                next_s = max(next_s, now_s) + 1 / QUIET_RATE_PER_S
+                time.sleep(max(0.0, next_s - probe.now_s()))
+        producer.flush(timeout=120)
+    finally:
+        producer.close(timeout=10)
+
+
+def _watch(settings: AppSettings, probe: Probe, stop: threading.Event) -> None:
+    """Read each file `events` commits add, once, and note when quiet records first show up."""
+    uri = DeltaLake.from_settings(settings.lake).table_uri(EVENTS)
+    read: set[str] = set()
+    table: DeltaTable | None = None
+    while not stop.wait(0.2):  # ends with the run
+        try:
+            if table is None:
+                table = DeltaTable(uri)
+            else:
+                table.update_incremental()
+        except Exception:  # the table appears with the stream's first commit
+            continue
+        for file_uri in table.file_uris():
+            if file_uri in read:
+                continue
+            read.add(file_uri)
+            rows = pq.read_table(file_uri, columns=["tenant", "partition", "offset"])
+            rows = rows.filter(pc.is_in(rows["tenant"], value_set=pc.cast(QUIET, "string")))
+            seen_s = probe.now_s()
+            with probe.lock:
+                coordinates = zip(
+                    rows["partition"].to_pylist(), rows["offset"].to_pylist(), strict=True
+                )
+                for key in coordinates:
+                    probe.seen_s.setdefault(key, seen_s)
+
+
+def _unseen(probe: Probe) -> int:
+    with probe.lock:
+        return len(probe.sent_s.keys() - probe.seen_s.keys())
+
+
+@dataclass(frozen=True)
+class PhaseFigures:
+    phase: str
+    latencies_s: list[float]
+    """Of the quiet records sent in the phase and seen in `events`, sorted."""
+    unseen: int
+
+    def percentile_s(self, share: float) -> float:
+        ordered = self.latencies_s
+        return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else 0.0
+
+
+def phase_figures(probe: Probe, timeline: Timeline) -> list[PhaseFigures]:
+    latencies: dict[str, list[float]] = {}
+    unseen: dict[str, int] = {}
+    for key, sent_s in probe.sent_s.items():
+        phase = timeline.phase(sent_s)
+        if phase is None:
+            continue
+        if key in probe.seen_s:
+            latencies.setdefault(phase, []).append(probe.seen_s[key] - sent_s)
+        else:
+            unseen[phase] = unseen.get(phase, 0) + 1
+    return [
+        PhaseFigures(phase, sorted(latencies.get(phase, [])), unseen.get(phase, 0))
+        for phase in PHASES
+    ]
+
+
+def _report(probe: Probe, timeline: Timeline, batches: list[Any]) -> str:
+    lines = [
+        f"{'phase':<18} {'quiet records':>13} {'p50 s':>6} {'p95 s':>6} {'max s':>6} {'unseen':>6}"
+    ]
+    for figures in phase_figures(probe, timeline):
+        lines.append(
+            f"{figures.phase:<18} {len(figures.latencies_s):>13,} "
+            f"{figures.percentile_s(0.5):>6.1f} {figures.percentile_s(0.95):>6.1f} "
+            f"{figures.percentile_s(1.0):>6.1f} {figures.unseen:>6}"
+        )
+    burst_rate = probe.noisy_sent / max(timeline.burst_s, 1)
+    lines.append(
+        f"\nnoisy tenant: {probe.noisy_sent:,} records, about {burst_rate:,.0f}/s during its "
+        f"{timeline.burst_s:.0f} s burst"
+    )
+    lines.append(f"{'batch':>5} {'rows':>8} {'seconds':>8}")
+    for progress in batches:
+        duration = progress["durationMs"]["triggerExecution"] / 1000
+        lines.append(f"{progress['batchId']:>5} {progress['numInputRows']:>8} {duration:>8.1f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
