@@ -41,6 +41,7 @@ from streaming.bucket_windowing import (
     AggregateColumns,
     KeyColumns,
     WindowColumns,
+    optional_times,
     window_ids,
 )
 from streaming.windowing import Aggregates, KeyState, OpenWindow
@@ -221,19 +222,16 @@ class BucketState:
     def keys(self) -> set[Key]:
         """Every key of the bucket (offboarding looks at them all when the config changed)."""
         self._settle()
-        tables = [self._stored.filter(self._carried()), *self._put]
-        stored = {
-            key
-            for table in tables
-            for key in zip(table["tenant"].to_pylist(), table["source"].to_pylist(), strict=True)
-        }
-        return stored | self._decoded.keys()
+        carried = self._stored.filter(self._carried())
+        stored = zip(carried["tenant"].to_pylist(), carried["source"].to_pylist(), strict=True)
+        return set(stored) | self._decoded.keys()
 
     # Keys as columns: the hot path.
 
-    def column_keys(self, keys: list[Key], rules_ids: list[str]) -> np.ndarray:
+    def column_keys(self, keys: list[Key], rules_ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Which of `keys` can go out as columns: not decoded as objects in this batch, and
-        every open window opened with the rules id given for the key (new keys have none)."""
+        every open window opened with the rules id given for the key (new keys have none).
+        Also each key's stored row, for `take_columns` (-1: none)."""
         self._settle()
         positions = self._positions(keys)
         found = np.flatnonzero(positions >= 0)
@@ -247,14 +245,14 @@ class BucketState:
         usable[found[np.bincount(owner[other], minlength=len(found)) > 0]] = False
         if self._decoded:
             usable &= np.array([key not in self._decoded for key in keys], bool)
-        return usable
+        return usable, positions
 
-    def take_columns(self, keys: list[Key], metrics: int) -> KeyColumns:
-        """These keys' state as columns, in this order; keys not stored start empty. Every open
-        window of theirs has `metrics` metrics (`column_keys` said so)."""
+    def take_columns(self, keys: list[Key], positions: np.ndarray, metrics: int) -> KeyColumns:
+        """These keys' state as columns, in this order; keys not stored start empty.
+        `positions` are their rows as `column_keys` found them, which also said that every open
+        window of theirs has `metrics` metrics."""
         self._unchanged_blob = None
         self._carried_rows = None
-        positions = self._positions(keys)
         found = np.flatnonzero(positions >= 0)
         self._taken_rows.append(positions[found])
         rows = self._stored.take(pa.array(positions[found]))
@@ -302,16 +300,15 @@ class BucketState:
         self._settle()
         self._unchanged_blob = None  # the caller may change what it gets
         self._carried_rows = None
-        live = [key for key in keys if key not in self._dropped]
-        positions = self._positions(live)
-        found = [key for key, at in zip(live, positions.tolist(), strict=True) if at >= 0]
+        # Settled: a dropped key's row is gone, so a key dropped and back starts afresh.
+        positions = self._positions(keys)
+        found = [key for key, at in zip(keys, positions.tolist(), strict=True) if at >= 0]
         rows = self._stored.take(pa.array(positions[positions >= 0])).to_pylist()
         for key, row in zip(found, rows, strict=True):
             self._decoded[key] = StoredKey(
                 self._key_state(row), row["quarantined_records"], row["idle_deadline_ms"]
             )
         for key in keys:
-            self._dropped.discard(key)
             self._decoded.setdefault(key, StoredKey(KeyState()))
 
     def _settle(self) -> None:
@@ -525,8 +522,7 @@ def _key_table(keys: KeyColumns, rules_id: str) -> pa.Table:
         "source": pa.array(keys.source, pa.string()),
     }
     for name in [*_TIMES, "idle_deadline_ms"]:
-        values = getattr(keys, name)
-        columns[name] = pa.array(values, pa.int64(), mask=values == NO_TIME)
+        columns[name] = optional_times(getattr(keys, name))
     for name in _COUNTERS:
         columns[name] = pa.array(getattr(keys, name), pa.int64())
     columns["windows"] = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), struct)

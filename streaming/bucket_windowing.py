@@ -62,6 +62,11 @@ def window_ids(start_ms: np.ndarray, end_ms: np.ndarray) -> pa.Array:
     )
 
 
+def optional_times(times_ms: np.ndarray) -> pa.Array:
+    """Times as Arrow, null where `NO_TIME`."""
+    return pa.array(times_ms, pa.int64(), mask=times_ms == NO_TIME)
+
+
 def handles_window(rules: WindowRules) -> bool:
     return isinstance(rules.window, TumblingWindow | SlidingWindow)
 
@@ -381,9 +386,8 @@ def _running_max_per_key(values: np.ndarray, firsts: np.ndarray) -> np.ndarray:
         return np.concatenate(
             [np.maximum.accumulate(values[a:b]) for a, b in itertools.pairwise(bounds)]
         )
-    lifts = np.repeat(
-        np.arange(len(firsts), dtype=np.int64) * span, np.diff([*firsts, len(values)])
-    )
+    per_key = np.diff(np.r_[firsts, len(values)])
+    lifts = np.repeat(np.arange(len(firsts), dtype=np.int64) * span, per_key)
     lifted = (values - low) + lifts
     result: np.ndarray = np.maximum.accumulate(lifted) - lifts + low
     return result

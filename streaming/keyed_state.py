@@ -54,12 +54,12 @@ from pyspark.sql.types import (
 from storage.tables import EVENTS, LATE_EVENTS, QUARANTINE, TENANT_STATUS, WINDOWS
 from streaming.bucket_state import STATE_LAYOUT, BucketState, Key, StoredKey
 from streaming.bucket_windowing import (
-    NO_TIME,
     BucketAdvance,
     RecordColumns,
     advance_bucket,
     handles_window,
     metric_names,
+    optional_times,
     window_ids,
 )
 from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
@@ -293,11 +293,10 @@ def _process_bucket(
         if key not in with_records and resolved is not None:
             work.append(_KeyWork(key, resolved, _NO_ROWS, 0))
     records = _Records(event_times, metric_values)
-    groups = _column_groups(work, keys)
-    by_object = [item for item in work if not item.by_columns]
+    groups, by_object = _column_groups(work, keys)
     keys.decode([item.key for item in by_object])
-    for group in groups:
-        _advance_columns(group, keys, records, processing_time_ms, out)
+    for group, positions in groups:
+        _advance_columns(group, positions, keys, records, processing_time_ms, out)
     for item in by_object:
         stored = keys.get(item.key)
         stored.quarantined_records += item.quarantined
@@ -308,7 +307,7 @@ def _process_bucket(
 _NO_ROWS = np.zeros(0, np.int64)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _KeyWork:
     """A key the batch runs: its rules, its accepted records' rows, how many it quarantined."""
 
@@ -316,24 +315,30 @@ class _KeyWork:
     resolved: ResolvedSource
     rows: np.ndarray
     quarantined: int
-    by_columns: bool = False
 
 
-def _column_groups(work: list[_KeyWork], keys: BucketState) -> list[list[_KeyWork]]:
-    """The keys `bucket_windowing` can advance, by rule set: fixed windows, and every open
-    window opened with the key's current rules. The others go record by record."""
-    fixed = [item for item in work if handles_window(item.resolved.rules)]
+def _column_groups(
+    work: list[_KeyWork], keys: BucketState
+) -> tuple[list[tuple[list[_KeyWork], np.ndarray]], list[_KeyWork]]:
+    """The keys `bucket_windowing` can advance, by rule set, each group with its keys' stored
+    rows: fixed windows, and every open window opened with the key's current rules. Then the
+    others, which go record by record."""
+    fixed = [number for number, item in enumerate(work) if handles_window(item.resolved.rules)]
     if not fixed:
-        return []
-    usable = keys.column_keys(
-        [item.key for item in fixed], [item.resolved.rules_id for item in fixed]
+        return [], work
+    usable, positions = keys.column_keys(
+        [work[number].key for number in fixed], [work[number].resolved.rules_id for number in fixed]
     )
-    groups: dict[str, list[_KeyWork]] = {}
-    for item, by_columns in zip(fixed, usable.tolist(), strict=True):
-        if by_columns:
-            item.by_columns = True
-            groups.setdefault(item.resolved.rules_id, []).append(item)
-    return list(groups.values())
+    by_rules: dict[str, list[int]] = {}
+    for number in np.flatnonzero(usable).tolist():
+        by_rules.setdefault(work[fixed[number]].resolved.rules_id, []).append(number)
+    groups = [
+        ([work[fixed[number]] for number in numbers], positions[numbers])
+        for numbers in by_rules.values()
+    ]
+    by_columns = np.zeros(len(work), bool)
+    by_columns[np.array(fixed)[usable]] = True
+    return groups, [item for item, column in zip(work, by_columns, strict=True) if not column]
 
 
 @dataclass(frozen=True)
@@ -374,6 +379,7 @@ class _Records:
 
 def _advance_columns(
     group: list[_KeyWork],
+    positions: np.ndarray,
     keys: BucketState,
     records: _Records,
     processing_time_ms: int,
@@ -382,7 +388,7 @@ def _advance_columns(
     """Advance a group of keys with the same rules together (`bucket_windowing`)."""
     resolved = group[0].resolved
     rules = resolved.rules
-    columns = keys.take_columns([item.key for item in group], len(rules.metrics))
+    columns = keys.take_columns([item.key for item in group], positions, len(rules.metrics))
     columns.quarantined_records += np.array([item.quarantined for item in group], np.int64)
     rows = np.concatenate([item.rows for item in group])
     record_key = np.repeat(np.arange(len(group)), [len(item.rows) for item in group])
@@ -546,17 +552,17 @@ class _Output:
         `record_key[i]` its key in `result.keys`."""
         keys, panes = result.keys, result.panes
         placed, rejected = result.placements, result.rejections
+
+        def record_columns(kind: str, record: np.ndarray) -> dict[str, Any]:
+            key = record_key[record]
+            return self._record_columns(kind, rows[record], keys.tenant[key], keys.source[key])
+
         if len(placed.record_index):
             record = placed.record_index
             self.tables.append(
                 union_table(
                     {
-                        **self._record_columns(
-                            EVENTS.name,
-                            rows[record],
-                            keys.tenant[record_key[record]],
-                            keys.source[record_key[record]],
-                        ),
+                        **record_columns(EVENTS.name, record),
                         "window_id": window_ids(placed.window_start_ms, placed.window_end_ms),
                         "window_start_ms": placed.window_start_ms,
                         "window_end_ms": placed.window_end_ms,
@@ -571,12 +577,7 @@ class _Output:
             self.tables.append(
                 union_table(
                     {
-                        **self._record_columns(
-                            LATE_EVENTS.name,
-                            rows[record],
-                            keys.tenant[record_key[record]],
-                            keys.source[record_key[record]],
-                        ),
+                        **record_columns(LATE_EVENTS.name, record),
                         "window_start_ms": rejected.window_start_ms,
                         "window_end_ms": rejected.window_end_ms,
                         "lateness_ms": rejected.watermark_ms - rejected.window_end_ms,
@@ -601,7 +602,7 @@ class _Output:
                         "count": panes.count,
                         "metrics_json": panes.metrics_json(names),
                         "merged_window_ids_json": ["[]"] * len(panes.key),
-                        "watermark_ms": _optional_times(panes.watermark_ms),
+                        "watermark_ms": optional_times(panes.watermark_ms),
                     },
                     len(panes.key),
                 )
@@ -613,10 +614,10 @@ class _Output:
                     "kind": [TENANT_STATUS.name] * count,
                     "tenant": keys.tenant,
                     "source": keys.source,
-                    "watermark_ms": _optional_times(keys.watermark_ms),
-                    "max_event_time_ms": _optional_times(keys.max_event_time_ms),
+                    "watermark_ms": optional_times(keys.watermark_ms),
+                    "max_event_time_ms": optional_times(keys.max_event_time_ms),
                     "open_windows": np.bincount(keys.windows.key, minlength=count),
-                    "last_record_processing_ms": _optional_times(keys.last_record_processing_ms),
+                    "last_record_processing_ms": optional_times(keys.last_record_processing_ms),
                     "processing_time_ms": np.full(count, processing_time_ms, np.int64),
                     "on_time_records": keys.on_time_records,
                     "late_records": keys.late_records,
@@ -773,10 +774,6 @@ class _Output:
             },
             len(states),
         )
-
-
-def _optional_times(times_ms: np.ndarray) -> pa.Array:
-    return pa.array(times_ms, pa.int64(), mask=times_ms == NO_TIME)
 
 
 def union_table(columns: dict[str, Any], rows: int) -> pa.Table:
