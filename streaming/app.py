@@ -38,6 +38,7 @@ from streaming.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
 from streaming.compaction_schedule import CompactionSchedule
 from streaming.configured_status import ConfiguredKeyRows
 from streaming.hooks import NO_FAULTS, FaultHook
+from streaming.kafka.deferral import Deferral, DeferralStore
 from streaming.notify.notifier import Notifier
 from streaming.progress import BatchProgress, LastBatchFile, ProgressListener
 from streaming.quarantine_log import QuarantineLog
@@ -94,7 +95,12 @@ class StreamApp:
         self._spark: SparkSession | None = None
         self._compaction: CompactionSchedule | None = None
         self.progress = ProgressListener(
-            settings.stream.name, LastBatchFile(settings.stream.checkpoint_dir), on_batch
+            settings.stream.name,
+            LastBatchFile(settings.stream.checkpoint_dir),
+            on_batch,
+            DeferralStore.for_stream(
+                settings.stream, self.lake.root, self.lake.storage_options or {}
+            ),
         )
         # Its rate limit spans the batches of this instance: one object, owned here.
         self.quarantine_log = QuarantineLog(self.lake, settings.quarantine_log)
@@ -219,7 +225,12 @@ class StreamApp:
             compaction=self._compaction,
             quarantine_log=self.quarantine_log,
         )
-        query = start_query(spark, settings, self.snapshots, sink, available_now, self.fault_hook)
+        deferral = Deferral.for_stream(
+            settings.stream, self.lake.root, self.lake.storage_options or {}, self.snapshots
+        )
+        query = start_query(
+            spark, settings, self.snapshots, sink, available_now, self.fault_hook, deferral
+        )
         self._threads.append(
             self.watcher.watch(self._stopping, interval_s=CONFIG_POLL_INTERVAL_S, clock_ms=_now_ms)
         )

@@ -11,28 +11,37 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from pyarrow import fs
+
+from streaming.kafka.options import partition_offsets
 
 OFFSETS_DIR = "offsets"
 COMMITS_DIR = "commits"
 
 
-def parse_offsets_file(text: str, topic: str) -> dict[int, int]:
-    """The next offset per partition of `topic` recorded in one `offsets/<batch>` file.
-
-    The source line is this project's reader's `{"<partition>": offset}` or Spark's own Kafka
-    source's `{"<topic>": {"<partition>": offset}}`.
-    """
+def source_offset(text: str) -> dict[str, Any]:
+    """The source's offset recorded in one `offsets/<batch>` file, as the source wrote it."""
     lines = text.splitlines()
     if len(lines) < 3 or lines[0].strip() != "v1":
         raise ValueError(f"not a Spark offset log entry: {lines[:1]!r}, {len(lines)} lines")
     offsets = json.loads(lines[2])
     if not isinstance(offsets, dict):
         raise ValueError(f"the source offsets are not a JSON object: {lines[2][:200]!r}")
+    return offsets
+
+
+def parse_offsets_file(text: str, topic: str) -> dict[int, int]:
+    """The next offset per partition of `topic` recorded in one `offsets/<batch>` file.
+
+    The source line is this project's reader's `{"<partition>": offset}` (with its planning
+    time, `_at_ms`) or Spark's own Kafka source's `{"<topic>": {"<partition>": offset}}`.
+    """
+    offsets = source_offset(text)
     if offsets and all(isinstance(value, dict) for value in offsets.values()):
         offsets = offsets.get(topic, {})
-    return {int(partition): int(offset) for partition, offset in offsets.items()}
+    return partition_offsets(offsets)
 
 
 def checkpoint_filesystem(checkpoint_dir: str) -> tuple[fs.FileSystem, str]:
@@ -84,5 +93,13 @@ class CheckpointLog:
 
     def offsets(self, batch_id: int, topic: str) -> dict[int, int]:
         """The offsets batch `batch_id` ends at (exclusive), per partition."""
+        return parse_offsets_file(self._offsets_text(batch_id), topic)
+
+    def source_offset(self, batch_id: int) -> dict[str, Any]:
+        """Batch `batch_id`'s end offset as its source wrote it."""
+        return source_offset(self._offsets_text(batch_id))
+
+    def _offsets_text(self, batch_id: int) -> str:
         with self._filesystem.open_input_stream(f"{self._path}/{OFFSETS_DIR}/{batch_id}") as file:
-            return parse_offsets_file(file.read().decode("utf-8"), topic)
+            text: str = file.read().decode("utf-8")
+        return text

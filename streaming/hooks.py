@@ -15,6 +15,9 @@ from typing import Protocol
 class FaultPoint(StrEnum):
     KAFKA_READ = "kafka_read"
     """Executor, while reading a Kafka partition range; position: an offset in the range."""
+    AFTER_DEFERRAL = "after_deferral"
+    """Executor, after a reader task wrote its deferred records and ledger, before Spark gets a
+    row; position: the task's offset range (empty when it only releases deferred records)."""
     STATE_FUNCTION = "state_function"
     """Executor, inside the stateful function; position: an offset of the records it got."""
     BATCH_START = "batch_start"

@@ -29,6 +29,8 @@ from pyspark.sql.streaming.listener import (
 )
 
 from streaming.checkpoint_log import checkpoint_filesystem
+from streaming.kafka.deferral import DeferralStore, batch_key
+from streaming.kafka.options import partition_offsets
 
 progress_log = logging.getLogger("tenant_windows.progress")
 log = logging.getLogger(__name__)
@@ -65,6 +67,10 @@ class BatchProgress(BaseModel):
     Spark did not report the broker's latest offsets (the first batch after a restart re-runs
     the batch planned before it without asking the broker)."""
     already_committed: bool = False
+    deferred: int = 0
+    """Records read in this batch and deferred (a tenant over its quota or fair share)."""
+    released: int = 0
+    """Deferred records of earlier batches windowed in this one."""
 
 
 NO_OFFSETS = frozenset({"", "None", "null"})
@@ -98,7 +104,7 @@ def offsets_per_partition(offset_json: str | None) -> dict[int, int] | None:
     if not isinstance(offsets, dict):
         return None
     try:
-        return {int(partition): int(offset) for partition, offset in offsets.items()}
+        return partition_offsets(offsets)
     except (TypeError, ValueError):
         log.debug("not an offset JSON: %r", offset_json[:200])
         return None
@@ -151,8 +157,10 @@ class ProgressListener(StreamingQueryListener):
         stream: str,
         last_batch: LastBatchFile,
         observer: Callable[[BatchProgress], None] | None = None,
+        deferral: DeferralStore | None = None,
     ) -> None:
         self.stream = stream
+        self.deferral = deferral
         self.last_batch = last_batch
         self.observer = observer
         self._pending: dict[int, BatchOutcome] = {}
@@ -199,10 +207,30 @@ class ProgressListener(StreamingQueryListener):
 
     def _report(self, outcome: BatchOutcome, progress: Any) -> None:
         summary = batch_progress(self.stream, outcome, progress)
+        if self.deferral is not None:
+            counts = self.deferral.batch_counts(_batch_key_of(progress))
+            summary = summary.model_copy(
+                update={"deferred": counts.deferred, "released": counts.released}
+            )
         progress_log.info(summary.model_dump_json())
         self.last_batch.write(summary)
         if self.observer is not None:
             self.observer(summary)
+
+
+def _batch_key_of(progress: Any) -> str | None:
+    """The deferral folder of the batch a progress event reports, if its source wrote one."""
+    for source in progress.sources:
+        offset_json = source.endOffset
+        if offset_json is None or offset_json.strip() in NO_OFFSETS:
+            continue
+        try:
+            offset = json.loads(offset_json)
+        except ValueError:
+            continue
+        if isinstance(offset, dict):
+            return batch_key(offset)
+    return None
 
 
 def batch_progress(stream: str, outcome: BatchOutcome, progress: Any) -> BatchProgress:

@@ -11,6 +11,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from streaming.hooks import NO_FAULTS, FaultHook
+from streaming.kafka.deferral import Deferral
 from streaming.kafka.source import register as register_tw_kafka
 from streaming.keyed_state import (
     BUCKET_COLUMN,
@@ -26,11 +27,16 @@ from tenants.settings import AppSettings
 
 
 def read_kafka(
-    spark: SparkSession, settings: AppSettings, fault_hook: FaultHook = NO_FAULTS
+    spark: SparkSession,
+    settings: AppSettings,
+    fault_hook: FaultHook = NO_FAULTS,
+    deferral: Deferral | None = None,
 ) -> DataFrame:
+    """The topic's records; with `deferral` (`tw_kafka` only), those admitted by quota and fair
+    share, and the deferred ones released."""
     kafka = settings.kafka
     if kafka.source_format == "tw_kafka":
-        register_tw_kafka(spark, fault_hook)
+        register_tw_kafka(spark, fault_hook, deferral)
     reader = (
         spark.readStream.format(kafka.source_format)
         .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
@@ -74,8 +80,10 @@ def start_query(
     sink: MicroBatchSink,
     available_now: bool,
     fault_hook: FaultHook = NO_FAULTS,
+    deferral: Deferral | None = None,
 ) -> StreamingQuery:
-    rows = windowed_rows(read_kafka(spark, settings, fault_hook), snapshots, settings, fault_hook)
+    records = read_kafka(spark, settings, fault_hook, deferral)
+    rows = windowed_rows(records, snapshots, settings, fault_hook)
     # Idle timeouts need batches without data, but AvailableNow would then never end: with it,
     # timeouts fire only in batches that have data.
     spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", str(not available_now).lower())

@@ -32,6 +32,7 @@ from storage.tables import TENANT_STATUS, WINDOWS
 from storage.writer_lease import read_lease
 from streaming.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
 from streaming.kafka.client import consumer_config
+from streaming.kafka.deferral import DeferralStore, batch_key
 from streaming.progress import LastBatchFile
 from tenants.registry import load_registry
 from tenants.settings import AppSettings
@@ -42,6 +43,7 @@ KAFKA_TIMEOUT_MS = 5_000
 NO_DATA_YET = "no data yet"
 KEYS = "keys"
 KAFKA_LAG = "kafka lag"
+DEFERRED = "deferred (quotas and fair share)"
 LAST_BATCH = "last batch"
 WRITER_LEASE = "writer lease"
 NOTIFICATIONS = "notifications"
@@ -79,6 +81,7 @@ def gather_status(settings: AppSettings) -> list[StatusSection]:
     readers: dict[str, SectionSource] = {
         KEYS: key_status_section,
         KAFKA_LAG: kafka_lag_section,
+        DEFERRED: deferred_section,
         LAST_BATCH: last_batch_section,
         WRITER_LEASE: writer_lease_section,
         NOTIFICATIONS: notification_progress_section,
@@ -196,6 +199,21 @@ def kafka_lag_section(settings: AppSettings, _lake: DeltaLake) -> StatusSection:
         if planned is not None and planned != committed:
             note += f"; batch {planned} is in progress"
     return StatusSection(title=KAFKA_LAG, rows=rows, note=note)
+
+
+def deferred_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
+    """Per tenant slowed down after the last committed batch: records waiting in deferral, the
+    oldest one's age, and whether its quota's tokens are spent."""
+    checkpoint = CheckpointLog(settings.stream.checkpoint_dir)
+    committed = checkpoint.latest_batch(COMMITS_DIR)
+    if committed is None:
+        return StatusSection(title=DEFERRED, rows=[], note="no batch committed yet")
+    store = DeferralStore.for_stream(settings.stream, lake.root, lake.storage_options or {})
+    rows = store.tenants_waiting(
+        batch_key(checkpoint.source_offset(committed)), int(time.time() * 1000)
+    )
+    note = None if rows else "no tenant is over its quota or waiting for its fair share"
+    return StatusSection(title=DEFERRED, rows=rows, note=note)
 
 
 def backlog_records(settings: AppSettings) -> int | None:

@@ -99,6 +99,10 @@ class _SnapshotTenants(Mapping[str, TenantConfig]):
         # A published body leaves unset overrides out: a source without any is `{}`.
         return bool(self._bodies[tenant_id]["sources"].get(source) == {})
 
+    def sets_quota(self, tenant_id: str) -> bool:
+        # A published body leaves an unset quota out (`exclude_none`).
+        return "quota" in self._bodies[tenant_id]
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._bodies)
 

@@ -377,11 +377,30 @@ class QueryLimits(BaseModel):
         )
 
 
+class Quota(_Frozen):
+    """How many records of one tenant the stream windows: a token bucket per Kafka partition.
+
+    A tenant over it is slowed, never dropped: its excess records are deferred and windowed
+    later, in order (docs/architecture.md, "Quotas and deferral").
+    """
+
+    records_per_second: float = Field(
+        gt=0, description="Sustained rate: tokens added per second of processing time."
+    )
+    burst: int = Field(
+        gt=0, description="Tokens a bucket holds at most: records windowed at once after a pause."
+    )
+
+
 class TenantConfig(_Frozen):
     """One tenant: its id and the sources it sends, each with the tenant's rule overrides."""
 
     id: Identifier
     sources: dict[Identifier, RuleOverrides] = Field(min_length=1)
+    quota: Quota | None = Field(
+        default=None,
+        description="This tenant's quota; unset: the stream's `default_quota` (app.yaml).",
+    )
     query: dict[str, object] = Field(
         default_factory=dict,
         description="Overrides of the query service's limits for this tenant (`QueryLimits`).",

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 from tenants.models import (
     ID_PATTERN,
     EventTimeSpec,
+    Quota,
     SourceConfig,
     TenantConfig,
     WindowRules,
@@ -71,6 +72,10 @@ class SourceIdIndex(Protocol):
 
     def overrides_nothing(self, tenant_id: str, source: str) -> bool:
         """Whether the tenant sends `source` with the source's own rules, all unchanged."""
+        ...
+
+    def sets_quota(self, tenant_id: str) -> bool:
+        """Whether the tenant's config has a `quota` of its own."""
         ...
 
 
@@ -139,6 +144,15 @@ class TenantRegistry:
             )
             for source in sources:
                 yield tenant, source
+
+    def quota_of(self, tenant: str) -> Quota | None:
+        """The tenant's own quota; None for an unknown tenant or one without a quota (the
+        stream's default applies). As cheap as `source_ids` for a tenant without one."""
+        if tenant not in self.tenants:
+            return None
+        if self._index is not None and not self._index.sets_quota(tenant):
+            return None
+        return self.tenants[tenant].quota
 
     def configures(self, tenant: str, source: str) -> bool:
         """Whether `resolve(tenant, source)` finds a route, at the cost of a lookup."""

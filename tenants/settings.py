@@ -14,7 +14,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from tenants.models import ID_PATTERN, NonNegativeDurationMs, PositiveDurationMs, QueryLimits
+from tenants.models import (
+    ID_PATTERN,
+    NonNegativeDurationMs,
+    PositiveDurationMs,
+    QueryLimits,
+    Quota,
+)
 from tenants.registry import ConfigError
 
 ENV_PREFIX = "TW_"
@@ -152,6 +158,32 @@ class StreamSettings(_Frozen):
         description=(
             "One writer per stream: an instance that has not renewed its lease (every third of "
             "this) for this long may be taken over. Keep it well above clock skew between hosts."
+        ),
+    )
+
+    default_quota: Quota | None = Field(
+        default=None,
+        description=(
+            "The quota of every tenant whose file sets none: `{records_per_second, burst}`, a "
+            "token bucket per tenant and Kafka partition; a tenant over it is deferred, never "
+            "dropped. Unset: only `window_budget` slows tenants down."
+        ),
+    )
+    window_budget: int | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Records a micro-batch windows at most, shared between its Kafka partitions; when "
+            "more are waiting, every tenant with records waiting gets a fair share and the rest "
+            "are deferred. Unset: no limit beyond `kafka.max_offsets_per_trigger` and quotas."
+        ),
+    )
+    max_deferred_records: int = Field(
+        default=1_000_000,
+        gt=0,
+        description=(
+            "Deferred records a Kafka partition holds at most; while it holds more, the stream "
+            "reads that partition no further ahead than it windows."
         ),
     )
 

@@ -164,7 +164,7 @@ def test_random_crashes_leave_the_same_output_after_restart(
     for run in range(RANDOM_CRASHES):
         # The sample config has no `notify`: delivery points are never reached (test_notify_*).
         point = rng.choice([point for point in FaultPoint if point not in DELIVERY_POINTS])
-        if point in (FaultPoint.KAFKA_READ, FaultPoint.STATE_FUNCTION):
+        if point in (FaultPoint.KAFKA_READ, FaultPoint.AFTER_DEFERRAL, FaultPoint.STATE_FUNCTION):
             position = rng.randrange(0, RECORDS // 2)  # an offset in one of two partitions
         else:
             position = rng.randrange(0, batches)

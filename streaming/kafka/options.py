@@ -37,6 +37,21 @@ class StartingOffsets:
     per_partition: tuple[tuple[int, int], ...] = ()
 
 
+AT_MS_KEY = "_at_ms"
+"""The one key of a `tw_kafka` offset that is not a partition: when the batch was planned, in
+ms since the epoch (streaming.kafka.planning). Offsets written before deferral lack it."""
+
+
+def partition_offsets(offset: Mapping[str, object]) -> dict[int, int]:
+    """`{partition: next offset}` of a `tw_kafka` offset as Spark stores it; ValueError or
+    TypeError for anything else."""
+    return {
+        partition_number(key): int(value)  # type: ignore[call-overload]
+        for key, value in offset.items()
+        if key != AT_MS_KEY
+    }
+
+
 def partition_number(key: str | int) -> int:
     """A partition key (JSON gives strings) as its number; anything else is rejected."""
     try:

@@ -29,6 +29,7 @@ from pyspark.sql.types import (
 
 from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
 from streaming.kafka.client import KafkaUnavailableError, consumer_config
+from streaming.kafka.deferral import TaskAdmission, admit_partition
 from streaming.kafka.options import SOURCE_NAME
 
 ARROW_BATCH_ROWS = 10_000
@@ -88,6 +89,22 @@ class KafkaInputPartition(InputPartition):
     bootstrap_servers: str
     poll_timeout_ms: int
     request_timeout_ms: int | None
+    admission: TaskAdmission | None = None
+    """Set when the stream defers (`deferral`): the range is then admitted before Spark sees it."""
+
+
+def read_admitted(
+    split: KafkaInputPartition, fault_hook: FaultHook = NO_FAULTS
+) -> Iterator[pa.RecordBatch]:
+    """The records of `split` that its batch windows: all of them, or what admission lets
+    through (with the deferred records it releases) when the stream defers."""
+    if split.admission is None:
+        yield from read_partition(split, fault_hook)
+        return
+    records = pa.Table.from_batches(list(read_partition(split, fault_hook)), ARROW_SCHEMA)
+    windowed = admit_partition(records, split.partition, split.admission)
+    fault_hook.reached(FaultPoint.AFTER_DEFERRAL, split.start_offset, split.end_offset - 1)
+    yield from windowed.to_batches(max_chunksize=ARROW_BATCH_ROWS)
 
 
 def read_partition(
@@ -101,6 +118,8 @@ def read_partition(
     an unreachable broker fails. A read never ends early: returning fewer records than the
     range holds would lose them for good, because Spark commits the planned offsets.
     """
+    if split.start_offset >= split.end_offset:
+        return  # a task that only releases deferred records
     where = (
         f"{split.topic}/{split.partition} offsets [{split.start_offset}, {split.end_offset}) "
         f"from bootstrap servers {split.bootstrap_servers}"

@@ -20,9 +20,11 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from streaming.hooks import NO_FAULTS, FaultHook
+from streaming.kafka.deferral import Deferral, batch_key
 from streaming.kafka.offsets import OffsetPlanner, max_rows_of, partition_ranges, split_ranges
 from streaming.kafka.options import SOURCE_NAME, KafkaSourceOptions
-from streaming.kafka.reader import KAFKA_SCHEMA, KafkaInputPartition, read_partition
+from streaming.kafka.planning import DeferralPlanner
+from streaming.kafka.reader import KAFKA_SCHEMA, KafkaInputPartition, read_admitted
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -31,10 +33,17 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     The camelCase method names are Spark's API (hence the `noqa: N802`).
     """
 
-    def __init__(self, options: KafkaSourceOptions, fault_hook: FaultHook = NO_FAULTS) -> None:
+    def __init__(
+        self,
+        options: KafkaSourceOptions,
+        fault_hook: FaultHook = NO_FAULTS,
+        deferral: Deferral | None = None,
+    ) -> None:
         self.options = options
         self.fault_hook = fault_hook
+        self.deferral = deferral
         self.planner = OffsetPlanner(options)
+        self.deferral_planner = None if deferral is None else DeferralPlanner(deferral, options)
 
     def initialOffset(self) -> dict[str, int]:  # noqa: N802
         return self.planner.initial_offsets()
@@ -48,7 +57,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.planner.fix_available_now_end()
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:  # noqa: N802
-        return self.planner.next_end(start, max_rows_of(limit))
+        if self.deferral_planner is None:
+            return self.planner.next_end(start, max_rows_of(limit))
+        return self.deferral_planner.next_end(self.planner, start, max_rows_of(limit))
 
     def reportLatestOffset(self) -> dict[str, int] | None:  # noqa: N802
         # The end offsets latestOffset just fetched: asking the broker again would cost a
@@ -56,6 +67,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.planner.latest_seen
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[KafkaInputPartition]:
+        if self.deferral_planner is not None:
+            return self.deferral_planner.tasks(start, end)
         return [
             KafkaInputPartition(
                 topic=self.options.topic,
@@ -74,13 +87,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, KafkaInputPartition):
             raise TypeError(f"expected a KafkaInputPartition, got {type(partition).__name__}")
-        return read_partition(partition, self.fault_hook)
+        return read_admitted(partition, self.fault_hook)
 
     def commit(self, end: dict[str, int]) -> None:
-        # Nothing to do: the offsets live in Spark's checkpoint, which is the only truth a
-        # restart uses. Committing them to a consumer group too would add a second, possibly
-        # disagreeing, record of progress.
-        return None
+        # The offsets live in Spark's checkpoint, which is the only truth a restart uses.
+        # Committing them to a consumer group too would add a second, possibly disagreeing,
+        # record of progress. What deferral no longer needs can go.
+        if self.deferral is not None:
+            self.deferral.store.remove_unneeded(batch_key(end))
 
     def stop(self) -> None:
         self.planner.close()
@@ -90,6 +104,7 @@ class KafkaDataSource(DataSource):
     """`spark.readStream.format("tw_kafka")`: one Kafka topic, Spark Kafka source columns."""
 
     fault_hook: FaultHook = NO_FAULTS
+    deferral: Deferral | None = None
 
     @classmethod
     def name(cls) -> str:
@@ -104,19 +119,26 @@ class KafkaDataSource(DataSource):
                 f"{SOURCE_NAME} has a fixed schema ({KAFKA_SCHEMA.simpleString()}); "
                 f"got {schema.simpleString()}"
             )
-        return KafkaStreamReader(KafkaSourceOptions.from_options(self.options), self.fault_hook)
+        return KafkaStreamReader(
+            KafkaSourceOptions.from_options(self.options), self.fault_hook, self.deferral
+        )
 
 
-def register(spark: SparkSession, fault_hook: FaultHook = NO_FAULTS) -> None:
-    """Make `format("tw_kafka")` available in `spark`, reading with `fault_hook` installed."""
-    if fault_hook is NO_FAULTS:
+def register(
+    spark: SparkSession, fault_hook: FaultHook = NO_FAULTS, deferral: Deferral | None = None
+) -> None:
+    """Make `format("tw_kafka")` available in `spark`, reading with `fault_hook` installed and,
+    given `deferral`, admitting records by quota and fair share."""
+    if fault_hook is NO_FAULTS and deferral is None:
         spark.dataSource.register(KafkaDataSource)
         return
 
-    # Spark builds the source from its class alone (options are strings), so the hook travels
-    # as a class attribute of a local subclass, which cloudpickle ships by value.
-    class HookedKafkaDataSource(KafkaDataSource):
+    # Spark builds the source from its class alone (options are strings, and would show S3
+    # keys in plans), so both travel as class attributes of a local subclass, which
+    # cloudpickle ships by value.
+    class ConfiguredKafkaDataSource(KafkaDataSource):
         pass
 
-    HookedKafkaDataSource.fault_hook = fault_hook
-    spark.dataSource.register(HookedKafkaDataSource)
+    ConfiguredKafkaDataSource.fault_hook = fault_hook
+    ConfiguredKafkaDataSource.deferral = deferral
+    spark.dataSource.register(ConfiguredKafkaDataSource)

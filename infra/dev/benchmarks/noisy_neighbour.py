@@ -9,6 +9,12 @@ moment it is sent to the moment its (partition, offset) is in `events`: a watche
 file the table's commits add, as they land. The first `--warm-up-seconds` (start-up) are left
 out; records are put in a phase by when they were sent.
 
+The producers and the watcher run in processes of their own. By default the broker and the
+bursting producer get one CPU to themselves (`--load-cpus`), the stream and the quiet side the
+rest: in a deployment, producers and brokers do not run on the stream's CPUs, and on a 2-CPU
+machine a producer sending as fast as it can takes a whole one. `--burst-elsewhere` is the
+control: the same burst, into a topic the stream does not read.
+
 It prints, per phase, the quiet records, their latency p50, p95 and max, and how many were
 never seen (must be 0); then the burst's size and the stream's batches. Every loop is bounded
 by the run's own deadline.
@@ -18,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import shutil
 import tempfile
 import threading
@@ -45,6 +53,9 @@ from tenants.settings import AppSettings, load_settings
 
 PROJECT_CONF = Path(__file__).resolve().parents[3] / "conf"
 TOPIC = "noisy-neighbour"
+ELSEWHERE = "noisy-neighbour-elsewhere"
+"""With `--burst-elsewhere`, the burst goes here: a topic the stream does not read, so the run
+shows what the burst costs the machine alone (the control)."""
 SOURCE = "billing"
 QUIET = ("quiet-1", "quiet-2", "quiet-3")
 NOISY = "noisy"
@@ -62,6 +73,7 @@ class Timeline:
     before_s: float
     burst_s: float
     after_s: float
+    burst_topic: str = TOPIC
 
     @property
     def burst_starts_s(self) -> float:
@@ -100,23 +112,45 @@ class Probe:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--warm-up-seconds", type=float, default=30)
+    parser.add_argument("--warm-up-seconds", type=float, default=40)
     parser.add_argument("--before-seconds", type=float, default=30)
     parser.add_argument("--burst-seconds", type=float, default=20)
     parser.add_argument("--after-seconds", type=float, default=30)
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument(
+        "--burst-elsewhere",
+        action="store_true",
+        help="the control: send the burst to a topic the stream does not read",
+    )
+    parser.add_argument(
+        "--load-cpus",
+        type=int,
+        default=1,
+        help="CPUs reserved for the broker and the bursting producer (0: share all of them "
+        "with the stream), so the burst loads the stream with records, not with its own CPU.",
+    )
     args = parser.parse_args(argv)
     timeline = Timeline(
-        args.warm_up_seconds, args.before_seconds, args.burst_seconds, args.after_seconds
+        args.warm_up_seconds,
+        args.before_seconds,
+        args.burst_seconds,
+        args.after_seconds,
+        ELSEWHERE if args.burst_elsewhere else TOPIC,
     )
     workdir = Path(tempfile.mkdtemp(prefix="tw-noisy-"))
     try:
+        cpus = split_cpus(args.load_cpus)
         with LocalKafka(workdir / "kafka") as kafka:
+            if cpus is not None:
+                assert kafka.pid is not None
+                pin(kafka.pid, cpus.load)
+                pin(os.getpid(), cpus.stream)  # Spark's JVM and workers start from here
             kafka.create_topic(TOPIC, args.partitions)
+            kafka.create_topic(ELSEWHERE, args.partitions)
             spark = build_spark("tenant-windows-noisy-neighbour", shuffle_partitions=4)
             try:
                 probe, batches = run(
-                    spark, probe_settings(kafka.bootstrap_servers, workdir), timeline
+                    spark, probe_settings(kafka.bootstrap_servers, workdir), timeline, cpus
                 )
             finally:
                 spark.stop()
@@ -147,35 +181,103 @@ def probe_settings(bootstrap_servers: str, workdir: Path) -> AppSettings:
     )
 
 
-def run(spark: SparkSession, settings: AppSettings, timeline: Timeline) -> tuple[Probe, list[Any]]:
-    """Run the stream, the producers and the watcher; the probe's records and the batches."""
-    event_time = load_registry(settings.conf_dir).sources[SOURCE].event_time
+@dataclass(frozen=True)
+class Cpus:
+    stream: frozenset[int]
+    """The stream, the quiet producer and the watcher."""
+    load: frozenset[int]
+    """The broker and the bursting producer."""
+
+
+def split_cpus(load_cpus: int) -> Cpus | None:
+    """This process's CPUs split in two, or None to share them all."""
+    available = sorted(os.sched_getaffinity(0))
+    if load_cpus <= 0 or load_cpus >= len(available):
+        return None
+    return Cpus(frozenset(available[:-load_cpus]), frozenset(available[-load_cpus:]))
+
+
+def pin(pid: int, cpus: frozenset[int]) -> None:
+    """Every thread of `pid` to `cpus`; threads it starts later inherit them."""
+    for thread in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(thread), cpus)
+
+
+def run(
+    spark: SparkSession, settings: AppSettings, timeline: Timeline, cpus: Cpus | None = None
+) -> tuple[Probe, list[Any]]:
+    """Run the stream here, and the producers and the watcher in processes of their own; the
+    probe's records and the batches.
+
+    A producer sending as fast as it can holds its process's interpreter lock most of the
+    time: in the driver's process it would slow the stream's driver-side Python (and, with the
+    watcher beside it, the measurement), which is not what a tenant's burst does to a real
+    deployment. The processes share `time.monotonic()`, which is system-wide on Linux.
+    """
     stream = StreamApp(settings, DeltaLake.from_settings(settings.lake)).start(spark)
     probe = Probe()
-    stop = threading.Event()
+    processes = multiprocessing.get_context("spawn")
+    results = processes.Queue()
     workers = [
-        threading.Thread(target=target, name=name, daemon=True)
-        for name, target in [
-            ("quiet", lambda: _produce_quiet(settings, event_time, probe, timeline)),
-            ("noisy", lambda: _produce_noisy(settings, event_time, probe, timeline)),
-            ("watcher", lambda: _watch(settings, probe, stop)),
-        ]
+        processes.Process(
+            target=target, args=(settings, probe.started, timeline, results, cpus), name=name
+        )
+        for name, target in [("noisy", _noisy_process), ("quiet", _quiet_process)]
     ]
     try:
         for worker in workers:
             worker.start()
-        for worker in workers[:2]:
-            worker.join(timeline.ends_s + 60)
+        deadline_s = probe.now_s() + timeline.ends_s + DRAIN_LIMIT_S + 120
+        for _ in workers:
+            name, result = results.get(timeout=max(1.0, deadline_s - probe.now_s()))
+            if name == "noisy":
+                probe.noisy_sent = result
+            else:
+                probe.sent_s, probe.seen_s = result
+    finally:
+        for worker in workers:
+            worker.join(30)
+            if worker.is_alive():
+                worker.kill()
+        query = stream.query
+        batches = [p for p in query.recentProgress if int(p["numInputRows"]) > 0]
+        stream.stop()
+    return probe, batches
+
+
+def _noisy_process(
+    settings: AppSettings, started: float, timeline: Timeline, results: Any, cpus: Cpus | None
+) -> None:
+    if cpus is not None:
+        pin(os.getpid(), cpus.load)
+    probe = Probe(started=started)
+    event_time = load_registry(settings.conf_dir).sources[SOURCE].event_time
+    _produce_noisy(settings, event_time, probe, timeline)
+    results.put(("noisy", probe.noisy_sent))
+
+
+def _quiet_process(
+    settings: AppSettings, started: float, timeline: Timeline, results: Any, cpus: Cpus | None
+) -> None:
+    """Send the quiet records and watch `events` for them, until all are seen or the drain
+    limit passes."""
+    if cpus is not None:
+        pin(os.getpid(), cpus.stream)
+    probe = Probe(started=started)
+    event_time = load_registry(settings.conf_dir).sources[SOURCE].event_time
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(settings, probe, stop), daemon=True)
+    watcher.start()
+    try:
+        _produce_quiet(settings, event_time, probe, timeline)
         deadline_s = probe.now_s() + DRAIN_LIMIT_S
         while probe.now_s() < deadline_s and _unseen(probe):
             time.sleep(0.5)
     finally:
         stop.set()
-        workers[2].join(30)
-        query = stream.query
-        batches = [p for p in query.recentProgress if int(p["numInputRows"]) > 0]
-        stream.stop()
-    return probe, batches
+        watcher.join(30)
+    with probe.lock:
+        results.put(("quiet", (dict(probe.sent_s), dict(probe.seen_s))))
 
 
 def _value(tenant: str, number: int, event_time: EventTimeSpec) -> bytes:
@@ -231,7 +333,7 @@ def _produce_noisy(
     try:
         while (now_s := probe.now_s()) < timeline.ends_s:
             value = _value(NOISY, probe.noisy_sent, event_time)
-            producer.send(TOPIC, key=NOISY.encode(), value=value)
+            producer.send(timeline.burst_topic, key=NOISY.encode(), value=value)
             probe.noisy_sent += 1
             if not timeline.burst_starts_s <= now_s < timeline.burst_ends_s:
                 next_s = max(next_s, now_s) + 1 / QUIET_RATE_PER_S

@@ -192,6 +192,12 @@ class _Dataset:
                 "stream.name": f"scale-{tenants}",
             },
         )
+        # Capacity, not policy: the tenants here are meant to run as fast as the stream can,
+        # so the project's default quota and window budget are lifted.
+        unlimited = settings.stream.model_copy(
+            update={"default_quota": None, "window_budget": None}
+        )
+        settings = settings.model_copy(update={"stream": unlimited})
         return cls(tenants, sent, settings, workdir)
 
 
