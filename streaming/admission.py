@@ -100,7 +100,9 @@ class Ledger:
         return sum(queue.backlog for queue in self.tenants.values())
 
     def is_empty(self) -> bool:
-        return not self.tenants and self.counts == BatchCounts()
+        """Nothing waits, no quota bucket needs refilling, and the batch deferred and released
+        nothing: a missing ledger says all of that."""
+        return not self.tenants and not self.counts.deferred and not self.counts.released
 
     def to_json(self) -> dict[str, Any]:
         return {

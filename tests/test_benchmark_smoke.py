@@ -53,4 +53,5 @@ def test_the_noisy_neighbour_probe_sees_every_quiet_record_of_every_phase(
         assert phase.unseen == 0, phase.phase
         assert 0 < phase.percentile_s(0.5) <= phase.percentile_s(1.0)
     assert probe.noisy_sent > 10 * (timeline.before_s + timeline.after_s)
-    assert sum(int(p["numInputRows"]) for p in batches) >= len(probe.sent_s) + probe.noisy_sent
+    # The burst may still be in deferral (the default quota); the quiet records were windowed.
+    assert sum(int(p["numInputRows"]) for p in batches) >= len(probe.sent_s)

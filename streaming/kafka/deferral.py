@@ -149,6 +149,8 @@ class DeferralStore:
 
     def save(self, batch: str, partition: int, ledger: Ledger, deferred: pa.Table) -> None:
         """Write the records deferred, then the ledger that names them; both atomically."""
+        if ledger.is_empty():
+            return  # a batch that deferred nothing defers nothing (deferred rows need segments)
         filesystem, base = self._filesystem()
         folder = f"{base}/{batch}"
         filesystem.create_dir(folder, recursive=True)
@@ -158,11 +160,10 @@ class DeferralStore:
                 f"{folder}/{partition}.parquet",
                 lambda out: pq.write_table(deferred, out, compression="zstd"),
             )
-        if not ledger.is_empty():
-            body = orjson.dumps(ledger.to_json())
-            _write_atomically(
-                filesystem, f"{folder}/{partition}.ledger.json", lambda out: out.write(body)
-            )
+        body = orjson.dumps(ledger.to_json())
+        _write_atomically(
+            filesystem, f"{folder}/{partition}.ledger.json", lambda out: out.write(body)
+        )
 
     def released(self, partition: int, releases: Iterable[Release]) -> pa.Table | None:
         """The deferred records `releases` name, in their order, without the tenant column."""

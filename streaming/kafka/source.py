@@ -6,6 +6,7 @@ executors.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -25,6 +26,8 @@ from streaming.kafka.offsets import OffsetPlanner, max_rows_of, partition_ranges
 from streaming.kafka.options import SOURCE_NAME, KafkaSourceOptions
 from streaming.kafka.planning import DeferralPlanner
 from streaming.kafka.reader import KAFKA_SCHEMA, KafkaInputPartition, read_admitted
+
+log = logging.getLogger(__name__)
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -94,7 +97,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Committing them to a consumer group too would add a second, possibly disagreeing,
         # record of progress. What deferral no longer needs can go.
         if self.deferral is not None:
-            self.deferral.store.remove_unneeded(batch_key(end))
+            try:
+                self.deferral.store.remove_unneeded(batch_key(end))
+            except OSError as error:
+                # Only space is at stake; the next batch's commit tries again.
+                log.warning("could not remove deferral folders no batch needs: %s", error)
 
     def stop(self) -> None:
         self.planner.close()
