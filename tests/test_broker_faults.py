@@ -29,7 +29,7 @@ from infra.dev.load_generator import LoadSpec, generate
 from infra.dev.local_stack import LocalKafka
 from streaming.app import StreamApp
 from streaming.kafka.client import KafkaUnavailableError
-from streaming.kafka.options import KafkaSourceOptions
+from streaming.kafka.options import KafkaSourceOptions, partition_offsets
 from streaming.kafka.reader import KafkaInputPartition, read_partition
 from streaming.kafka.source import KafkaStreamReader
 from tenants.registry import load_registry
@@ -120,7 +120,9 @@ def _end_offset(progress: dict[str, Any] | None) -> dict[str, int] | None:
         return None
     end = progress["sources"][0]["endOffset"]
     parsed = json.loads(end) if isinstance(end, str) else end
-    return {str(k): int(v) for k, v in sorted(parsed.items())} if parsed else None
+    if not parsed:
+        return None
+    return {str(k): v for k, v in sorted(partition_offsets(parsed).items())}
 
 
 def _run_until_drained(

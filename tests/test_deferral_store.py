@@ -26,7 +26,6 @@ from streaming.kafka.reader import ARROW_SCHEMA
 from tenants.config_store import ConfigSnapshots
 from tenants.models import Quota
 
-
 OPTIONS = {"subscribe": "t", "kafka.bootstrap.servers": "127.0.0.1:9"}
 
 
