@@ -171,11 +171,11 @@ def admit(
     arriving_by_name = dict(zip(names, arriving, strict=True))
 
     order = sorted(queues)
+    quotas = {name: quota_of(name) for name in order}
     tokens: dict[str, float | None] = {}
     wanted: dict[str, int] = {}
     for name in order:
-        queue = queues[name]
-        quota = quota_of(name)
+        queue, quota = queues[name], quotas[name]
         tokens[name] = None if quota is None else _refilled(queue, quota, now_ms)
         demand = queue.backlog + arriving_by_name.get(name, 0)
         allowed = tokens[name]
@@ -197,7 +197,7 @@ def admit(
         if left is not None:
             left -= grant
         counts += BatchCounts(windowed=window_new[name], released=released, deferred=deferred)
-        quota = quota_of(name)
+        quota = quotas[name]
         if segments or (quota is not None and left is not None and left < quota.burst):
             next_queues[name] = TenantQueue(segments=segments, tokens=left, refilled_at_ms=now_ms)
     window_now = _first_of_each(codes, np.array([window_new[name] for name in names], np.int64))

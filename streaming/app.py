@@ -38,7 +38,7 @@ from streaming.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
 from streaming.compaction_schedule import CompactionSchedule
 from streaming.configured_status import ConfiguredKeyRows
 from streaming.hooks import NO_FAULTS, FaultHook
-from streaming.kafka.deferral import Deferral, DeferralStore
+from streaming.kafka.deferral import Deferral
 from streaming.notify.notifier import Notifier
 from streaming.progress import BatchProgress, LastBatchFile, ProgressListener
 from streaming.quarantine_log import QuarantineLog
@@ -94,13 +94,14 @@ class StreamApp:
         self._query: StreamingQuery | None = None
         self._spark: SparkSession | None = None
         self._compaction: CompactionSchedule | None = None
+        self.deferral = Deferral.for_stream(
+            settings.stream, self.lake.root, self.lake.storage_options or {}, self.snapshots
+        )
         self.progress = ProgressListener(
             settings.stream.name,
             LastBatchFile(settings.stream.checkpoint_dir),
             on_batch,
-            DeferralStore.for_stream(
-                settings.stream, self.lake.root, self.lake.storage_options or {}
-            ),
+            self.deferral.store,
         )
         # Its rate limit spans the batches of this instance: one object, owned here.
         self.quarantine_log = QuarantineLog(self.lake, settings.quarantine_log)
@@ -225,11 +226,8 @@ class StreamApp:
             compaction=self._compaction,
             quarantine_log=self.quarantine_log,
         )
-        deferral = Deferral.for_stream(
-            settings.stream, self.lake.root, self.lake.storage_options or {}, self.snapshots
-        )
         query = start_query(
-            spark, settings, self.snapshots, sink, available_now, self.fault_hook, deferral
+            spark, settings, self.snapshots, sink, available_now, self.fault_hook, self.deferral
         )
         self._threads.append(
             self.watcher.watch(self._stopping, interval_s=CONFIG_POLL_INTERVAL_S, clock_ms=_now_ms)

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from pyarrow import fs
 
 from storage.data_files import filesystem_of
-from streaming.admission import BatchCounts, Ledger, Release, admit
+from streaming.admission import UNPARSED_TENANT, BatchCounts, Ledger, Release, admit
 from streaming.kafka.options import AT_MS_KEY
 from tenants.config_store import ConfigSnapshots
 from tenants.models import Quota
@@ -46,11 +46,6 @@ TENANT_COLUMN = "tenant"
 KEEP_UNREFERENCED_S = 600
 """A folder no ledger needs is removed after this long, never sooner: a batch being planned
 may not have written its ledger yet."""
-
-
-def kafka_offsets(offset: Mapping[str, int]) -> dict[str, int]:
-    """The partitions' offsets of a `tw_kafka` offset, without `_at_ms`."""
-    return {key: value for key, value in offset.items() if key != AT_MS_KEY}
 
 
 def batch_key(offset: Mapping[str, int]) -> str | None:
@@ -136,7 +131,9 @@ class DeferralStore:
                 )
         return [
             {
-                "tenant": row["tenant"] or "(unreadable records)",
+                "tenant": "(unreadable records)"
+                if row["tenant"] == UNPARSED_TENANT
+                else row["tenant"],
                 "deferred_records": row["deferred_records"],
                 "oldest_deferred_age_s": None
                 if row["oldest_at_ms"] is None
@@ -165,7 +162,7 @@ class DeferralStore:
             filesystem, f"{folder}/{partition}.ledger.json", lambda out: out.write(body)
         )
 
-    def released(self, partition: int, releases: Iterable[Release]) -> pa.Table | None:
+    def released(self, releases: Iterable[Release]) -> pa.Table | None:
         """The deferred records `releases` name, in their order, without the tenant column."""
         filesystem, base = self._filesystem()
         files: dict[str, pa.Table] = {}
@@ -257,7 +254,7 @@ def admit_partition(records: pa.Table, partition: int, task: TaskAdmission) -> p
     deferred = records.append_column(TENANT_COLUMN, pa.array(tenants, pa.string())).filter(
         pc.invert(window_now)
     )
-    released = deferral.store.released(partition, decision.releases)
+    released = deferral.store.released(decision.releases)
     deferral.store.save(task.end_batch, partition, decision.ledger, deferred)
     admitted = records.filter(window_now)
     if released is None:
@@ -275,7 +272,7 @@ def peek_tenants(values: pa.ChunkedArray | pa.Array) -> list[str]:
         except orjson.JSONDecodeError:
             record = None
         tenant = record.get("tenant") if type(record) is dict else None
-        tenants.append(tenant if type(tenant) is str else "")
+        tenants.append(tenant if type(tenant) is str else UNPARSED_TENANT)
     return tenants
 
 

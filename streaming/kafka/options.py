@@ -52,6 +52,11 @@ def partition_offsets(offset: Mapping[str, object]) -> dict[int, int]:
     }
 
 
+def kafka_offsets(offset: Mapping[str, int]) -> dict[str, int]:
+    """A `tw_kafka` offset's partitions, as Spark stores them, without `_at_ms`."""
+    return {key: value for key, value in offset.items() if key != AT_MS_KEY}
+
+
 def partition_number(key: str | int) -> int:
     """A partition key (JSON gives strings) as its number; anything else is rejected."""
     try:

@@ -16,9 +16,9 @@ import time
 from collections.abc import Mapping
 
 from streaming.admission import Ledger, fair_shares
-from streaming.kafka.deferral import Deferral, TaskAdmission, batch_key, kafka_offsets
+from streaming.kafka.deferral import Deferral, TaskAdmission, batch_key
 from streaming.kafka.offsets import OffsetPlanner, partition_ranges
-from streaming.kafka.options import AT_MS_KEY, KafkaSourceOptions
+from streaming.kafka.options import AT_MS_KEY, KafkaSourceOptions, kafka_offsets
 from streaming.kafka.reader import KafkaInputPartition
 
 
@@ -79,15 +79,12 @@ class DeferralPlanner:
         # tenants beside a burst's partition would get almost nothing.
         budgets = fair_shares(waiting, self.deferral.window_budget)
         return [
-            KafkaInputPartition(
-                topic=self.options.topic,
-                partition=partition,
-                start_offset=first,
-                end_offset=stop,
-                bootstrap_servers=self.options.bootstrap_servers,
-                poll_timeout_ms=self.options.poll_timeout_ms,
-                request_timeout_ms=self.options.request_timeout_ms,
-                admission=None
+            KafkaInputPartition.of_range(
+                self.options,
+                partition,
+                first,
+                stop,
+                None
                 if end_batch is None
                 else TaskAdmission(
                     deferral=self.deferral,

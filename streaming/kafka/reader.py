@@ -30,7 +30,7 @@ from pyspark.sql.types import (
 from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
 from streaming.kafka.client import KafkaUnavailableError, consumer_config
 from streaming.kafka.deferral import TaskAdmission, admit_partition
-from streaming.kafka.options import SOURCE_NAME
+from streaming.kafka.options import SOURCE_NAME, KafkaSourceOptions
 
 ARROW_BATCH_ROWS = 10_000
 
@@ -91,6 +91,26 @@ class KafkaInputPartition(InputPartition):
     request_timeout_ms: int | None
     admission: TaskAdmission | None = None
     """Set when the stream defers (`deferral`): the range is then admitted before Spark sees it."""
+
+    @classmethod
+    def of_range(
+        cls,
+        options: KafkaSourceOptions,
+        partition: int,
+        start_offset: int,
+        end_offset: int,
+        admission: TaskAdmission | None = None,
+    ) -> KafkaInputPartition:
+        return cls(
+            topic=options.topic,
+            partition=partition,
+            start_offset=start_offset,
+            end_offset=end_offset,
+            bootstrap_servers=options.bootstrap_servers,
+            poll_timeout_ms=options.poll_timeout_ms,
+            request_timeout_ms=options.request_timeout_ms,
+            admission=admission,
+        )
 
 
 def read_admitted(

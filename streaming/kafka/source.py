@@ -73,15 +73,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.deferral_planner is not None:
             return self.deferral_planner.tasks(start, end)
         return [
-            KafkaInputPartition(
-                topic=self.options.topic,
-                partition=partition,
-                start_offset=start_offset,
-                end_offset=end_offset,
-                bootstrap_servers=self.options.bootstrap_servers,
-                poll_timeout_ms=self.options.poll_timeout_ms,
-                request_timeout_ms=self.options.request_timeout_ms,
-            )
+            KafkaInputPartition.of_range(self.options, partition, start_offset, end_offset)
             for partition, start_offset, end_offset in split_ranges(
                 partition_ranges(start, end), self.options.min_partitions
             )
