@@ -17,7 +17,15 @@ from infra.cluster.ship import EXECUTOR_DISTRIBUTIONS, build_artifacts
 # What the executor-side modules import beyond pyspark, pandas and pyarrow: the Kafka reader's
 # client and its native CRC-32C, the windowing's sorted containers, the key state's JSON codec,
 # the config models, the YAML loader of the config registry.
-EXECUTOR_IMPORTS = ("kafka-python", "crc32c", "sortedcontainers", "orjson", "pydantic", "pyyaml")
+EXECUTOR_IMPORTS = (
+    "kafka-python",
+    "crc32c",
+    "confluent-kafka",
+    "sortedcontainers",
+    "orjson",
+    "pydantic",
+    "pyyaml",
+)
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -20,8 +20,8 @@ from streaming.kafka.reader import (
     ARROW_SCHEMA,
     KAFKA_SCHEMA,
     KafkaInputPartition,
+    RecordColumns,
     read_partition,
-    records_to_record_batch,
 )
 from streaming.kafka.source import KafkaStreamReader, register
 
@@ -136,31 +136,50 @@ def assert_exactly_once(log: BatchLog, expected: Produced) -> None:
 
 
 @dataclass(frozen=True)
-class FakeRecord:
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    timestamp_type: int | None
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes]]
+class FakeMessage:
+    """What the reader reads of a `confluent_kafka.Message`."""
+
+    offset_: int
+    timestamp_: tuple[int, int]
+    key_: bytes | None
+    value_: bytes | None
+    headers_: list[tuple[str, bytes]] | None
+
+    def offset(self) -> int:
+        return self.offset_
+
+    def timestamp(self) -> tuple[int, int]:
+        return self.timestamp_
+
+    def key(self) -> bytes | None:
+        return self.key_
+
+    def value(self) -> bytes | None:
+        return self.value_
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return self.headers_
 
 
 def test_records_become_arrow_rows_in_spark_kafka_layout() -> None:
-    batch = records_to_record_batch(
-        [
-            FakeRecord("t", 2, 7, 1_700_000_000_123, 0, b"k", b"v", [("h", b"x")]),
-            FakeRecord("t", 2, 9, 1_700_000_000_456, None, None, None, []),
-        ]
-    )
-    assert batch.schema.equals(ARROW_SCHEMA)
-    rows = batch.to_pylist()
+    columns = RecordColumns("t", 2)
+    # librdkafka's timestamp types: 1 create time, 2 log append time, 0 not available.
+    columns.append(FakeMessage(7, (1, 1_700_000_000_123), b"k", b"v", [("h", b"x")]))
+    columns.append(FakeMessage(9, (0, -1), None, None, None))
+    columns.append(FakeMessage(10, (2, 1_700_000_000_789), b"", b"w", []))
+    first = columns.take_record_batch(2)
+    assert first.schema.equals(ARROW_SCHEMA)
+    rows = first.to_pylist()
     assert rows[0]["timestamp"] == datetime(2023, 11, 14, 22, 13, 20, 123_000, tzinfo=UTC)
     assert rows[0]["headers"] == [{"key": "h", "value": b"x"}]
     assert (rows[1]["key"], rows[1]["value"], rows[1]["headers"]) == (None, None, None)
+    # Kafka's and Spark's numbering: -1 none, 0 create time, 1 log append time.
     assert [r["timestampType"] for r in rows] == [0, -1]
-    assert [r["offset"] for r in rows] == [7, 9]
+    assert [(r["topic"], r["partition"], r["offset"]) for r in rows] == [("t", 2, 7), ("t", 2, 9)]
+    assert len(columns) == 1
+    (rest,) = columns.take_record_batch(1).to_pylist()
+    assert (rest["offset"], rest["timestampType"], rest["headers"]) == (10, 1, None)
+    assert len(columns) == 0
 
 
 def test_reader_plans_offsets_against_the_broker(kafka: LocalKafka) -> None:

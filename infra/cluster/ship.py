@@ -5,7 +5,7 @@ does) and nothing of this project. Two artifacts fill the gap, both served by th
 
 - the code: the `tenants`, `streaming` and `storage` packages (pure Python, never `infra`) in a
   zip on `spark.submit.pyFiles`, which executors import from the zip as it is;
-- the dependencies the executor-side code imports (the Kafka reader's kafka-python, the config
+- the dependencies the executor-side code imports (the Kafka reader's confluent-kafka, the config
   models' pydantic, the YAML loader's pyyaml, and what they require), copied from the driver's
   own environment into a zip on `spark.archives`. An archive, not pyFiles: pydantic-core is a
   compiled extension, and Python cannot load an extension module from inside a zip, so Spark
@@ -34,12 +34,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 EXECUTOR_PACKAGES = ("tenants", "streaming", "storage")
 # The closure of kafka-python (with its native CRC-32C: without it every fetched batch is
-# checked in pure Python, several times slower), sortedcontainers (the windowing's index of
+# checked in pure Python, several times slower), confluent-kafka (the reader; its wheel bundles
+# librdkafka), sortedcontainers (the windowing's index of
 # open sessions), orjson (key state), pydantic and pyyaml;
 # tests/test_cluster_ship.py checks it against the installed requirement metadata.
 EXECUTOR_DISTRIBUTIONS = (
     "kafka-python",
     "crc32c",
+    "confluent-kafka",
     "sortedcontainers",
     "orjson",
     "pydantic",

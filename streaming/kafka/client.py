@@ -1,9 +1,14 @@
-"""kafka-python consumers as this source uses them, on the driver and on executors alike.
+"""The Kafka clients of this source: kafka-python on the driver (offset lookups), librdkafka
+(confluent-kafka) on executors (reading ranges).
 
 Both sides bound every wait and fail with `KafkaUnavailableError`, so a broker outage stops the
 query instead of hanging it. That includes a broker that accepts connections and never answers:
 bootstrapping and every single request are cut to the caller's budget, so no request outlives it
 (kafka-python's own 30 s request timeout would otherwise overrun a shorter budget).
+
+Executors read with librdkafka because reading is the one step every record pays for, deferred
+or not: its C decoder costs 2-3 us of CPU a record against kafka-python's 8-12 here
+(docs/scale.md), which is what a burst that is only read and parked costs everyone else.
 """
 
 from __future__ import annotations
@@ -50,4 +55,39 @@ def consumer_config(
         # Calls without a timeout argument (metadata in `topics()`, `close()`) wait this long
         # for a silent broker.
         "request_timeout_ms": request_timeout_within(request_timeout_ms, budget_ms),
+    }
+
+
+READER_GROUP_ID = "tenant-windows-reader-unused"
+"""librdkafka's consumer requires a group id. The reader never subscribes or commits, so the
+group never has members or offsets: Spark's checkpoint holds the offsets."""
+
+
+def reader_config(
+    bootstrap_servers: str,
+    request_timeout_ms: int | None,
+    client_id: str,
+    budget_ms: int,
+) -> dict[str, Any]:
+    """librdkafka settings for an executor that reads one offset range it was assigned,
+    with the same guarantees as `consumer_config`: no group, no commits, no silent jumps, and
+    no single request or connection attempt longer than `budget_ms`."""
+    request_ms = request_timeout_within(request_timeout_ms, budget_ms)
+    return {
+        "bootstrap.servers": bootstrap_servers,
+        "client.id": client_id,
+        "group.id": READER_GROUP_ID,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "allow.auto.create.topics": False,
+        # A range whose start is gone fails the read (an error message) instead of jumping.
+        "auto.offset.reset": "error",
+        # As kafka-python and Spark's own source: the planner's end offsets are high
+        # watermarks, and read_committed would stop short of them at an open transaction.
+        "isolation.level": "read_uncommitted",
+        "socket.timeout.ms": request_ms,
+        "socket.connection.setup.timeout.ms": max(budget_ms, MIN_REQUEST_TIMEOUT_MS),
+        # librdkafka logs every failed reconnect to stderr; its errors reach the reader, which
+        # reports the last one when it gives up.
+        "log_level": 0,
     }

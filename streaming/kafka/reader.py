@@ -7,13 +7,14 @@ closed before the read returns, and every wait is bounded by `pollTimeoutMs`.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from kafka import KafkaConsumer, TopicPartition
-from kafka.errors import KafkaError
+import pyarrow.compute as pc
+from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
@@ -28,7 +29,7 @@ from pyspark.sql.types import (
 )
 
 from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
-from streaming.kafka.client import KafkaUnavailableError, consumer_config
+from streaming.kafka.client import KafkaUnavailableError, reader_config
 from streaming.kafka.deferral import TaskAdmission, admit_partition
 from streaming.kafka.options import SOURCE_NAME, KafkaSourceOptions
 
@@ -57,25 +58,62 @@ KAFKA_SCHEMA = StructType(
 ARROW_SCHEMA = to_arrow_schema(KAFKA_SCHEMA, timezone="UTC")
 
 
-def records_to_record_batch(records: Sequence[Any]) -> pa.RecordBatch:
-    """Arrow rows in KAFKA_SCHEMA from kafka-python `ConsumerRecord`s."""
-    headers_type = ARROW_SCHEMA.field("headers").type
-    columns = [
-        pa.array([r.key for r in records], pa.binary()),
-        pa.array([r.value for r in records], pa.binary()),
-        pa.array([r.topic for r in records], pa.string()),
-        pa.array([r.partition for r in records], pa.int32()),
-        pa.array([r.offset for r in records], pa.int64()),
-        # Kafka timestamps are ms since the epoch; Spark's are us.
-        pa.array([r.timestamp * 1000 for r in records], ARROW_SCHEMA.field("timestamp").type),
-        # -1 is Kafka's NO_TIMESTAMP_TYPE, for records written without one.
-        pa.array(
-            [-1 if r.timestamp_type is None else r.timestamp_type for r in records], pa.int32()
-        ),
+class RecordColumns:
+    """A range's records as columns in KAFKA_SCHEMA, filled from librdkafka messages.
+
+    Column lists, not a list of messages: a message is a handful of C getters, each read once,
+    and Arrow builds each column in one call.
+    """
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.offsets: list[int] = []
+        self.timestamps_ms: list[int] = []
+        self.timestamp_types: list[int] = []
+        self.headers: list[list[tuple[str, bytes]] | None] = []
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def append(self, message: Any) -> None:
+        """Add one data message (a `confluent_kafka.Message` without an error)."""
+        self.keys.append(message.key())
+        self.values.append(message.value())
+        self.offsets.append(message.offset())
+        timestamp_type, timestamp_ms = message.timestamp()
+        self.timestamps_ms.append(timestamp_ms)
+        # librdkafka numbers them from "not available" (0); Kafka and Spark from -1.
+        self.timestamp_types.append(timestamp_type - 1)
         # Spark's Kafka source gives null, not an empty array, for a record without headers.
-        pa.array([list(r.headers) if r.headers else None for r in records], headers_type),
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+        self.headers.append(message.headers() or None)
+
+    def take_record_batch(self, rows: int) -> pa.RecordBatch:
+        """The first `rows` records as Arrow, removed from these columns."""
+        timestamps_ms = pa.array(self.timestamps_ms[:rows], pa.int64())
+        columns = [
+            pa.array(self.keys[:rows], pa.binary()),
+            pa.array(self.values[:rows], pa.binary()),
+            pa.repeat(pa.scalar(self.topic, pa.string()), rows),
+            pa.repeat(pa.scalar(self.partition, pa.int32()), rows),
+            pa.array(self.offsets[:rows], pa.int64()),
+            # Kafka timestamps are ms since the epoch; Spark's are us.
+            pc.multiply(timestamps_ms, 1000).cast(ARROW_SCHEMA.field("timestamp").type),
+            pa.array(self.timestamp_types[:rows], pa.int32()),
+            pa.array(self.headers[:rows], ARROW_SCHEMA.field("headers").type),
+        ]
+        for column in (
+            self.keys,
+            self.values,
+            self.offsets,
+            self.timestamps_ms,
+            self.timestamp_types,
+            self.headers,
+        ):
+            del column[:rows]
+        return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -144,60 +182,64 @@ def read_partition(
         f"{split.topic}/{split.partition} offsets [{split.start_offset}, {split.end_offset}) "
         f"from bootstrap servers {split.bootstrap_servers}"
     )
-    topic_partition = TopicPartition(split.topic, split.partition)
-    # One deadline from the start: connecting to a broker that is down counts as no progress.
-    progress_deadline = time.monotonic() + split.poll_timeout_ms / 1000
-    try:
-        consumer = KafkaConsumer(
-            **consumer_config(
+    # librdkafka retries broker errors by itself; the newest is named when the read gives up.
+    broker_errors: deque[str] = deque(maxlen=1)
+    consumer = Consumer(
+        {
+            **reader_config(
                 split.bootstrap_servers,
                 split.request_timeout_ms,
                 client_id=f"{SOURCE_NAME}-reader-{split.topic}-{split.partition}",
                 budget_ms=split.poll_timeout_ms,
             ),
-            max_poll_records=ARROW_BATCH_ROWS,
-        )
-    except KafkaError as error:
-        raise KafkaUnavailableError(
-            f"reading {where}: no broker answered within pollTimeoutMs "
-            f"({split.poll_timeout_ms} ms): {error!r}"
-        ) from error
+            "error_cb": lambda error: broker_errors.append(error.str()),
+        }
+    )
     try:
-        consumer.assign([topic_partition])
-        consumer.seek(topic_partition, split.start_offset)
+        consumer.assign([TopicPartition(split.topic, split.partition, split.start_offset)])
+        columns = RecordColumns(split.topic, split.partition)
         position = split.start_offset
-        pending: list[Any] = []
+        # One deadline from the start: connecting to a broker that is down counts as no progress.
+        progress_deadline = time.monotonic() + split.poll_timeout_ms / 1000
         while position < split.end_offset:
             remaining_ms = int((progress_deadline - time.monotonic()) * 1000)
             if remaining_ms <= 0:
+                last_error = f" (last broker error: {broker_errors[-1]})" if broker_errors else ""
                 raise KafkaUnavailableError(
                     f"reading {where}: no progress for {split.poll_timeout_ms} ms "
-                    f"(stuck at offset {position}); the broker is unreachable or no longer has "
-                    "the range; raise pollTimeoutMs or check the broker"
+                    f"(stuck at offset {position}){last_error}; the broker is unreachable or no "
+                    "longer has the range; raise pollTimeoutMs or check the broker"
                 )
-            try:
-                # kafka-python decodes records only as poll hands them out, and a fetch runs
-                # past the range's end: asking for no more than the range holds keeps it from
-                # decoding records that would be dropped (up to a fetch's worth per task).
-                polled = consumer.poll(
-                    timeout_ms=min(remaining_ms, 1_000),
-                    max_records=min(split.end_offset - position, ARROW_BATCH_ROWS),
-                )
-                for record in polled.get(topic_partition, ()):
-                    if split.start_offset <= record.offset < split.end_offset:
-                        pending.append(record)
-                new_position = consumer.position(topic_partition, timeout_ms=remaining_ms)
-                fault_hook.reached(FaultPoint.KAFKA_READ, split.start_offset, split.end_offset - 1)
-            except KafkaError as error:
-                raise RuntimeError(f"reading {where} failed: {error!r}") from error
-            if new_position is not None and new_position > position:
+            messages = consumer.consume(
+                num_messages=min(split.end_offset - position, ARROW_BATCH_ROWS),
+                timeout=min(remaining_ms, 1_000) / 1000,
+            )
+            new_position = position
+            for message in messages:
+                error = message.error()
+                offset = message.offset()
+                if error is not None or offset is None:
+                    raise RuntimeError(f"reading {where} failed: {error or 'no offset'}")
+                # A fetch runs past the range's end; what lies beyond belongs to the next batch.
+                if offset >= split.end_offset:
+                    new_position = split.end_offset
+                    break
+                columns.append(message)
+                new_position = offset + 1
+            if new_position == position:
+                # Offsets have gaps (transaction markers, compaction): librdkafka's position
+                # moves past markers it skipped, which no message shows.
+                (assigned,) = consumer.position([TopicPartition(split.topic, split.partition)])
+                new_position = max(position, min(assigned.offset or 0, split.end_offset))
+            fault_hook.reached(FaultPoint.KAFKA_READ, split.start_offset, split.end_offset - 1)
+            if new_position > position:
                 position = new_position
                 progress_deadline = time.monotonic() + split.poll_timeout_ms / 1000
-            while len(pending) >= ARROW_BATCH_ROWS:
-                yield records_to_record_batch(pending[:ARROW_BATCH_ROWS])
-                pending = pending[ARROW_BATCH_ROWS:]
-        if pending:
-            yield records_to_record_batch(pending)
+            while len(columns) >= ARROW_BATCH_ROWS:
+                yield columns.take_record_batch(ARROW_BATCH_ROWS)
+        if columns:
+            yield columns.take_record_batch(len(columns))
     finally:
-        # Spark reuses Python workers: an unclosed consumer leaks its sockets into the next task.
-        consumer.close(autocommit=False)
+        # Spark reuses Python workers: an unclosed consumer leaks its sockets and threads into
+        # the next task.
+        consumer.close()
