@@ -372,6 +372,8 @@ def _status(args: argparse.Namespace) -> int:
     from infra.status_view import render_json, render_table
     from streaming.status import gather_status
 
+    # An unreachable broker is the Kafka lag section's one line, not kafka-python's retries.
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
     sections = gather_status(settings_from(args))
     print(render_json(sections) if args.format == "json" else render_table(sections), end="")
     if args.format == "json":

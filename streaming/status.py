@@ -31,7 +31,11 @@ from storage.delta_lake import DeltaLake
 from storage.tables import TENANT_STATUS, WINDOWS
 from storage.writer_lease import read_lease
 from streaming.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
-from streaming.kafka.client import consumer_config
+from streaming.kafka.client import (
+    KafkaUnavailableError,
+    consumer_config,
+    require_a_reachable_broker,
+)
 from streaming.kafka.deferral import DeferralStore, batch_key
 from streaming.progress import LastBatchFile
 from tenants.registry import load_registry
@@ -40,6 +44,7 @@ from tenants.settings import AppSettings
 log = logging.getLogger(__name__)
 
 KAFKA_TIMEOUT_MS = 5_000
+CONNECT_TIMEOUT_S = 1.0
 NO_DATA_YET = "no data yet"
 KEYS = "keys"
 KAFKA_LAG = "kafka lag"
@@ -181,7 +186,10 @@ def kafka_lag_section(settings: AppSettings, _lake: DeltaLake) -> StatusSection:
     planned = checkpoint.latest_batch(OFFSETS_DIR)
     topic = settings.kafka.topic
     written = {} if committed is None else checkpoint.offsets(committed, topic)
-    end_offsets = broker_end_offsets(settings.kafka.bootstrap_servers, topic)
+    try:
+        end_offsets = broker_end_offsets(settings.kafka.bootstrap_servers, topic)
+    except KafkaUnavailableError as error:
+        return StatusSection(title=KAFKA_LAG, rows=[], note=str(error))
     rows = [
         {
             "topic": topic,
@@ -193,7 +201,7 @@ def kafka_lag_section(settings: AppSettings, _lake: DeltaLake) -> StatusSection:
         for partition, end in sorted(end_offsets.items())
     ]
     if committed is None:
-        note = "no batch committed yet: nothing read"
+        note = no_checkpoint_note(settings, checkpoint) or "no batch committed yet: nothing read"
     else:
         note = f"committed offsets: after batch {committed}, the last one written to the tables"
         if planned is not None and planned != committed:
@@ -207,7 +215,8 @@ def deferred_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
     checkpoint = CheckpointLog(settings.stream.checkpoint_dir)
     committed = checkpoint.latest_batch(COMMITS_DIR)
     if committed is None:
-        return StatusSection(title=DEFERRED, rows=[], note="no batch committed yet")
+        why = no_checkpoint_note(settings, checkpoint) or "no batch committed yet"
+        return StatusSection(title=DEFERRED, rows=[], note=why)
     store = DeferralStore.for_stream(settings.stream, lake.root, lake.storage_options or {})
     rows = store.tenants_waiting(
         batch_key(checkpoint.source_offset(committed)), int(time.time() * 1000)
@@ -237,7 +246,8 @@ def broker_end_offsets(
     bootstrap_servers: str, topic: str, beginning: bool = False
 ) -> dict[int, int]:
     """The next offset to be written (`beginning`: the first one kept), per partition of
-    `topic`; every wait is bounded."""
+    `topic`; every wait is bounded, and a broker that refuses connections fails at once."""
+    require_a_reachable_broker(bootstrap_servers, CONNECT_TIMEOUT_S)
     consumer = KafkaConsumer(
         **consumer_config(
             bootstrap_servers,
@@ -269,10 +279,22 @@ def _partitions_of(consumer: KafkaConsumer, topic: str) -> list[int]:
 # -- the last batch, as the driver recorded it -------------------------------------------------
 
 
+def no_checkpoint_note(settings: AppSettings, checkpoint: CheckpointLog) -> str | None:
+    """Why a section that reads the checkpoint is empty when there is no checkpoint at all:
+    most often `status` was not given the config `run` was."""
+    if checkpoint.latest_batch(OFFSETS_DIR) is not None:
+        return None
+    return (
+        f"no checkpoint at {settings.stream.checkpoint_dir} (stream.checkpoint_dir): give status "
+        "the config run was given (--app-config, or --checkpoint-dir and --lake-root)"
+    )
+
+
 def last_batch_section(settings: AppSettings, _lake: DeltaLake) -> StatusSection:
     last = LastBatchFile(settings.stream.checkpoint_dir).read()
     if last is None:
-        return StatusSection(title=LAST_BATCH, rows=[], note="no batch finished yet")
+        note = no_checkpoint_note(settings, CheckpointLog(settings.stream.checkpoint_dir))
+        return StatusSection(title=LAST_BATCH, rows=[], note=note or "no batch finished yet")
     row: dict[str, Any] = {
         "batch_id": last.batch_id,
         "finished_at": last.finished_at,
@@ -307,6 +329,8 @@ def writer_lease_section(settings: AppSettings, lake: DeltaLake) -> StatusSectio
 def notification_progress_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
     """The `windows` batch through which every pane's deliveries are finished (succeeded or
     dead-lettered), against the newest batch committed to `windows`."""
+    if not load_registry(settings.conf_dir).notifies_anyone():
+        return StatusSection(title=NOTIFICATIONS, rows=[], note="none configured")
     stream = settings.stream.name
     try:
         delivered_through = DeliveryOutbox(lake, stream).delivered_through()

@@ -154,6 +154,22 @@ class TenantRegistry:
             return None
         return self.tenants[tenant].quota
 
+    def notifies_anyone(self) -> bool:
+        """Whether any key has an endpoint to tell about its panes; builds the config only of
+        tenants that override a source's rules."""
+        index = self._index
+        for tenant, source_name in self.configured_keys():
+            source = self.sources.get(source_name)
+            if source is None:
+                continue
+            if index is not None and index.overrides_nothing(tenant, source_name):
+                targets = source.notify
+            else:
+                targets = source.notify_targets(self.tenants[tenant].sources[source_name])
+            if targets:
+                return True
+        return False
+
     def configures(self, tenant: str, source: str) -> bool:
         """Whether `resolve(tenant, source)` finds a route, at the cost of a lookup."""
         return tenant in self.tenants and source in self.source_ids(tenant)

@@ -384,3 +384,20 @@ def _wait_for(condition: Callable[[], bool], limit_s: float = 60) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+@pytest.mark.parametrize(
+    ("notify_yaml", "notifies"),
+    [
+        ("      - {kind: webhook, url: 'http://127.0.0.1/x'}\n", True),
+        ("      []\n", False),
+    ],
+)
+def test_the_registry_knows_whether_any_key_has_an_endpoint(
+    tmp_path: Path, notify_yaml: str, notifies: bool
+) -> None:
+    assert load_registry(_write_conf(tmp_path, notify_yaml)).notifies_anyone() is notifies
+
+
+def test_the_project_conf_notifies_nobody() -> None:
+    assert not load_registry(Path(__file__).parents[1] / "conf").notifies_anyone()

@@ -12,6 +12,7 @@ import itertools
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -35,10 +36,12 @@ from streaming.progress import (
     kafka_lag,
 )
 from streaming.status import (
+    DEFERRED,
     KAFKA_LAG,
     KEYS,
     LAST_BATCH,
     NO_DATA_YET,
+    NOTIFICATIONS,
     WRITER_LEASE,
     StatusSection,
     gather_status,
@@ -374,3 +377,44 @@ def test_the_status_command_reads_while_the_stream_holds_its_lease(
         app.lease.renew()
     finally:
         app.stop()
+
+
+@pytest.mark.integration
+def test_status_as_a_new_user_meets_it_one_line_per_missing_part(
+    finished_run: tuple[Pipeline, list[logging.LogRecord]], tmp_path: Path
+) -> None:
+    """The broker is down and status is given the lake but not the checkpoint: each section
+    says why in one line, and nothing of kafka-python's retries reaches the screen (the broker
+    is checked before a client is made, which used to retry for its whole 5 s budget)."""
+    pipeline, _ = finished_run
+    settings = pipeline.settings
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        down = f"127.0.0.1:{probe.getsockname()[1]}"
+    command = [
+        sys.executable, "-m", "infra.cli", "status", "--format", "json",
+        "--bootstrap-servers", down,
+        "--topic", settings.kafka.topic,
+        "--lake-root", settings.lake.root,
+        "--checkpoint-dir", str(tmp_path / "not-the-streams-checkpoint"),
+        "--stream-name", settings.stream.name,
+        "--conf", str(settings.conf_dir),
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env=pipeline.process_environ(),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "kafka" not in result.stderr.lower(), result.stderr
+    document = json.loads(result.stdout)
+    assert document[KAFKA_LAG]["note"] == f"broker {down} unreachable (connection refused)"
+    for title in (LAST_BATCH, DEFERRED):
+        assert document[title]["note"].startswith("no checkpoint at "), document[title]
+        assert "--checkpoint-dir" in document[title]["note"]
+    # The project's sources and tenants configure no endpoint.
+    assert document[NOTIFICATIONS]["note"] == "none configured"
+    # What the lake alone can tell is still there.
+    assert {(row["tenant"], row["source"]) for row in document[KEYS]["rows"]} >= {
+        ("acme", "web"),
+        ("globex", "billing"),
+    }

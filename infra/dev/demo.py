@@ -104,9 +104,12 @@ def run_demo(workdir: Path, count: int) -> int:
             spark.sql(ERRORS_SQL).show(truncate=False)
             print("Where every consumed record went:")
             spark.sql(BALANCE_SQL).show(truncate=False)
+            lake_root = workdir / "lake"
             print(
-                f"Lake: {workdir / 'lake'}\nTry: tenant-windows sql --lake-root {workdir / 'lake'} "
-                '"SELECT * FROM windows LIMIT 5"'
+                f"Lake: {lake_root}\n"
+                f'Try: tenant-windows sql --lake-root {lake_root} "SELECT * FROM windows LIMIT 5"\n'
+                f"     tenant-windows status --lake-root {lake_root} "
+                f"--checkpoint-dir {workdir / 'checkpoint'}"
             )
         finally:
             spark.stop()

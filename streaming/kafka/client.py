@@ -13,6 +13,7 @@ or not: its C decoder costs 2-3 us of CPU a record against kafka-python's 8-12 h
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 # kafka-python's own default; a lookup never gets more than what is left of its budget.
@@ -23,6 +24,28 @@ MIN_REQUEST_TIMEOUT_MS = 1_000
 
 class KafkaUnavailableError(TimeoutError):
     """The broker did not answer within the source's time budget; the query should fail."""
+
+
+def require_a_reachable_broker(bootstrap_servers: str, timeout_s: float) -> None:
+    """Return once one bootstrap server accepts a TCP connection; otherwise fail at once, in one
+    line per server. A client would retry (and log every attempt) for its whole budget before
+    saying the same."""
+    failures: list[str] = []
+    for server in (part.strip() for part in bootstrap_servers.split(",") if part.strip()):
+        host, _, port = server.rpartition(":")
+        if not host or not port.isdigit():
+            failures.append(f"broker {server} unreachable (not HOST:PORT)")
+            continue
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+                return
+        except ConnectionRefusedError:
+            failures.append(f"broker {server} unreachable (connection refused)")
+        except TimeoutError:
+            failures.append(f"broker {server} unreachable (no answer within {timeout_s:g} s)")
+        except OSError as error:
+            failures.append(f"broker {server} unreachable ({error})")
+    raise KafkaUnavailableError("; ".join(failures) or "no bootstrap servers configured")
 
 
 def request_timeout_within(request_timeout_ms: int | None, budget_ms: int) -> int:
