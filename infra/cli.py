@@ -111,6 +111,19 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--format", choices=["table", "json"], default="table")
     status.set_defaults(handler=_status)
 
+    config = commands.add_parser("config", help="the config files themselves")
+    config_commands = config.add_subparsers(required=True, metavar="ACTION")
+    schema = config_commands.add_parser(
+        "schema",
+        help="write the JSON Schemas of app.yaml, sources.yaml and tenants/*.yaml "
+        "to CONF/schema/, for editors",
+    )
+    schema.add_argument("--conf", type=Path, default=Path("conf"), help="config directory")
+    schema.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if a schema is stale"
+    )
+    schema.set_defaults(handler=_config_schema)
+
     tenants = commands.add_parser("tenants", help="tenant config")
     tenant_commands = tenants.add_subparsers(required=True, metavar="ACTION")
     validate = tenant_commands.add_parser("validate", help="check every file under the conf dir")
@@ -264,6 +277,20 @@ def settings_from(args: argparse.Namespace) -> AppSettings:
     }
     app_file = args.app_config if args.app_config.exists() else None
     return load_settings(app_file, overrides=overrides)
+
+
+def _config_schema(args: argparse.Namespace) -> int:
+    from tenants.json_schema import SCHEMA_DIR, stale_schemas, write_schemas
+
+    schema_dir = args.conf / SCHEMA_DIR
+    if args.check:
+        stale = stale_schemas(schema_dir)
+        for path in stale:
+            print(f"{path} is stale: run `tenant-windows config schema --conf {args.conf}`")
+        return 1 if stale else 0
+    for path in write_schemas(schema_dir):
+        print(f"wrote {path}")
+    return 0
 
 
 def _validate(args: argparse.Namespace) -> int:

@@ -500,6 +500,11 @@ def _render_header() -> list[str]:
         "or 2 and names the file, the field and the problem. [Examples](#examples) of every "
         "file are at the end.",
         "",
+        "The same models give the JSON Schemas in `conf/schema/` (`tenant-windows config "
+        "schema`), which editors with the YAML language server check each file against as it "
+        "is typed, from the file's first line: "
+        "`# yaml-language-server: $schema=../schema/tenant.schema.json` (docs/tenants.md).",
+        "",
     ]
 
 

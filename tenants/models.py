@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    WithJsonSchema,
     field_serializer,
     field_validator,
     model_validator,
@@ -44,9 +45,26 @@ def parse_duration_ms(value: object) -> int:
     )
 
 
-DurationMs = Annotated[int, BeforeValidator(parse_duration_ms)]
-PositiveDurationMs = Annotated[int, BeforeValidator(parse_duration_ms), Field(gt=0)]
-NonNegativeDurationMs = Annotated[int, BeforeValidator(parse_duration_ms), Field(ge=0)]
+def _duration_json_schema(positive: bool) -> WithJsonSchema:
+    """What a YAML file may write for a duration, for editors: the text form or an int of ms
+    (the validator turns both into ms, so pydantic alone would only say "integer")."""
+    number = r"0*[1-9]\d*" if positive else r"\d+"
+    return WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": rf"^\s*{number}\s*(ms|s|m|h|d)\s*$"},
+                {"type": "integer", **({"exclusiveMinimum": 0} if positive else {"minimum": 0})},
+            ]
+        }
+    )
+
+
+PositiveDurationMs = Annotated[
+    int, BeforeValidator(parse_duration_ms), Field(gt=0), _duration_json_schema(positive=True)
+]
+NonNegativeDurationMs = Annotated[
+    int, BeforeValidator(parse_duration_ms), Field(ge=0), _duration_json_schema(positive=False)
+]
 Identifier = Annotated[str, Field(pattern=ID_PATTERN)]
 # How a notify URL may be given: `${ENV_VAR}`, `secret:path/to/file` (relative to the conf dir),
 # or the URL itself. Only the URL itself can be checked here; the others when they are resolved.
@@ -392,8 +410,18 @@ class Quota(_Frozen):
     )
 
 
+def _sources_may_be_names(schema: dict[str, Any]) -> None:
+    # The JSON Schema says what a file may contain, before `_allow_bare_source_names`.
+    mapping = schema["properties"]["sources"]
+    names = {"type": "array", "items": {"type": "string", "pattern": ID_PATTERN}, "minItems": 1}
+    described = {key: mapping.pop(key) for key in ("title", "description") if key in mapping}
+    schema["properties"]["sources"] = {**described, "anyOf": [mapping, names]}
+
+
 class TenantConfig(_Frozen):
     """One tenant: its id and the sources it sends, each with the tenant's rule overrides."""
+
+    model_config = ConfigDict(json_schema_extra=_sources_may_be_names)
 
     id: Identifier
     sources: dict[Identifier, RuleOverrides] = Field(min_length=1)
