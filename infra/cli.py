@@ -100,6 +100,11 @@ def _parser() -> argparse.ArgumentParser:
         help="Spark master; default local[2] outside spark-submit. A cluster master "
         "(spark://, yarn, k8s://) gets the code and executor dependencies shipped",
     )
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics on this port (stream.metrics_port; 0: any free port)",
+    )
     run.set_defaults(handler=_run)
 
     status = commands.add_parser(
@@ -274,6 +279,7 @@ def settings_from(args: argparse.Namespace) -> AppSettings:
         "stream.checkpoint_dir": args.checkpoint_dir,
         "stream.trigger_interval": args.trigger_interval,
         "stream.name": args.stream_name,
+        "stream.metrics_port": getattr(args, "metrics_port", None),
     }
     app_file = args.app_config if args.app_config.exists() else None
     return load_settings(app_file, overrides=overrides)

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any
 from urllib.parse import quote
@@ -47,6 +47,7 @@ WRITTEN_FILE_FIELDS = [
     ("modification_time", pa.int64()),
     ("stats", pa.string()),
     ("num_records", pa.int64()),
+    ("value_counts_json", pa.string()),
 ]
 WRITTEN_FILE_SCHEMA = pa.schema(WRITTEN_FILE_FIELDS)
 WRITTEN_FILE_DDL = ", ".join(
@@ -74,6 +75,8 @@ class WrittenFile:
     modification_time: int
     stats: str
     num_records: int
+    value_counts: dict[str, int] = field(default_factory=dict)
+    """Rows per value of the table's `counted_by` column; empty for other tables."""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> WrittenFile:
@@ -85,6 +88,7 @@ class WrittenFile:
             modification_time=int(row["modification_time"]),
             stats=row["stats"],
             num_records=int(row["num_records"]),
+            value_counts=json.loads(row.get("value_counts_json") or "{}"),
         )
 
     def to_row(self) -> dict[str, Any]:
@@ -97,6 +101,7 @@ class WrittenFile:
             "modification_time": self.modification_time,
             "stats": self.stats,
             "num_records": self.num_records,
+            "value_counts_json": json.dumps(self.value_counts),
         }
 
 
@@ -330,7 +335,15 @@ def _write_file(
         modification_time=time.time_ns() // 1_000_000,
         stats=stats,
         num_records=data.num_rows,
+        value_counts=_value_counts(part, spec.counted_by),
     )
+
+
+def _value_counts(rows: pa.Table, column: str | None) -> dict[str, int]:
+    if column is None or rows.num_rows == 0:
+        return {}
+    counted = pc.value_counts(rows[column]).to_pylist()
+    return {str(entry["values"]): int(entry["counts"]) for entry in counted}
 
 
 def _split_by_partition(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -43,6 +44,9 @@ class TableSpec:
     then their layout columns. Empty: rows are written straight to their partition."""
     sort_by: tuple[str, ...] = ()
     """A total order of the rows within a settled file, so compaction is deterministic."""
+    counted_by: str | None = None
+    """A column whose values every written file counts (`WrittenFile.value_counts`): the
+    stream's metrics, without reading a row back on the driver."""
 
     @property
     def staged(self) -> bool:
@@ -60,7 +64,7 @@ class TableSpec:
         return pa.schema([*self.schema, *layout])
 
 
-def _settled(*columns: str) -> dict[str, tuple[str, ...]]:
+def _settled(*columns: str) -> dict[str, Any]:
     return {
         "partition_by": tuple(f"{LAYOUT_PREFIX}{column}" for column in columns),
         "settles_by": columns,
@@ -108,6 +112,7 @@ EVENTS = TableSpec(
         "pane_index",
         "batch_id",
     ),
+    counted_by="timing",
 )
 WINDOWS = TableSpec(
     "windows",
@@ -162,6 +167,7 @@ QUARANTINE = TableSpec(
         ]
     ),
     ("reason", "ingest_date"),
+    counted_by="reason",
 )
 TENANT_STATUS = TableSpec(
     "tenant_status",

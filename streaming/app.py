@@ -39,6 +39,7 @@ from streaming.compaction_schedule import CompactionSchedule
 from streaming.configured_status import ConfiguredKeyRows
 from streaming.hooks import NO_FAULTS, FaultHook
 from streaming.kafka.deferral import Deferral
+from streaming.metrics import StreamMetrics
 from streaming.notify.notifier import Notifier
 from streaming.progress import BatchProgress, LastBatchFile, ProgressListener
 from streaming.quarantine_log import QuarantineLog
@@ -97,10 +98,15 @@ class StreamApp:
         self.deferral = Deferral.for_stream(
             settings.stream, self.lake.root, self.lake.storage_options or {}, self.snapshots
         )
+        self.metrics = (
+            None
+            if settings.stream.metrics_port is None
+            else StreamMetrics(settings.stream.name, self.lake, self.lease)
+        )
         self.progress = ProgressListener(
             settings.stream.name,
             LastBatchFile(settings.stream.checkpoint_dir),
-            on_batch,
+            _each(on_batch, None if self.metrics is None else self.metrics.observe),
             self.deferral.store,
         )
         # Its rate limit spans the batches of this instance: one object, owned here.
@@ -135,6 +141,10 @@ class StreamApp:
         """Claim the stream (if not yet) and start its query; `conf/` must be valid now, and is
         re-read later."""
         writer_epoch = self.claim()
+        if self.metrics is not None and self.metrics.port is None:
+            port = self.settings.stream.metrics_port
+            assert port is not None  # metrics exist only when a port is set
+            self.metrics.serve(self.settings.stream.metrics_host, port)
         spark.streams.addListener(self.progress)
         self._spark = spark
         try:
@@ -162,6 +172,8 @@ class StreamApp:
             thread.join()
         self._threads.clear()
         self.lease.release()
+        if self.metrics is not None:
+            self.metrics.close()
 
     def wait_between_batches(self, grace_s: float, stop_now: threading.Event) -> None:
         """Return once no batch is in progress (the batch Spark planned last is committed), so
@@ -338,3 +350,18 @@ def run_stream(
 def _now_ms() -> int:
     # Only stamps when a new tenant config takes effect; the data path uses batch timestamps.
     return time.time_ns() // 1_000_000
+
+
+def _each(
+    *observers: Callable[[BatchProgress], None] | None,
+) -> Callable[[BatchProgress], None] | None:
+    """One observer that tells every given one, in order; None if none is given."""
+    present = [observer for observer in observers if observer is not None]
+    if not present:
+        return None
+
+    def tell_each(progress: BatchProgress) -> None:
+        for observer in present:
+            observer(progress)
+
+    return tell_each

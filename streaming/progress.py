@@ -28,9 +28,11 @@ from pyspark.sql.streaming.listener import (
     StreamingQueryListener,
 )
 
+from storage.tables import EVENTS, LATE_EVENTS, QUARANTINE
 from streaming.checkpoint_log import checkpoint_filesystem
 from streaming.kafka.deferral import DeferralStore, batch_key
 from streaming.kafka.options import partition_offsets
+from streaming.windowing import Timing
 
 progress_log = logging.getLogger("tenant_windows.progress")
 log = logging.getLogger(__name__)
@@ -48,6 +50,9 @@ class BatchOutcome(BaseModel):
     rows: dict[str, int]
     """Rows committed per table; empty when the batch was already committed (a replay)."""
     already_committed: bool = False
+    value_counts: dict[str, dict[str, int]] = {}
+    """Per table with a `counted_by` column: rows committed per value (`events` by timing,
+    `quarantine` by reason)."""
 
 
 class BatchProgress(BaseModel):
@@ -71,6 +76,13 @@ class BatchProgress(BaseModel):
     """Records read in this batch and deferred (a tenant over its quota or fair share)."""
     released: int = 0
     """Deferred records of earlier batches windowed in this one."""
+    kafka_lag: dict[int, int] = {}
+    """Per partition, as `max_kafka_lag`; empty when unknown."""
+    record_windows: dict[str, int] = {}
+    """(record, window) pairs by outcome: `on_time` and `late` (accepted, `events`),
+    `too_late` (`late_events`); SPEC §4."""
+    quarantined: dict[str, int] = {}
+    """Quarantined records by reason."""
 
 
 NO_OFFSETS = frozenset({"", "None", "null"})
@@ -248,6 +260,12 @@ def batch_progress(stream: str, outcome: BatchOutcome, progress: Any) -> BatchPr
     lags: dict[int, int] = {}
     for source in progress.sources:
         lags.update(kafka_lag(source.latestOffset, source.endOffset))
+    timings = outcome.value_counts.get(EVENTS.name, {})
+    record_windows = {
+        "on_time": timings.get(Timing.ON_TIME.value, 0),
+        "late": timings.get(Timing.LATE.value, 0),
+        "too_late": outcome.rows.get(LATE_EVENTS.name, 0),
+    }
     return BatchProgress(
         stream=stream,
         batch_id=outcome.batch_id,
@@ -257,4 +275,7 @@ def batch_progress(stream: str, outcome: BatchOutcome, progress: Any) -> BatchPr
         duration_ms=progress.batchDuration,
         max_kafka_lag=max(lags.values()) if lags else None,
         already_committed=outcome.already_committed,
+        kafka_lag=lags,
+        record_windows={} if outcome.already_committed else record_windows,
+        quarantined=outcome.value_counts.get(QUARANTINE.name, {}),
     )

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 
 from pyspark.sql import DataFrame
 
@@ -69,8 +70,7 @@ class MicroBatchSink:
             log.info("batch %d already committed to every table; skipped", batch_id)
             outcome = BatchOutcome(batch_id=batch_id, rows={}, already_committed=True)
         else:
-            rows = self._commit(batch_df, batch_id, pending)
-            outcome = BatchOutcome(batch_id=batch_id, rows=rows)
+            outcome = self._commit(batch_df, batch_id, pending)
         if self.compaction is not None:
             self.compaction.after_batch(batch_df.sparkSession, batch_id)
         if self.report is not None:
@@ -78,9 +78,7 @@ class MicroBatchSink:
         if self.after_batch is not None:
             self.after_batch(batch_id)
 
-    def _commit(
-        self, batch_df: DataFrame, batch_id: int, pending: list[TableSpec]
-    ) -> dict[str, int]:
+    def _commit(self, batch_df: DataFrame, batch_id: int, pending: list[TableSpec]) -> BatchOutcome:
         """Write and commit the batch to the `pending` tables; rows committed per table."""
         started = time.monotonic()
         target = BatchFiles(
@@ -99,6 +97,7 @@ class MicroBatchSink:
         if self.driver_files is not None:
             written += self.driver_files(target, written)
         rows: dict[str, int] = {}
+        value_counts: dict[str, dict[str, int]] = {}
         for spec in pending:
             files = [file for file in written if file.table_name == spec.name]
             if files:
@@ -114,6 +113,8 @@ class MicroBatchSink:
                 )
                 self.fault_hook.reached(FaultPoint.BETWEEN_TABLE_COMMITS, batch_id)
             rows[spec.name] = sum(file.num_records for file in files)
+            if spec.counted_by is not None:
+                value_counts[spec.name] = _summed(file.value_counts for file in files)
         self.fault_hook.reached(FaultPoint.AFTER_DELTA_COMMITS, batch_id)
         log.info(
             "batch %d: %d files in %.2fs %s",
@@ -123,10 +124,17 @@ class MicroBatchSink:
             " ".join(f"{name}={count}" for name, count in rows.items()),
         )
         self.quarantine_log.batch_committed(batch_id, written)
-        return rows
+        return BatchOutcome(batch_id=batch_id, rows=rows, value_counts=value_counts)
 
     def _holds(self, spec: TableSpec, batch_id: int) -> bool:
         # Batches commit in order, so a table whose newest commit of this stream is at or past
         # `batch_id` already holds it (a batch with no rows for a table commits nothing there).
         committed = self.lake.committed_batch(spec, self.app_id)
         return committed is not None and committed >= batch_id
+
+
+def _summed(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    total: Counter[str] = Counter()
+    for count in counts:
+        total.update(count)
+    return dict(total)

@@ -122,6 +122,19 @@ class StreamSettings(_Frozen):
     shuffle_partitions: int = Field(
         default=4, gt=0, description="State partitions; frozen once a checkpoint exists."
     )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65_535,
+        description=(
+            "Serve Prometheus metrics on this port (`run --metrics-port`; 0: any free port, "
+            "logged). Unset: no metrics endpoint."
+        ),
+    )
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="The address the metrics endpoint binds; `0.0.0.0` for a scraper elsewhere.",
+    )
     state_buckets: int = Field(
         default=64,
         gt=0,
