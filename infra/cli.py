@@ -147,6 +147,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     offboard.add_argument("--timeout", default="5m", help="how long --wait waits at most")
     offboard.set_defaults(handler=_offboard)
+    purge = tenant_commands.add_parser(
+        "purge",
+        help="erase every row of an offboarded tenant from every table, and the files that "
+        "held them",
+    )
+    purge.add_argument("tenant", help="the tenant id")
+    _settings_options(purge)
+    purge.add_argument("--dry-run", action="store_true", help="say what would go; change nothing")
+    purge.set_defaults(handler=_purge)
     issue_key = tenant_commands.add_parser(
         "issue-key",
         help="print a new API key for the tenant's queries; only its salted hash is kept",
@@ -330,6 +339,42 @@ def _issue_key(args: argparse.Namespace) -> int:
 def _revoke_key(args: argparse.Namespace) -> int:
     revoke_key(args.conf, args.tenant, args.name)
     print(f"key {args.name!r} of tenant {args.tenant!r} revoked", file=sys.stderr)
+    return 0
+
+
+def _purge(args: argparse.Namespace) -> int:
+    from storage.delta_lake import DeltaLake
+    from storage.key_lifecycle import sources_with_state
+    from storage.purge import purge_tenant
+
+    settings = settings_from(args)
+    tenant = args.tenant
+    if load_registry(settings.conf_dir).knows_tenant(tenant):
+        print(
+            f"tenant {tenant!r} is still configured in {settings.conf_dir}: offboard it first "
+            f"(tenant-windows tenants offboard {tenant} --wait)",
+            file=sys.stderr,
+        )
+        return 2
+    lake = DeltaLake.from_settings(settings.lake)
+    open_sources = sources_with_state(lake, tenant)
+    if open_sources:
+        print(
+            f"tenant {tenant!r} still has open windows in {', '.join(open_sources)}: the stream "
+            "would write their final panes after the purge; wait until offboarding has closed "
+            f"them (tenant-windows tenants offboard {tenant} --wait)",
+            file=sys.stderr,
+        )
+        return 2
+    purged = purge_tenant(lake, tenant, args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for table in purged:
+        print(f"{table.table}: {verb} {table.rows} rows of {tenant!r}, {len(table.files)} files")
+    if not args.dry_run:
+        print(
+            f"No table version and no data file holds a row of {tenant!r} now; time travel to a "
+            "version from before the purge fails on a missing file."
+        )
     return 0
 
 

@@ -51,9 +51,23 @@ def read_snapshot(
         partitioning=ds.partitioning(partition_schema, flavor="hive"),
         partition_base_dir=filesystem_path(table.table_uri).rstrip("/"),
     )
-    return dataset.to_table(
-        columns=list(schema.names if columns is None else columns), filter=row_filter
-    )
+    wanted = list(schema.names if columns is None else columns)
+    try:
+        return dataset.to_table(columns=wanted, filter=row_filter)
+    except pa.ArrowNotImplementedError:
+        if row_filter is None:
+            raise
+        # Files delta-rs rewrote (`tenants purge` deletes rows with it) hold strings as
+        # string_view, and pyarrow compares the filter's strings with them before it casts to
+        # `schema`: read the rows cast, then filter.
+        read = dataset.to_table(columns=sorted(set(wanted) | _fields_of(row_filter, schema)))
+        return read.filter(row_filter).select(wanted)
+
+
+def _fields_of(row_filter: ds.Expression, schema: pa.Schema) -> set[str]:
+    """The columns `row_filter` names (its text names them as `name`)."""
+    text = str(row_filter)
+    return {name for name in schema.names if name in text}
 
 
 def partition_columns(table: DeltaTable) -> pa.Schema:
