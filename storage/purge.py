@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 DELETE_ATTEMPTS = 5
 """A stream committing at the same moment makes delta-rs refuse the delete; it is tried again
 on the new version."""
-_TENANT_FOLDER = f"{LAYOUT_PREFIX}tenant="
+_TENANT_PARTITIONS = ("tenant", f"{LAYOUT_PREFIX}tenant")
 
 
 @dataclass(frozen=True)
@@ -120,8 +120,10 @@ def _holds(filesystem: fs.FileSystem, path: str, relative: str, tenant: str) -> 
     """Whether the file has a row of `tenant`: its folder says so for a settled file, else its
     `tenant` column does."""
     for folder in relative.split("/")[:-1]:
-        if folder.startswith(_TENANT_FOLDER) and folder != f"{_TENANT_FOLDER}{STAGED}":
-            return folder == f"{_TENANT_FOLDER}{tenant}"
+        column, _, value = folder.partition("=")
+        # `tenant=` in a lake from before the staged layout, which the file does not repeat.
+        if column in _TENANT_PARTITIONS and value != STAGED:
+            return value == tenant
     with filesystem.open_input_file(path) as file:
         # delta-rs rewrites strings as string_view, which `equal` does not compare with str.
         column = pq.read_table(file, columns=["tenant"])["tenant"].cast(pa.string())

@@ -6,7 +6,7 @@ It starts its own broker on 127.0.0.1 and preloads `--records` sample records (t
 tenants and sources, 4 partitions). Then, in this process, partition by partition, as a reader
 task does it:
 
-- **read**: `read_partition`, Kafka to Arrow (kafka-python's decoding);
+- **read**: `read_partition`, Kafka to Arrow (librdkafka's decoding);
 - **defer**: `admit_partition` with a quota that admits nothing: the tenant peek, the
   admission, and the Parquet file and ledger every deferred record goes to;
 - **release**: `admit_partition` again with a quota that admits everything: the deferred
