@@ -236,6 +236,15 @@ def _parser() -> argparse.ArgumentParser:
     vacuum.add_argument("--dry-run", action="store_true", help="list the files, delete nothing")
     vacuum.set_defaults(handler=_vacuum)
 
+    retain = commands.add_parser(
+        "retain",
+        help="delete rows of windows that ended before their tenant's retention "
+        "(lake.default_retention, or a tenant's retention)",
+    )
+    _settings_options(retain)
+    retain.add_argument("--dry-run", action="store_true", help="count the rows, delete nothing")
+    retain.set_defaults(handler=_retain)
+
     optimize = commands.add_parser(
         "optimize", help="compact small files and checkpoint every table's log"
     )
@@ -339,6 +348,42 @@ def _issue_key(args: argparse.Namespace) -> int:
 def _revoke_key(args: argparse.Namespace) -> int:
     revoke_key(args.conf, args.tenant, args.name)
     print(f"key {args.name!r} of tenant {args.tenant!r} revoked", file=sys.stderr)
+    return 0
+
+
+def _retain(args: argparse.Namespace) -> int:
+    from storage.delta_lake import DeltaLake
+    from storage.retention import TenantRetention, apply_retention, plan_cuts
+    from streaming.status import tenant_watermarks
+
+    settings = settings_from(args)
+    registry = load_registry(settings.conf_dir)
+    lake = DeltaLake.from_settings(settings.lake)
+    default = settings.lake.default_retention_ms
+    watermarks = tenant_watermarks(settings, lake)
+    tenants: dict[str, TenantRetention] = {}
+    for tenant, config in registry.tenants.items():
+        lateness = [
+            route.rules.allowed_lateness_ms
+            for source in registry.source_ids(tenant)
+            if (route := registry.resolve(tenant, source)) is not None
+        ]
+        tenants[tenant] = TenantRetention(
+            retention_ms=config.retention_ms or default,
+            watermark_ms=watermarks.get(tenant),
+            allowed_lateness_ms=max(lateness, default=0),
+        )
+    for tenant, watermark_ms in watermarks.items():
+        # Offboarded: its keys close with final panes; until they have, they are kept too.
+        tenants.setdefault(tenant, TenantRetention(default, watermark_ms))
+    now_ms = time.time_ns() // 1_000_000
+    cuts = plan_cuts(tenants, TenantRetention(default), now_ms)
+    deleted = apply_retention(lake, cuts, args.dry_run)
+    verb = "would delete" if args.dry_run else "deleted"
+    for table, rows in deleted.items():
+        print(f"{table}: {verb} {rows} rows")
+    if not args.dry_run:
+        print("Their files go at the next `tenant-windows vacuum`.")
     return 0
 
 

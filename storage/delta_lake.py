@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.schema import Field as DeltaField
 from deltalake.transaction import AddAction, RemoveAction
 
@@ -38,6 +38,9 @@ class TableMaintenance:
     files_removed: int
     files_added: int
     version: int
+
+
+DELETE_ATTEMPTS = 5
 
 
 class DeltaLake:
@@ -181,6 +184,21 @@ class DeltaLake:
             return read_newest_first(
                 self.open(spec), spec.schema, self.storage_options, columns, enough
             )
+
+    def delete_rows(self, spec: TableSpec, predicate: str) -> int:
+        """Delete the rows matching `predicate` (SQL) in one commit; rows deleted. A concurrent
+        commit (a running stream's) makes delta-rs refuse it: it is tried again on the newer
+        version, a few times."""
+        attempts = 1
+        while True:
+            try:
+                with reaching(self.root, self.storage_options, f"deleting from {spec.name}"):
+                    metrics = self.open(spec).delete(predicate=predicate)
+                return int(metrics.get("num_deleted_rows") or 0)
+            except CommitFailedError:
+                if attempts == DELETE_ATTEMPTS:
+                    raise
+                attempts += 1
 
     def committed_batch(self, spec: TableSpec, app_id: str) -> int | None:
         """The highest batch id `app_id` has committed to the table, if any."""

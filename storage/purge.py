@@ -29,7 +29,6 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError
 from pyarrow import fs
 
 from storage.data_files import filesystem_of
@@ -39,9 +38,6 @@ from tenants.models import ID_PATTERN
 
 log = logging.getLogger(__name__)
 
-DELETE_ATTEMPTS = 5
-"""A stream committing at the same moment makes delta-rs refuse the delete; it is tried again
-on the new version."""
 _TENANT_PARTITIONS = ("tenant", f"{LAYOUT_PREFIX}tenant")
 
 
@@ -75,7 +71,8 @@ def _purge_table(lake: DeltaLake, spec: TableSpec, tenant: str, dry_run: bool) -
     if dry_run:
         return TablePurge(spec.name, rows, tuple(sorted(holding)))
     if rows:
-        _delete_rows(lake, spec, tenant)
+        # `tenant` matches ID_PATTERN: nothing in it can end the literal.
+        lake.delete_rows(spec, f"tenant = '{tenant}'")
     still_current = holding & _current_files(lake.open(spec))
     if still_current:
         raise RuntimeError(
@@ -85,18 +82,6 @@ def _purge_table(lake: DeltaLake, spec: TableSpec, tenant: str, dry_run: bool) -
         filesystem.delete_file(f"{root}/{relative}")
     log.info("purged %s from %s: %d rows, %d files", tenant, spec.name, rows, len(holding))
     return TablePurge(spec.name, rows, tuple(sorted(holding)))
-
-
-def _delete_rows(lake: DeltaLake, spec: TableSpec, tenant: str) -> None:
-    for attempt in range(1, DELETE_ATTEMPTS + 1):
-        try:
-            # `tenant` matches ID_PATTERN: nothing in it can end the literal.
-            lake.open(spec).delete(predicate=f"tenant = '{tenant}'")
-            return
-        except CommitFailedError:
-            if attempt == DELETE_ATTEMPTS:
-                raise
-            log.info("purge: %s changed meanwhile; deleting again", spec.name)
 
 
 def _data_files(filesystem: fs.FileSystem, root: str, written_before: float) -> list[str]:

@@ -152,6 +152,8 @@ class StreamApp:
         except BaseException:
             self._remove_listener()
             self.lease.release()
+            if self.metrics is not None:
+                self.metrics.close()
             raise
         self._threads.append(
             self.lease.keep_alive(self._stopping, on_lost=self._stop_query_after_loss)

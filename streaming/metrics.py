@@ -138,6 +138,7 @@ class StreamMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+            self.port = None
 
 
 class _LeaseCollector(Collector):

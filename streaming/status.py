@@ -124,18 +124,9 @@ def latest_per_key(status_rows: pa.Table) -> pa.Table:
 def key_status_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
     """Watermark, how far it trails the newest record, open windows and counters per key;
     configured keys without a row yet are listed as having no data."""
-    columns = ["tenant", "source", *_KEY_COLUMNS]
     configured = set(load_registry(settings.conf_dir).configured_keys())
-
-    def every_configured_key_seen(rows: pa.Table) -> bool:
-        seen = zip(rows["tenant"].to_pylist(), rows["source"].to_pylist(), strict=True)
-        return configured <= set(seen)
-
-    # The table is every key's history: read from its newest batches back, only until every
-    # configured key has a row (a key gets one in the batch it is configured), not all of it.
-    # Keys no longer configured show if their last row is that recent.
-    table = lake.read_newest(TENANT_STATUS, columns, every_configured_key_seen)
-    rows = {(row["tenant"], row["source"]): row for row in _key_rows(latest_per_key(table))}
+    latest = _latest_rows(lake, configured)
+    rows = {(row["tenant"], row["source"]): row for row in _key_rows(latest)}
     for key in configured:
         rows.setdefault(key, {"tenant": key[0], "source": key[1], "watermark": NO_DATA_YET})
     return StatusSection(
@@ -143,6 +134,34 @@ def key_status_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
         rows=[rows[key] for key in sorted(rows)],
         note="trailing_s: newest event time minus the watermark",
     )
+
+
+def _latest_rows(lake: DeltaLake, configured: set[tuple[str, str]]) -> pa.Table:
+    """The latest `tenant_status` row per key. The table is every key's history: it is read
+    from its newest batches back, only until every configured key has a row (a key gets one in
+    the batch it is configured), not all of it. Keys no longer configured are in it if their
+    last row is that recent."""
+
+    def every_configured_key_seen(rows: pa.Table) -> bool:
+        seen = zip(rows["tenant"].to_pylist(), rows["source"].to_pylist(), strict=True)
+        return configured <= set(seen)
+
+    columns = ["tenant", "source", *_KEY_COLUMNS]
+    return latest_per_key(lake.read_newest(TENANT_STATUS, columns, every_configured_key_seen))
+
+
+def tenant_watermarks(settings: AppSettings, lake: DeltaLake) -> dict[str, int]:
+    """Each tenant's slowest key's watermark (ms), from the keys' latest `tenant_status` rows;
+    tenants without a watermark yet are left out."""
+    latest = _latest_rows(lake, set(load_registry(settings.conf_dir).configured_keys()))
+    slowest = (
+        latest.filter(pc.is_valid(latest["watermark"]))
+        .group_by("tenant")
+        .aggregate([("watermark", "min")])
+    )
+    return {
+        row["tenant"]: int(row["watermark_min"].timestamp() * 1000) for row in slowest.to_pylist()
+    }
 
 
 def tenant_key_status(lake: DeltaLake, tenant: str) -> list[dict[str, Any]]:

@@ -429,6 +429,11 @@ class TenantConfig(_Frozen):
         default=None,
         description="This tenant's quota; unset: the stream's `default_quota` (app.yaml).",
     )
+    retention_ms: PositiveDurationMs | None = Field(
+        default=None,
+        alias="retention",
+        description="How long this tenant's rows are kept; unset: `lake.default_retention`.",
+    )
     query: dict[str, object] = Field(
         default_factory=dict,
         description="Overrides of the query service's limits for this tenant (`QueryLimits`).",

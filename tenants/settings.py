@@ -96,6 +96,15 @@ class S3Settings(_Frozen):
 class LakeSettings(_Frozen):
     root: str = Field(default="data/lake", description="A local path or `s3://bucket/prefix`.")
     s3: S3Settings = Field(default_factory=S3Settings, description="Used for `s3://` roots.")
+    default_retention_ms: PositiveDurationMs | None = Field(
+        default=None,
+        alias="default_retention",
+        description=(
+            "How long a tenant's rows are kept, counted from its window's end (quarantined "
+            "records: their ingest date), for tenants whose file sets no `retention`; "
+            "`tenant-windows retain` deletes older ones. Unset: kept until purged."
+        ),
+    )
 
 
 class StreamSettings(_Frozen):
