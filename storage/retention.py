@@ -30,6 +30,7 @@ from storage.tables import EVENTS, LATE_EVENTS, QUARANTINE, WINDOWS, TableSpec
 log = logging.getLogger(__name__)
 
 WINDOWED_TABLES = (EVENTS, WINDOWS, LATE_EVENTS)
+HOUR_MS = 3_600_000
 
 
 @dataclass(frozen=True)
@@ -95,19 +96,22 @@ def plan_cuts(
     tenants: Mapping[str, TenantRetention], default: TenantRetention, now_ms: int
 ) -> list[Cut]:
     """The deletes that apply every tenant's retention: one shared by the tenants whose
-    cut-off is the default's, one per tenant whose cut-off differs."""
+    cut-off is the default's, and one per other cut-off, shared by the tenants that have it.
+
+    Other cut-offs are rounded down to a whole hour, which only ever keeps more: tenants with
+    the same retention, or lagging watermarks within the same hour, then share a delete."""
     shared = default.cutoff_ms(now_ms)
     own: dict[str, int | None] = {}
     for tenant, retention in tenants.items():
         cutoff = retention.cutoff_ms(now_ms)
         if cutoff != shared:
-            own[tenant] = cutoff
+            own[tenant] = None if cutoff is None else cutoff - cutoff % HOUR_MS
     cuts = [] if shared is None else [Cut(shared, except_tenants=tuple(sorted(own)))]
-    cuts += [
-        Cut(cutoff, tenants=(tenant,))
-        for tenant, cutoff in sorted(own.items())
-        if cutoff is not None
-    ]
+    by_cutoff: dict[int, list[str]] = {}
+    for tenant, cutoff in sorted(own.items()):
+        if cutoff is not None:
+            by_cutoff.setdefault(cutoff, []).append(tenant)
+    cuts += [Cut(cutoff, tenants=tuple(names)) for cutoff, names in sorted(by_cutoff.items())]
     return cuts
 
 

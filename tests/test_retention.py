@@ -41,15 +41,30 @@ def test_own_retention_and_a_lagging_watermark_get_cuts_of_their_own() -> None:
     cuts = plan_cuts(tenants, TenantRetention(30 * DAY_MS), NOW_MS)
     assert cuts == [
         Cut(NOW_MS - 30 * DAY_MS, except_tenants=("backfill", "forever", "keeps-long")),
-        Cut(NOW_MS - 40 * DAY_MS - 60_000, tenants=("backfill",)),
-        Cut(NOW_MS - 400 * DAY_MS, tenants=("keeps-long",)),
+        Cut(_hour(NOW_MS - 400 * DAY_MS), tenants=("keeps-long",)),
+        Cut(_hour(NOW_MS - 40 * DAY_MS - 60_000), tenants=("backfill",)),
     ]
+
+
+def test_tenants_with_the_same_own_cutoff_share_a_delete() -> None:
+    tenants = {
+        **{f"long{n}": TenantRetention(400 * DAY_MS, NOW_MS) for n in range(3)},
+        # Watermarks minutes apart: the same hour, one delete.
+        **{f"lag{n}": TenantRetention(30 * DAY_MS, NOW_MS - 40 * DAY_MS + n) for n in range(3)},
+    }
+    cuts = plan_cuts(tenants, TenantRetention(30 * DAY_MS), NOW_MS)
+    assert [len(cut.tenants) for cut in cuts[1:]] == [3, 3]
+    assert all(cut.cutoff_ms % 3_600_000 == 0 for cut in cuts[1:])
+
+
+def _hour(ms: int) -> int:
+    return ms - ms % 3_600_000
 
 
 def test_without_a_default_only_tenants_with_a_retention_are_cut() -> None:
     tenants = {"a": TenantRetention(None), "b": TenantRetention(7 * DAY_MS)}
     assert plan_cuts(tenants, TenantRetention(None), NOW_MS) == [
-        Cut(NOW_MS - 7 * DAY_MS, tenants=("b",))
+        Cut(_hour(NOW_MS - 7 * DAY_MS), tenants=("b",))
     ]
 
 
@@ -95,7 +110,8 @@ def test_retain_deletes_closed_windows_past_retention_and_keeps_open_ones(
         kafka, tmp_path, conf, partitions=2, environ={"TW_LAKE__DEFAULT_RETENTION": "30d"}
     )
     registry = load_registry(conf)
-    spec = LoadSpec(count=900, late_share=0.05, seed=9)
+    # 150 records a key a minute apart: the stream closes windows over two and a half hours.
+    spec = LoadSpec(count=900, step="60s", late_share=0.05, seed=9)
     pipeline.produce_samples(generate(spec, {n: s.event_time for n, s in registry.sources.items()}))
     pipeline.run_available_now(spark)
     before = {name: pipeline.table(name) for name in ("events", "windows", "late_events")}
@@ -111,9 +127,12 @@ def test_retain_deletes_closed_windows_past_retention_and_keeps_open_ones(
         tenant: max(route.rules.allowed_lateness_ms for route in found if route is not None)
         for tenant, found in routes.items()
     }
+    # A tenant's own cut-off is rounded down to a whole hour (plan_cuts).
     cutoff = {
-        tenant: latest[latest["tenant"] == tenant]["watermark"].min()
-        - pd.Timedelta(milliseconds=lateness[tenant])
+        tenant: (
+            latest[latest["tenant"] == tenant]["watermark"].min()
+            - pd.Timedelta(milliseconds=lateness[tenant])
+        ).floor("h")
         for tenant in lateness
     }
     flags = ["--conf", str(conf), "--lake-root", pipeline.settings.lake.root]
