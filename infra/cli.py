@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import DataFrame
 
 from storage.delta_lake import LakeLayoutError
@@ -22,7 +23,7 @@ from storage.writer_lease import StreamLeaseHeldError
 from streaming.checkpoint_identity import CheckpointMismatchError
 from streaming.hooks import NO_FAULTS, FaultHook
 from tenants.api_keys import ApiKeyError, issue_key, revoke_key
-from tenants.models import QueryLimits, parse_duration_ms
+from tenants.models import ID_PATTERN, QueryLimits, parse_duration_ms
 from tenants.registry import ConfigError, load_registry
 from tenants.settings import AppSettings, load_settings
 
@@ -83,6 +84,14 @@ def main(argv: Sequence[str] | None = None, fault_hook: FaultHook = NO_FAULTS) -
         return 2
     except ApiKeyError as error:
         print(f"{error}", file=sys.stderr)
+        return 2
+    except TableNotFoundError as error:
+        # delta-rs adds a Rust error chain below the one line that says which table.
+        print(
+            f"{str(error).splitlines()[0]}: is the lake root (--lake-root, lake.root) the one "
+            "the stream writes, and has it started once?",
+            file=sys.stderr,
+        )
         return 2
 
 
@@ -394,6 +403,9 @@ def _purge(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     tenant = args.tenant
+    if not re.fullmatch(ID_PATTERN, tenant):
+        print(f"not a tenant id: {tenant!r} (ids match {ID_PATTERN})", file=sys.stderr)
+        return 2
     if load_registry(settings.conf_dir).knows_tenant(tenant):
         print(
             f"tenant {tenant!r} is still configured in {settings.conf_dir}: offboard it first "

@@ -98,6 +98,24 @@ def test_the_delete_and_the_dry_run_select_the_same_rows(cut: Cut, tmp_path: Pat
         assert 0 < kept.num_rows < rows.num_rows or not cut.tenants
 
 
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        (["retain"], 'tenant_status" does not exist'),
+        (["tenants", "purge", "ghost"], 'tenant_status" does not exist'),
+        (["tenants", "purge", "Bad Id"], "not a tenant id: 'Bad Id'"),
+    ],
+)
+def test_lake_commands_refuse_in_one_line_without_a_lake_or_a_valid_id(
+    command: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = ["--conf", str(Path(__file__).parents[1] / "conf"), "--lake-root", str(tmp_path)]
+    assert main([*command, *flags]) == 2
+    error = capsys.readouterr().err
+    assert said in error and "Traceback" not in error
+    assert len(error.strip().splitlines()) == 1, error
+
+
 @pytest.mark.integration
 def test_retain_deletes_closed_windows_past_retention_and_keeps_open_ones(
     kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
