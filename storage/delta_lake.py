@@ -23,6 +23,7 @@ from storage.commits import check_fence, commit_without_conflict, conditional
 from storage.data_files import WrittenFile, filesystem_of, stream_of_batch_file
 from storage.s3 import reaching, storage_options
 from storage.snapshot_reader import (
+    current_paths,
     filesystem_path,
     partition_columns,
     read_newest_first,
@@ -345,9 +346,7 @@ class DeltaLake:
         def attempt() -> bool:
             table = self.open(spec)
             check_fence(table, app_id, writer_epoch)
-            present = {
-                unquote(path) for path in pa.table(table.get_add_actions())["path"].to_pylist()
-            }
+            present = current_paths(table)
             if any(unquote(file.path) not in present for file in staged):
                 return False
             before_commit()

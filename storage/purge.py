@@ -22,17 +22,16 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 from pyarrow import fs
 
 from storage.data_files import filesystem_of
 from storage.delta_lake import DeltaLake
+from storage.snapshot_reader import current_paths
 from storage.tables import LAKE_TABLES, LAYOUT_PREFIX, STAGED, TableSpec
 from tenants.models import ID_PATTERN
 
@@ -73,7 +72,7 @@ def _purge_table(lake: DeltaLake, spec: TableSpec, tenant: str, dry_run: bool) -
     if rows:
         # `tenant` matches ID_PATTERN: nothing in it can end the literal.
         lake.delete_rows(spec, f"tenant = '{tenant}'")
-    still_current = holding & _current_files(lake.open(spec))
+    still_current = holding & current_paths(lake.open(spec))
     if still_current:
         raise RuntimeError(
             f"purging {tenant} from {spec.name}: rows remain in {sorted(still_current)[:3]}"
@@ -113,9 +112,3 @@ def _holds(filesystem: fs.FileSystem, path: str, relative: str, tenant: str) -> 
         # delta-rs rewrites strings as string_view, which `equal` does not compare with str.
         column = pq.read_table(file, columns=["tenant"])["tenant"].cast(pa.string())
     return bool(pc.any(pc.equal(column, tenant)).as_py())
-
-
-def _current_files(table: DeltaTable) -> set[str]:
-    paths = table.get_add_actions(flatten=True).column("path").to_pylist()
-    # Delta percent-encodes a path's special characters; the file system lists them decoded.
-    return {unquote(path) for path in paths}

@@ -84,6 +84,12 @@ def filesystem_path(uri: str) -> str:
     return uri
 
 
+def current_paths(table: DeltaTable) -> set[str]:
+    """The loaded version's data files, relative to the table, as the file system names them
+    (Delta's log percent-encodes special characters)."""
+    return {unquote(path) for path in pa.table(table.get_add_actions())["path"].to_pylist()}
+
+
 def tenant_files(table: DeltaTable, tenant: str) -> list[str]:
     """URIs of the loaded version's files that may hold rows of `tenant`: in a table partitioned
     by tenant, its own partition's files; in the staged layout, those plus the staged files; in

@@ -87,15 +87,7 @@ def measure_read_partition(options: KafkaSourceOptions) -> None:
     started = time.monotonic()
     cpu_started = time.process_time()
     for partition, start_offset, end_offset in partition_ranges(start, end):
-        split = KafkaInputPartition(
-            topic=options.topic,
-            partition=partition,
-            start_offset=start_offset,
-            end_offset=end_offset,
-            bootstrap_servers=options.bootstrap_servers,
-            poll_timeout_ms=options.poll_timeout_ms,
-            request_timeout_ms=options.request_timeout_ms,
-        )
+        split = KafkaInputPartition.of_range(options, partition, start_offset, end_offset)
         rows += sum(batch.num_rows for batch in read_partition(split))
     seconds = time.monotonic() - started
     cpu_s = time.process_time() - cpu_started
