@@ -167,7 +167,6 @@ QUARANTINE = TableSpec(
         ]
     ),
     ("reason", "ingest_date"),
-    counted_by="reason",
 )
 TENANT_STATUS = TableSpec(
     "tenant_status",

@@ -28,7 +28,7 @@ from pyspark.sql.streaming.listener import (
     StreamingQueryListener,
 )
 
-from storage.tables import EVENTS, LATE_EVENTS, QUARANTINE
+from storage.tables import EVENTS, LATE_EVENTS
 from streaming.checkpoint_log import checkpoint_filesystem
 from streaming.kafka.deferral import DeferralStore, batch_key
 from streaming.kafka.options import partition_offsets
@@ -51,8 +51,9 @@ class BatchOutcome(BaseModel):
     """Rows committed per table; empty when the batch was already committed (a replay)."""
     already_committed: bool = False
     value_counts: dict[str, dict[str, int]] = {}
-    """Per table with a `counted_by` column: rows committed per value (`events` by timing,
-    `quarantine` by reason)."""
+    """Per table with a `counted_by` column: rows committed per value (`events` by timing)."""
+    quarantined: dict[str, int] = {}
+    """Quarantined records committed, by reason."""
 
 
 class BatchProgress(BaseModel):
@@ -277,5 +278,5 @@ def batch_progress(stream: str, outcome: BatchOutcome, progress: Any) -> BatchPr
         already_committed=outcome.already_committed,
         kafka_lag=lags,
         record_windows={} if outcome.already_committed else record_windows,
-        quarantined=outcome.value_counts.get(QUARANTINE.name, {}),
+        quarantined=outcome.quarantined,
     )

@@ -21,11 +21,11 @@ from pyspark.sql import DataFrame
 
 from storage.data_files import WRITTEN_FILE_DDL, BatchFiles, WrittenFile, write_task_files
 from storage.delta_lake import DeltaLake
-from storage.tables import ALL_TABLES, TableSpec
+from storage.tables import ALL_TABLES, QUARANTINE, TableSpec
 from streaming.compaction_schedule import CompactionSchedule
 from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
 from streaming.progress import BatchOutcome
-from streaming.quarantine_log import QuarantineLog
+from streaming.quarantine_log import QuarantineLog, quarantined_by_reason
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class MicroBatchSink:
             self.after_batch(batch_id)
 
     def _commit(self, batch_df: DataFrame, batch_id: int, pending: list[TableSpec]) -> BatchOutcome:
-        """Write and commit the batch to the `pending` tables; rows committed per table."""
+        """Write and commit the batch to the `pending` tables; what was committed."""
         started = time.monotonic()
         target = BatchFiles(
             root=self.lake.root,
@@ -98,6 +98,7 @@ class MicroBatchSink:
             written += self.driver_files(target, written)
         rows: dict[str, int] = {}
         value_counts: dict[str, dict[str, int]] = {}
+        quarantined: dict[str, int] = {}
         for spec in pending:
             files = [file for file in written if file.table_name == spec.name]
             if files:
@@ -115,6 +116,8 @@ class MicroBatchSink:
             rows[spec.name] = sum(file.num_records for file in files)
             if spec.counted_by is not None:
                 value_counts[spec.name] = _summed(file.value_counts for file in files)
+            if spec is QUARANTINE:
+                quarantined = quarantined_by_reason(files)
         self.fault_hook.reached(FaultPoint.AFTER_DELTA_COMMITS, batch_id)
         log.info(
             "batch %d: %d files in %.2fs %s",
@@ -124,7 +127,9 @@ class MicroBatchSink:
             " ".join(f"{name}={count}" for name, count in rows.items()),
         )
         self.quarantine_log.batch_committed(batch_id, written)
-        return BatchOutcome(batch_id=batch_id, rows=rows, value_counts=value_counts)
+        return BatchOutcome(
+            batch_id=batch_id, rows=rows, value_counts=value_counts, quarantined=quarantined
+        )
 
     def _holds(self, spec: TableSpec, batch_id: int) -> bool:
         # Batches commit in order, so a table whose newest commit of this stream is at or past
