@@ -369,7 +369,7 @@ def _retain(args: argparse.Namespace) -> int:
     registry = load_registry(settings.conf_dir)
     lake = DeltaLake.from_settings(settings.lake)
     default = settings.lake.default_retention_ms
-    watermarks = tenant_watermarks(settings, lake)
+    watermarks = tenant_watermarks(lake, registry)
     tenants: dict[str, TenantRetention] = {}
     for tenant, config in registry.tenants.items():
         lateness = [

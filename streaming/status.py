@@ -12,6 +12,7 @@ Each part is a `StatusSection`: a title and rows of named values.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -38,7 +39,7 @@ from streaming.kafka.client import (
 )
 from streaming.kafka.deferral import DeferralStore, batch_key
 from streaming.progress import LastBatchFile
-from tenants.registry import load_registry
+from tenants.registry import TenantRegistry, load_registry
 from tenants.settings import AppSettings
 
 log = logging.getLogger(__name__)
@@ -83,13 +84,16 @@ SectionSource = Callable[[AppSettings, DeltaLake], StatusSection]
 def gather_status(settings: AppSettings) -> list[StatusSection]:
     """Every section, in display order."""
     lake = DeltaLake.from_settings(settings.lake)
+    # Read once, when a section first needs it (seconds at 100,000 tenants); a config that
+    # cannot be read then fails only the sections that need it.
+    registry = functools.cache(lambda: load_registry(settings.conf_dir))
     readers: dict[str, SectionSource] = {
-        KEYS: key_status_section,
+        KEYS: functools.partial(key_status_section, registry=registry),
         KAFKA_LAG: kafka_lag_section,
         DEFERRED: deferred_section,
         LAST_BATCH: last_batch_section,
         WRITER_LEASE: writer_lease_section,
-        NOTIFICATIONS: notification_progress_section,
+        NOTIFICATIONS: functools.partial(notification_progress_section, registry=registry),
         DEAD_LETTERS: dead_letter_section,
     }
     return [_guarded(title, reader, settings, lake) for title, reader in readers.items()]
@@ -121,10 +125,12 @@ def latest_per_key(status_rows: pa.Table) -> pa.Table:
     return latest.sort_by([("tenant", "ascending"), ("source", "ascending")])
 
 
-def key_status_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
+def key_status_section(
+    settings: AppSettings, lake: DeltaLake, registry: Callable[[], TenantRegistry]
+) -> StatusSection:
     """Watermark, how far it trails the newest record, open windows and counters per key;
     configured keys without a row yet are listed as having no data."""
-    configured = set(load_registry(settings.conf_dir).configured_keys())
+    configured = set(registry().configured_keys())
     latest = _latest_rows(lake, configured)
     rows = {(row["tenant"], row["source"]): row for row in _key_rows(latest)}
     for key in configured:
@@ -150,10 +156,10 @@ def _latest_rows(lake: DeltaLake, configured: set[tuple[str, str]]) -> pa.Table:
     return latest_per_key(lake.read_newest(TENANT_STATUS, columns, every_configured_key_seen))
 
 
-def tenant_watermarks(settings: AppSettings, lake: DeltaLake) -> dict[str, int]:
+def tenant_watermarks(lake: DeltaLake, registry: TenantRegistry) -> dict[str, int]:
     """Each tenant's slowest key's watermark (ms), from the keys' latest `tenant_status` rows;
     tenants without a watermark yet are left out."""
-    latest = _latest_rows(lake, set(load_registry(settings.conf_dir).configured_keys()))
+    latest = _latest_rows(lake, set(registry.configured_keys()))
     slowest = (
         latest.filter(pc.is_valid(latest["watermark"]))
         .group_by("tenant")
@@ -345,10 +351,12 @@ def writer_lease_section(settings: AppSettings, lake: DeltaLake) -> StatusSectio
     return StatusSection(title=WRITER_LEASE, rows=[row])
 
 
-def notification_progress_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
+def notification_progress_section(
+    settings: AppSettings, lake: DeltaLake, registry: Callable[[], TenantRegistry]
+) -> StatusSection:
     """The `windows` batch through which every pane's deliveries are finished (succeeded or
     dead-lettered), against the newest batch committed to `windows`."""
-    if not load_registry(settings.conf_dir).notifies_anyone():
+    if not registry().notifies_anyone():
         return StatusSection(title=NOTIFICATIONS, rows=[], note="none configured")
     stream = settings.stream.name
     try:

@@ -191,11 +191,7 @@ class Notifier:
     def _any_notify(self, registry: TenantRegistry) -> bool:
         known = self._has_notify.get(registry.fingerprint)
         if known is None:
-            known = any(source.notify for source in registry.sources.values()) or any(
-                overrides.notify
-                for tenant in registry.tenants.values()
-                for overrides in tenant.sources.values()
-            )
+            known = registry.notifies_anyone()
             self._has_notify[registry.fingerprint] = known
         return known
 
