@@ -60,12 +60,14 @@ def read_snapshot(
         # Files delta-rs rewrote (`tenants purge` deletes rows with it) hold strings as
         # string_view, and pyarrow compares the filter's strings with them before it casts to
         # `schema`: read the rows cast, then filter.
-        read = dataset.to_table(columns=sorted(set(wanted) | _fields_of(row_filter, schema)))
+        named = _fields_of(row_filter, dataset.schema)
+        read = dataset.to_table(columns=sorted(set(wanted) | named))
         return read.filter(row_filter).select(wanted)
 
 
 def _fields_of(row_filter: ds.Expression, schema: pa.Schema) -> set[str]:
-    """The columns `row_filter` names (its text names them as `name`)."""
+    """The columns of `schema` whose names appear in `row_filter`'s text: every column it
+    reads, and perhaps a few more (a name inside another), which only costs their read."""
     text = str(row_filter)
     return {name for name in schema.names if name in text}
 
