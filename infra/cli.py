@@ -362,29 +362,19 @@ def _revoke_key(args: argparse.Namespace) -> int:
 
 def _retain(args: argparse.Namespace) -> int:
     from storage.delta_lake import DeltaLake
-    from storage.retention import TenantRetention, apply_retention, plan_cuts
+    from storage.retention import (
+        TenantRetention,
+        apply_retention,
+        plan_cuts,
+        tenant_retentions,
+    )
     from streaming.status import tenant_watermarks
 
     settings = settings_from(args)
     registry = load_registry(settings.conf_dir)
     lake = DeltaLake.from_settings(settings.lake)
     default = settings.lake.default_retention_ms
-    watermarks = tenant_watermarks(lake, registry)
-    tenants: dict[str, TenantRetention] = {}
-    for tenant, config in registry.tenants.items():
-        lateness = [
-            route.rules.allowed_lateness_ms
-            for source in registry.source_ids(tenant)
-            if (route := registry.resolve(tenant, source)) is not None
-        ]
-        tenants[tenant] = TenantRetention(
-            retention_ms=config.retention_ms or default,
-            watermark_ms=watermarks.get(tenant),
-            allowed_lateness_ms=max(lateness, default=0),
-        )
-    for tenant, watermark_ms in watermarks.items():
-        # Offboarded: its keys close with final panes; until they have, they are kept too.
-        tenants.setdefault(tenant, TenantRetention(default, watermark_ms))
+    tenants = tenant_retentions(registry, default, tenant_watermarks(lake, registry))
     now_ms = time.time_ns() // 1_000_000
     cuts = plan_cuts(tenants, TenantRetention(default), now_ms)
     deleted = apply_retention(lake, cuts, args.dry_run)

@@ -26,6 +26,7 @@ import pyarrow.dataset as ds
 
 from storage.delta_lake import DeltaLake
 from storage.tables import EVENTS, LATE_EVENTS, QUARANTINE, WINDOWS, TableSpec
+from tenants.registry import TenantRegistry
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,28 @@ class Cut:
             return before
         others = ~ds.field("tenant").isin(list(self.except_tenants))
         return before & (ds.field("tenant").is_null() | others)
+
+
+def tenant_retentions(
+    registry: TenantRegistry, default_ms: int | None, watermarks: Mapping[str, int]
+) -> dict[str, TenantRetention]:
+    """What retention needs of every configured tenant, and of every tenant with a
+    watermark that is no longer configured (offboarded: kept until its keys have closed)."""
+    tenants: dict[str, TenantRetention] = {}
+    for tenant, config in registry.tenants.items():
+        lateness = [
+            route.rules.allowed_lateness_ms
+            for source in registry.source_ids(tenant)
+            if (route := registry.resolve(tenant, source)) is not None
+        ]
+        tenants[tenant] = TenantRetention(
+            retention_ms=config.retention_ms or default_ms,
+            watermark_ms=watermarks.get(tenant),
+            allowed_lateness_ms=max(lateness, default=0),
+        )
+    for tenant, watermark_ms in watermarks.items():
+        tenants.setdefault(tenant, TenantRetention(default_ms, watermark_ms))
+    return tenants
 
 
 def plan_cuts(
