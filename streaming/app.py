@@ -101,13 +101,19 @@ class StreamApp:
         self.metrics = (
             None
             if settings.stream.metrics_port is None
-            else StreamMetrics(settings.stream.name, self.lake, self.lease)
+            else StreamMetrics(
+                settings.stream.name,
+                self.lake,
+                self.lease,
+                settings.stream.metrics_tenant_limit,
+            )
         )
         self.progress = ProgressListener(
             settings.stream.name,
             LastBatchFile(settings.stream.checkpoint_dir),
             _each(on_batch, None if self.metrics is None else self.metrics.observe),
             self.deferral.store,
+            tenant_limit=settings.stream.metrics_tenant_limit,
         )
         # Its rate limit spans the batches of this instance: one object, owned here.
         self.quarantine_log = QuarantineLog(self.lake, settings.quarantine_log)
@@ -241,7 +247,14 @@ class StreamApp:
             quarantine_log=self.quarantine_log,
         )
         query = start_query(
-            spark, settings, self.snapshots, sink, available_now, self.fault_hook, self.deferral
+            spark,
+            settings,
+            self.snapshots,
+            sink,
+            available_now,
+            self.fault_hook,
+            self.deferral,
+            None if self.metrics is None else self.metrics.track_keys(spark.sparkContext),
         )
         self._threads.append(
             self.watcher.watch(self._stopping, interval_s=CONFIG_POLL_INTERVAL_S, clock_ms=_now_ms)

@@ -191,13 +191,21 @@ class BucketState:
             )
         return state
 
-    def to_bytes(self) -> bytes:
+    def rows(self) -> pa.Table:
+        """Every key's row as `to_bytes` stores it, ordered by key."""
         if self._unchanged_blob is not None:
-            return self._unchanged_blob
+            return self._stored
         rows = pa.concat_tables(
             [self._stored.filter(self._carried()), self._object_rows(), *self._put]
         )
-        rows = rows.take(pc.sort_indices(rows, [("tenant", "ascending"), ("source", "ascending")]))
+        return rows.take(pc.sort_indices(rows, [("tenant", "ascending"), ("source", "ascending")]))
+
+    def to_bytes(self, rows: pa.Table | None = None) -> bytes:
+        """The bucket's blob; `rows`: what `rows()` returned, when the caller has it already."""
+        if self._unchanged_blob is not None:
+            return self._unchanged_blob
+        if rows is None:
+            rows = self.rows()
         windows = pc.list_flatten(rows["windows"])
         used_rules_ids = set(pc.unique(pc.struct_field(windows, "rules_id")).to_pylist())
         # Rules no window uses any more are left behind.

@@ -38,6 +38,7 @@ import numpy as np
 import orjson
 import pandas as pd
 import pyarrow as pa
+from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.state import GroupState
 from pyspark.sql.types import (
@@ -63,6 +64,7 @@ from streaming.bucket_windowing import (
     window_ids,
 )
 from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
+from streaming.key_summary import BucketSummary, summarise_bucket
 from streaming.offboarding import close_all_windows
 from streaming.parsing import QuarantineReason
 from streaming.windowing import (
@@ -150,13 +152,47 @@ class Lifecycle(StrEnum):
     """Its config is gone: its windows got their final panes and its state was dropped."""
 
 
+class LatestSummaries(AccumulatorParam[dict[int, BucketSummary]]):
+    """A Spark accumulator of each bucket's latest `BucketSummary`, by bucket.
+
+    The driver merges each task's updates in its accumulator server's thread while the metrics
+    read the value in theirs, so a merge builds a new dict instead of changing the one read."""
+
+    def zero(self, value: dict[int, BucketSummary]) -> dict[int, BucketSummary]:
+        return {}
+
+    def addInPlace(  # noqa: N802 (Spark's name)
+        self, value1: dict[int, BucketSummary], value2: dict[int, BucketSummary]
+    ) -> dict[int, BucketSummary]:
+        merged = dict(value1)
+        for bucket, summary in value2.items():
+            held = merged.get(bucket)
+            if held is None or held.processing_time_ms <= summary.processing_time_ms:
+                merged[bucket] = summary
+        return merged
+
+
+@dataclass(frozen=True)
+class KeySummaries:
+    """Where the buckets report their keys for the metrics (`key_summary`); picklable."""
+
+    accumulator: Accumulator[dict[int, BucketSummary]]
+    top_tenants: int | None
+    """Tenants each bucket lists by watermark delay; None: all of them."""
+
+    def report(self, bucket: int, keys: pa.Table, processing_time_ms: int) -> None:
+        summary = summarise_bucket(keys, processing_time_ms, self.top_tenants)
+        self.accumulator.add({bucket: summary})
+
+
 def make_bucket_processor(
     snapshots: ConfigSnapshots,
     config_recheck_interval_ms: int,
     fault_hook: FaultHook = NO_FAULTS,
+    key_summaries: KeySummaries | None = None,
 ) -> BucketProcessor:
     def process(
-        _bucket: Any, frames: Iterable[pd.DataFrame], state: GroupState
+        bucket: Any, frames: Iterable[pd.DataFrame], state: GroupState
     ) -> Iterator[pd.DataFrame]:
         # The batch timestamp, the same in a replay: never the wall clock.
         processing_time_ms = int(state.getCurrentProcessingTimeMs())
@@ -167,6 +203,8 @@ def make_bucket_processor(
             fault_hook.reached(FaultPoint.STATE_FUNCTION, int(offsets.min()), int(offsets.max()))
         result = run_bucket(_stored_blob(state), batch, registry, processing_time_ms)
         _save(state, result, processing_time_ms, config_recheck_interval_ms)
+        if key_summaries is not None:
+            key_summaries.report(int(bucket[0]), result.keys, processing_time_ms)
         yield result.rows
 
     return process
@@ -179,6 +217,8 @@ class BucketRun:
     blob: bytes | None
     """The bucket's new state; None: no key left."""
     next_idle_deadline_ms: int | None
+    keys: pa.Table
+    """Every key's state in `blob`, a row each (`bucket_state`'s columns)."""
 
 
 def run_bucket(
@@ -197,8 +237,12 @@ def _run_bucket(
     keys = BucketState.from_bytes(blob)
     out = _Output(batch)
     _process_bucket(batch, keys, registry, processing_time_ms, out)
+    rows = keys.rows()
     return BucketRun(
-        out.frame(), keys.to_bytes() if len(keys) else None, keys.next_idle_deadline_ms()
+        out.frame(),
+        keys.to_bytes(rows) if rows.num_rows else None,
+        keys.next_idle_deadline_ms(),
+        rows,
     )
 
 

@@ -6,8 +6,13 @@ what the write tasks report of the files they wrote. What lives outside a batch 
 lease, the notifier's backlog and dead letters) is read when Prometheus scrapes, the lake's
 part at most every `LAKE_READ_INTERVAL_S`.
 
+Where the keys stand (open windows, watermark delay) comes from the state buckets themselves:
+each reports a summary of its keys to a Spark accumulator when it runs (`key_summary`), and a
+scrape merges the latest one per bucket.
+
 Labels stay bounded whatever the number of tenants: a table, an outcome, a quarantine reason, a
-Kafka partition. Per-tenant series are left out on purpose (docs/operations.md, "Metrics").
+Kafka partition, and a `tenant` label only for the top N tenants by watermark delay and by
+backlog, with `tenant="_other"` for the rest (docs/operations.md, "Metrics").
 
 The registry belongs to one `StreamMetrics`, never prometheus_client's global one: two streams
 in one process (the tests) must not count into each other.
@@ -25,11 +30,15 @@ from deltalake.exceptions import TableNotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+from pyspark import SparkContext
+from pyspark.accumulators import Accumulator
 
 from storage.deliveries import DeliveryOutbox, dead_letter_summary
 from storage.delta_lake import DeltaLake
 from storage.tables import WINDOWS
 from storage.writer_lease import WriterLease
+from streaming.key_summary import BucketSummary, merge
+from streaming.keyed_state import KeySummaries, LatestSummaries
 from streaming.progress import BatchProgress
 
 log = logging.getLogger(__name__)
@@ -39,13 +48,19 @@ LAKE_READ_INTERVAL_S = 30.0
 """The notification backlog and dead letters are Delta reads: a scrape every few seconds must
 not turn into a read of the deliveries table every few seconds."""
 BATCH_DURATION_BUCKETS_S = (0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+UNREADABLE_TENANT = "_unreadable"
+"""The backlog's label for records without a readable tenant (admission's queue "")."""
 
 
 class StreamMetrics:
     """One stream's metrics: updated by `observe` per batch, served by `serve`."""
 
-    def __init__(self, stream: str, lake: DeltaLake, lease: WriterLease) -> None:
+    def __init__(
+        self, stream: str, lake: DeltaLake, lease: WriterLease, tenant_limit: int | None
+    ) -> None:
+        """`tenant_limit`: how many tenants get series of their own (None: all)."""
         self.registry = CollectorRegistry()
+        self.tenant_limit = tenant_limit
         self._server: Any = None
         self.port: int | None = None
         self.batch_duration = Histogram(
@@ -103,8 +118,28 @@ class StreamMetrics:
             "time() minus this.",
             registry=self.registry,
         )
+        self.backlog = Gauge(
+            f"{PREFIX}_deferred_backlog_records",
+            "Deferred records waiting after the last batch, all tenants.",
+            registry=self.registry,
+        )
+        self.tenant_backlog = Gauge(
+            f"{PREFIX}_tenant_deferred_backlog_records",
+            "Deferred records waiting after the last batch, for the tenants with most waiting; "
+            'tenant="_other" sums the rest, tenant="_unreadable" is records without a tenant.',
+            ["tenant"],
+            registry=self.registry,
+        )
         self.registry.register(_LeaseCollector(lease))
         self.registry.register(_NotificationCollector(lake, stream))
+        self._keys = _KeyCollector(tenant_limit)
+        self.registry.register(self._keys)
+
+    def track_keys(self, spark: SparkContext) -> KeySummaries:
+        """Where the stream's buckets report their keys: give it to the query."""
+        accumulator = spark.accumulator({}, LatestSummaries())
+        self._keys.accumulator = accumulator
+        return KeySummaries(accumulator, self.tenant_limit)
 
     def observe(self, progress: BatchProgress) -> None:
         """Count one finished micro-batch."""
@@ -114,6 +149,10 @@ class StreamMetrics:
         self.kafka_lag.clear()  # partitions a topic no longer reports do not linger
         for partition, lag in progress.kafka_lag.items():
             self.kafka_lag.labels(partition=str(partition)).set(lag)
+        self.backlog.set(progress.backlog)
+        self.tenant_backlog.clear()  # a tenant whose backlog is gone leaves no stale series
+        for tenant, waiting in progress.tenant_backlog.items():
+            self.tenant_backlog.labels(tenant=tenant or UNREADABLE_TENANT).set(waiting)
         if progress.already_committed:
             return  # a replay: its rows were counted by the run that committed them
         self.records_read.inc(progress.records_read)
@@ -139,6 +178,46 @@ class StreamMetrics:
             self._server.server_close()
             self._server = None
             self.port = None
+
+
+class _KeyCollector(Collector):
+    """Keys, open windows and the tenants' watermark delays, from every bucket's latest
+    summary. A bucket reports when it runs; one with state runs at least every
+    `stream.config_recheck_interval`, so after a restart every bucket is counted within it."""
+
+    def __init__(self, tenant_limit: int | None) -> None:
+        self.tenant_limit = tenant_limit
+        self.accumulator: Accumulator[dict[int, BucketSummary]] | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        summaries = {} if self.accumulator is None else self.accumulator.value
+        gauges = merge(summaries.values(), self.tenant_limit)
+        yield GaugeMetricFamily(
+            f"{PREFIX}_keys", "(tenant, source) keys holding state.", value=gauges.keys
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_open_windows",
+            "Windows open in the state, all keys.",
+            value=gauges.open_windows,
+        )
+        watermarks = GaugeMetricFamily(
+            f"{PREFIX}_watermark_timestamp_seconds",
+            "The watermark of the tenant's slowest key (Unix time; `time() - ` it is how far "
+            "its results trail), for the tenants with the oldest; "
+            'tenant="_other": the oldest among the rest.',
+            labels=["tenant"],
+        )
+        delays = GaugeMetricFamily(
+            f"{PREFIX}_watermark_delay_seconds",
+            "The newest event time minus the watermark, the tenant's largest over its keys, for "
+            'the same tenants; tenant="_other": the largest among the rest.',
+            labels=["tenant"],
+        )
+        for tenant, slowest in sorted(gauges.slowest.items()):
+            watermarks.add_metric([tenant], slowest.watermark_ms / 1000)
+            delays.add_metric([tenant], slowest.delay_ms / 1000)
+        yield watermarks
+        yield delays
 
 
 class _LeaseCollector(Collector):

@@ -32,6 +32,7 @@ from storage.tables import EVENTS, LATE_EVENTS
 from streaming.checkpoint_log import checkpoint_filesystem
 from streaming.kafka.deferral import DeferralStore, batch_key
 from streaming.kafka.options import partition_offsets
+from streaming.key_summary import top_with_remainder
 from streaming.windowing import Timing
 
 progress_log = logging.getLogger("tenant_windows.progress")
@@ -84,6 +85,11 @@ class BatchProgress(BaseModel):
     `too_late` (`late_events`); SPEC §4."""
     quarantined: dict[str, int] = {}
     """Quarantined records by reason."""
+    backlog: int = 0
+    """Deferred records still waiting after this batch, all tenants."""
+    tenant_backlog: dict[str, int] = {}
+    """The same per tenant, for the tenants with most waiting, and `_other` for the rest
+    (`key_summary.top_with_remainder`); the tenant of unreadable records is ""."""
 
 
 NO_OFFSETS = frozenset({"", "None", "null"})
@@ -171,9 +177,13 @@ class ProgressListener(StreamingQueryListener):
         last_batch: LastBatchFile,
         observer: Callable[[BatchProgress], None] | None = None,
         deferral: DeferralStore | None = None,
+        *,
+        tenant_limit: int | None,
     ) -> None:
+        """`tenant_limit`: how many tenants a batch's `tenant_backlog` names (None: all)."""
         self.stream = stream
         self.deferral = deferral
+        self.tenant_limit = tenant_limit
         self.last_batch = last_batch
         self.observer = observer
         self._pending: dict[int, BatchOutcome] = {}
@@ -221,9 +231,18 @@ class ProgressListener(StreamingQueryListener):
     def _report(self, outcome: BatchOutcome, progress: Any) -> None:
         summary = batch_progress(self.stream, outcome, progress)
         if self.deferral is not None:
-            counts = self.deferral.batch_counts(_batch_key_of(progress))
+            counts, backlog = self.deferral.batch_counts(_batch_key_of(progress))
             summary = summary.model_copy(
-                update={"deferred": counts.deferred, "released": counts.released}
+                update={
+                    "deferred": counts.deferred,
+                    "released": counts.released,
+                    "backlog": sum(backlog.values()),
+                    "tenant_backlog": (
+                        backlog
+                        if self.tenant_limit is None
+                        else top_with_remainder(backlog, self.tenant_limit)
+                    ),
+                }
             )
         progress_log.info(summary.model_dump_json())
         self.last_batch.write(summary)

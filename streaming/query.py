@@ -17,6 +17,7 @@ from streaming.keyed_state import (
     BUCKET_COLUMN,
     OUTPUT_SCHEMA,
     STATE_SCHEMA,
+    KeySummaries,
     bucket_expression,
     make_bucket_processor,
 )
@@ -56,14 +57,18 @@ def windowed_rows(
     snapshots: ConfigSnapshots,
     settings: AppSettings,
     fault_hook: FaultHook = NO_FAULTS,
+    key_summaries: KeySummaries | None = None,
 ) -> DataFrame:
-    """The union rows of every output table, for one micro-batch of Kafka records."""
+    """The union rows of every output table, for one micro-batch of Kafka records; each bucket
+    reports its keys to `key_summaries`, if given (the metrics)."""
     routed = kafka_records.selectExpr(*KAFKA_COLUMNS_SQL).mapInPandas(
         make_router(snapshots, settings.stream.max_record_bytes), ROUTED_SCHEMA
     )
     bucketed = routed.selectExpr("*", bucket_expression(settings.stream.state_buckets))
     return bucketed.groupBy(BUCKET_COLUMN).applyInPandasWithState(
-        make_bucket_processor(snapshots, settings.stream.config_recheck_interval_ms, fault_hook),
+        make_bucket_processor(
+            snapshots, settings.stream.config_recheck_interval_ms, fault_hook, key_summaries
+        ),
         outputStructType=OUTPUT_SCHEMA,
         stateStructType=STATE_SCHEMA,
         outputMode="append",
@@ -81,9 +86,10 @@ def start_query(
     available_now: bool,
     fault_hook: FaultHook = NO_FAULTS,
     deferral: Deferral | None = None,
+    key_summaries: KeySummaries | None = None,
 ) -> StreamingQuery:
     records = read_kafka(spark, settings, fault_hook, deferral)
-    rows = windowed_rows(records, snapshots, settings, fault_hook)
+    rows = windowed_rows(records, snapshots, settings, fault_hook, key_summaries)
     # Idle timeouts need batches without data, but AvailableNow would then never end: with it,
     # timeouts fire only in batches that have data.
     spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", str(not available_now).lower())

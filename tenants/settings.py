@@ -144,6 +144,29 @@ class StreamSettings(_Frozen):
         default="127.0.0.1",
         description="The address the metrics endpoint binds; `0.0.0.0` for a scraper elsewhere.",
     )
+    metrics_top_tenants: int = Field(
+        default=10,
+        ge=0,
+        le=1_000,
+        description=(
+            "Per-tenant metric series only for this many tenants, those with the largest "
+            'watermark delay and backlog, plus `tenant="_other"` for the rest: one series per '
+            "tenant would be about a million at 100,000 tenants (docs/operations.md)."
+        ),
+    )
+    metrics_all_tenants: bool = Field(
+        default=False,
+        description=(
+            "Per-tenant metric series for every tenant, not only the top "
+            "`metrics_top_tenants`: for a few hundred tenants, or a Prometheus sized for it."
+        ),
+    )
+
+    @property
+    def metrics_tenant_limit(self) -> int | None:
+        """How many tenants get metric series of their own; None: every tenant."""
+        return None if self.metrics_all_tenants else self.metrics_top_tenants
+
     state_buckets: int = Field(
         default=64,
         gt=0,

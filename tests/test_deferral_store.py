@@ -72,7 +72,9 @@ def test_a_partition_windows_the_admitted_then_releases_the_deferred_in_offset_o
     assert windowed.schema == ARROW_SCHEMA
     assert windowed.column("value").to_pylist()[0] == first.column("value")[2].as_py()
     assert deferral.store.ledger("b2", 0).backlog == 2
-    assert deferral.store.batch_counts("b2").released == 2
+    counts, backlog = deferral.store.batch_counts("b2")
+    assert counts.released == 2
+    assert backlog == {"noisy": 2}
     rows = deferral.store.tenants_waiting("b2", now_ms=14_000)
     assert rows == [
         {"tenant": "noisy", "deferred_records": 2, "oldest_deferred_age_s": 4.0, "over_quota": True}

@@ -123,6 +123,13 @@ def test_deferred_records_end_in_the_rows_they_reach_without_a_quota(
     assert sum(batch.released for batch in batches) == deferred
     assert sum(batch.records_read for batch in batches) == RECORDS
     assert len(batches) > 3
+    # What waits after each batch is what was deferred and not yet released, per tenant too.
+    waiting = 0
+    for batch in batches:
+        waiting += batch.deferred - batch.released
+        assert batch.backlog == waiting == sum(batch.tenant_backlog.values()), batch
+    assert set(batches[0].tenant_backlog) <= {"acme", "globex", "initech"}
+    assert batches[-1].backlog == 0 and batches[-1].tenant_backlog == {}
 
 
 @pytest.mark.parametrize(

@@ -40,7 +40,8 @@ def scraped(
         conf_dir,
         partitions=2,
         max_offsets_per_trigger=RECORDS // 3,
-        environ={"TW_STREAM__METRICS_PORT": "0"},
+        # Three sample tenants: two get series of their own, the third is `_other`.
+        environ={"TW_STREAM__METRICS_PORT": "0", "TW_STREAM__METRICS_TOP_TENANTS": "2"},
     )
     registry = load_registry(conf_dir)
     spec = LoadSpec(count=RECORDS, malformed_share=0.05, late_share=0.05, seed=5)
@@ -114,6 +115,34 @@ def test_batches_lag_lease_and_notifications(scraped: tuple[Pipeline, Samples, i
     assert _value(samples, "tenant_windows_writer_epoch") == epoch
     assert _value(samples, "tenant_windows_dead_letter_notifications") == 0
     assert "tenant_windows_notification_backlog_batches" in samples
+
+
+def test_keys_open_windows_and_the_tenants_that_trail_most(
+    scraped: tuple[Pipeline, Samples, int],
+) -> None:
+    pipeline, samples, _ = scraped
+    status = pipeline.table("tenant_status").sort_values("batch_id")
+    latest = status.groupby(["tenant", "source"]).last().reset_index()
+    held = latest[latest["lifecycle"] == "active"]
+    assert _value(samples, "tenant_windows_keys") == len(held) > 0
+    assert _value(samples, "tenant_windows_open_windows") == held["open_windows"].sum() > 0
+    held = held.assign(delay_s=(held["max_event_time"] - held["watermark"]).dt.total_seconds())
+    per_tenant = held.groupby("tenant").agg(
+        watermark=("watermark", "min"), delay_s=("delay_s", "max")
+    )
+    per_tenant["watermark_s"] = per_tenant["watermark"].map(lambda at: at.timestamp())
+    ranked = per_tenant.sort_values(["watermark_s"]).reset_index()
+    assert len(ranked) == 3 and (ranked["delay_s"] > 0).all()
+    watermarks = _by_label(samples, "tenant_windows_watermark_timestamp_seconds", "tenant")
+    delays = _by_label(samples, "tenant_windows_watermark_delay_seconds", "tenant")
+    slowest, third = ranked.iloc[:2], ranked.iloc[2]
+    assert set(watermarks) == set(delays) == {*slowest["tenant"], "_other"}
+    for row in slowest.itertuples():
+        assert (watermarks[row.tenant], delays[row.tenant]) == (row.watermark_s, row.delay_s)
+    # The third tenant is the remainder.
+    assert (watermarks["_other"], delays["_other"]) == (third["watermark_s"], third["delay_s"])
+    assert _value(samples, "tenant_windows_deferred_backlog_records") == 0
+    assert "tenant_windows_tenant_deferred_backlog_records" not in samples
 
 
 def _metric_names(expression: str) -> set[str]:

@@ -104,12 +104,17 @@ class DeferralStore:
         ]
         return {partition: self.ledger(batch, partition) for partition in sorted(partitions)}
 
-    def batch_counts(self, batch: str | None) -> BatchCounts:
-        """What the batch that wrote `batch`'s ledgers deferred and released, all partitions."""
+    def batch_counts(self, batch: str | None) -> tuple[BatchCounts, dict[str, int]]:
+        """What the batch that wrote `batch`'s ledgers deferred and released, all partitions,
+        and the records each tenant has waiting after it (tenants with none left out)."""
         total = BatchCounts()
+        backlog: dict[str, int] = {}
         for ledger in self.ledgers(batch).values():
             total += ledger.counts
-        return total
+            for tenant, queue in ledger.tenants.items():
+                if queue.backlog:
+                    backlog[tenant] = backlog.get(tenant, 0) + queue.backlog
+        return total, backlog
 
     def tenants_waiting(self, batch: str | None, now_ms: int) -> list[dict[str, object]]:
         """Per tenant slowed after `batch` (records deferred, or its quota's tokens spent): its
