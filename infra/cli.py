@@ -11,6 +11,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -165,6 +166,25 @@ def _parser() -> argparse.ArgumentParser:
     _settings_options(purge)
     purge.add_argument("--dry-run", action="store_true", help="say what would go; change nothing")
     purge.set_defaults(handler=_purge)
+    reprocess = tenant_commands.add_parser(
+        "reprocess",
+        help="recompute a tenant's windows in a time range with its current rules, from the "
+        "records the lake holds; runs beside the stream",
+    )
+    reprocess.add_argument("tenant", help="the tenant id")
+    _settings_options(reprocess)
+    reprocess.add_argument(
+        "--since", help="windows starting at or after this ISO 8601 time (UTC if no zone)"
+    )
+    reprocess.add_argument(
+        "--until",
+        help="windows ending by this ISO 8601 time (default: up to the oldest open window)",
+    )
+    reprocess.add_argument(
+        "--dry-run", action="store_true", help="say what would change; write nothing"
+    )
+    reprocess.add_argument("--master", help="Spark master, as for run (default local[2])")
+    reprocess.set_defaults(handler=_reprocess)
     issue_key = tenant_commands.add_parser(
         "issue-key",
         help="print a new API key for the tenant's queries; only its salted hash is kept",
@@ -425,6 +445,79 @@ def _purge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reprocess(args: argparse.Namespace) -> int:
+    from storage.delta_lake import DeltaLake
+    from streaming.replay import NO_TIME
+    from streaming.reprocess import ReprocessError, parse_time_ms, reprocess_tenant
+    from streaming.session import build_spark
+
+    settings = settings_from(args)
+    try:
+        since_ms = parse_time_ms(args.since) if args.since else 0
+        until_ms = parse_time_ms(args.until) if args.until else NO_TIME
+    except ValueError as error:
+        print(
+            f"--since/--until: {error} (an ISO 8601 time, e.g. 2026-11-01T00:00Z)", file=sys.stderr
+        )
+        return 2
+    if until_ms <= since_ms:
+        print("--until must be after --since", file=sys.stderr)
+        return 2
+    spark = build_spark(
+        "tenant-windows-reprocess",
+        args.master,
+        settings.stream.shuffle_partitions,
+        _cluster_conf(args.master),
+    )
+    try:
+        report = reprocess_tenant(
+            spark,
+            settings,
+            DeltaLake.from_settings(settings.lake),
+            args.tenant,
+            since_ms,
+            until_ms,
+            args.dry_run,
+        )
+    except ReprocessError as error:
+        print(f"not reprocessed: {error}", file=sys.stderr)
+        return 2
+    finally:
+        spark.stop()
+    if report.resumed:
+        print(f"finished the interrupted run {report.run} of {args.tenant!r} from its plan")
+    verb = "would replace" if args.dry_run else "replaced"
+    for table in report.tables:
+        print(
+            f"{table.table}: {verb} {table.rows_removed} rows with {table.rows_added} "
+            f"({table.files_removed} files out, {table.files_added} in)"
+        )
+    for source, horizon_ms in sorted(report.horizons_ms.items()):
+        if horizon_ms is not None and horizon_ms < until_ms:
+            print(
+                f"{args.tenant}/{source}: windows ending after {_iso_ms(horizon_ms)} are left "
+                "as they are (still open in the stream or in the replay)"
+            )
+    if report.run is None and not args.dry_run:
+        print("nothing changed: the current rules give the rows the tables hold")
+    return 0
+
+
+def _iso_ms(epoch_ms: int) -> str:
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _cluster_conf(master: str | None) -> dict[str, str]:
+    """What executors on other machines need: they have neither this checkout nor its venv."""
+    from streaming.session import is_local_master
+
+    if master is None or is_local_master(master):
+        return {}
+    from infra.cluster.ship import build_artifacts
+
+    return build_artifacts().spark_conf()
+
+
 def _offboard(args: argparse.Namespace) -> int:
     from storage.delta_lake import DeltaLake
     from storage.key_lifecycle import sources_with_state
@@ -463,14 +556,8 @@ def _offboard(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from streaming.app import run_stream
-    from streaming.session import is_local_master
 
-    spark_conf: dict[str, str] = {}
-    if args.master is not None and not is_local_master(args.master):
-        from infra.cluster.ship import build_artifacts
-
-        # Executors on other machines have neither this checkout nor its virtualenv.
-        spark_conf = build_artifacts().spark_conf()
+    spark_conf = _cluster_conf(args.master)
     settings = settings_from(args)
     bar = _progress_bar(settings) if args.available_now and sys.stderr.isatty() else None
     try:

@@ -39,7 +39,7 @@ from storage.data_files import (
     read_staged_files,
     write_settled_files,
 )
-from storage.delta_lake import DeltaLake, StagedFile
+from storage.delta_lake import DeltaLake, LakeFile
 from storage.tables import ALL_TABLES, TableSpec
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ class Compaction:
         )
 
     def _write_settled(
-        self, spark: SparkSession, spec: TableSpec, staged: list[StagedFile]
+        self, spark: SparkSession, spec: TableSpec, staged: list[LakeFile]
     ) -> list[WrittenFile]:
         inputs = "\n".join(file.path for file in staged)
         target = SettledFiles(

@@ -247,17 +247,22 @@ def write_settled_files(
         received = [batch for batch in batches if batch.num_rows > 0]
         if not received:
             return
-        # Spark hands the rows over in an order of its own; sorting makes each file's bytes a
-        # function of the staged rows alone.
         rows = pa.Table.from_batches(received).cast(spec.schema)
-        rows = with_layout(_sorted(rows, spec.sort_by), spec, settled=True)
-        filesystem, base = filesystem_of(target.root, target.storage_options)
-        written = _write_partitions(
-            filesystem, base, spec, rows, target.file_name, "compaction", target
-        )
-        yield _written_batch(written)
+        yield _written_batch(write_settled(target, rows, "compaction"))
 
     return write
+
+
+def write_settled(target: SettledFiles, rows: pa.Table, doing: str) -> list[WrittenFile]:
+    """One file per partition of `rows` (in the table's `schema`), settled in its own
+    partition, rows in the table's `sort_by` order: the bytes are a function of the rows."""
+    spec = _SPECS[target.table_name]
+    if spec.sort_by:
+        # Spark hands rows over in an order of its own.
+        rows = _sorted(rows, spec.sort_by)
+    filesystem, base = filesystem_of(target.root, target.storage_options)
+    laid_out = with_layout(rows, spec, settled=True)
+    return _write_partitions(filesystem, base, spec, laid_out, target.file_name, doing, target)
 
 
 def _sorted(rows: pa.Table, columns: tuple[str, ...]) -> pa.Table:
@@ -371,7 +376,7 @@ def _split_by_partition(
         part = ordered.slice(first, last - first)
         aggregates = aggregated[keys[first]]
         values = {
-            column: _partition_text(value)
+            column: partition_text(value)
             for column, value in zip(partition_by, keys[first], strict=True)
         }
         splits.append((values, part, _stats(part, aggregates)))
@@ -400,7 +405,8 @@ def _aggregate(rows: pa.Table, partition_by: tuple[str, ...]) -> pa.Table:
     return rows.group_by(list(partition_by), use_threads=False).aggregate(aggregations)
 
 
-def _partition_text(value: Any) -> str | None:
+def partition_text(value: Any) -> str | None:
+    """A partition value as Delta's log spells it (a date as YYYY-MM-DD)."""
     if value is None:
         return None
     if isinstance(value, date):

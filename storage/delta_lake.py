@@ -20,7 +20,7 @@ from deltalake.schema import Field as DeltaField
 from deltalake.transaction import AddAction, RemoveAction
 
 from storage.commits import check_fence, commit_without_conflict, conditional
-from storage.data_files import WrittenFile, filesystem_of, stream_of_batch_file
+from storage.data_files import WrittenFile, filesystem_of, partition_text, stream_of_batch_file
 from storage.s3 import reaching, storage_options
 from storage.snapshot_reader import (
     current_paths,
@@ -28,6 +28,7 @@ from storage.snapshot_reader import (
     partition_columns,
     read_newest_first,
     read_snapshot,
+    tenant_file_actions,
     tenant_files,
 )
 from storage.tables import LAKE_TABLES, STAGED, TableSpec, with_layout
@@ -305,7 +306,7 @@ class DeltaLake:
     def settle(
         self,
         spec: TableSpec,
-        staged: list[StagedFile],
+        staged: list[LakeFile],
         settled: list[WrittenFile],
         app_id: str,
         compaction_version: int,
@@ -321,15 +322,39 @@ class DeltaLake:
         files is gone from the table (another compaction or an `optimize` took it): the caller
         lists the staged files again.
         """
+        return self.replace_files(
+            spec,
+            staged,
+            settled,
+            Transaction(app_id=compaction_app_id(app_id), version=compaction_version),
+            fence=(app_id, writer_epoch),
+            data_change=False,
+            before_commit=before_commit,
+        )
+
+    def replace_files(
+        self,
+        spec: TableSpec,
+        removed: list[LakeFile],
+        added: list[WrittenFile],
+        transaction: Transaction,
+        fence: tuple[str, int],
+        data_change: bool,
+        before_commit: Callable[[], None] = lambda: None,
+    ) -> bool:
+        """Remove `removed` and add `added` in one commit carrying `transaction`, on a snapshot
+        fenced with `fence` (writer, epoch: `commits.check_fence`). Returns False, committing
+        nothing, if one of `removed` is gone from the table already."""
+        now_ms = int(time.time() * 1000)
         actions: list[AddAction | RemoveAction] = [
             RemoveAction(
                 path=file.path,
-                data_change=False,
-                deletion_timestamp=int(time.time() * 1000),
+                data_change=data_change,
+                deletion_timestamp=now_ms,
                 size=file.size,
                 partition_values=file.partition_values,
             )
-            for file in staged
+            for file in removed
         ]
         actions += [
             AddAction(
@@ -337,35 +362,50 @@ class DeltaLake:
                 size=file.size,
                 partition_values=file.partition_values,
                 modification_time=file.modification_time,
-                data_change=False,
+                data_change=data_change,
                 stats=file.stats,
             )
-            for file in settled
+            for file in added
         ]
 
         def attempt() -> bool:
             table = self.open(spec)
-            check_fence(table, app_id, writer_epoch)
+            check_fence(table, *fence)
             present = current_paths(table)
-            if any(unquote(file.path) not in present for file in staged):
+            if any(unquote(file.path) not in present for file in removed):
                 return False
             before_commit()
-            doing = f"settling {len(staged)} staged files of table {spec.name}"
+            doing = f"replacing {len(removed)} files of table {spec.name}"
             with reaching(self.root, self.storage_options, doing):
                 table.create_write_transaction(
                     actions,
                     mode="append",
                     schema=spec.storage_schema,
                     partition_by=list(spec.partition_by),
-                    commit_properties=conditional(
-                        Transaction(app_id=compaction_app_id(app_id), version=compaction_version)
-                    ),
+                    commit_properties=conditional(transaction),
                 )
             return True
 
-        return commit_without_conflict(f"{self.table_uri(spec)}, compaction", attempt)
+        return commit_without_conflict(f"{self.table_uri(spec)}, {transaction.app_id}", attempt)
 
-    def staged_files(self, spec: TableSpec, stream: str | None = None) -> list[StagedFile]:
+    def tenant_files(self, spec: TableSpec, tenant: str) -> list[LakeFile]:
+        """The current version's files that may hold rows of `tenant`: its partitions' and the
+        staged ones its statistics do not rule out (`snapshot_reader.tenant_files`)."""
+        actions = tenant_file_actions(self.open(spec), tenant)
+        partitions = [c for c in actions.column_names if c.startswith("partition.")]
+        return [
+            LakeFile(
+                path=row["path"],
+                size=row["size_bytes"],
+                partition_values={
+                    column.removeprefix("partition."): partition_text(row[column])
+                    for column in partitions
+                },
+            )
+            for row in actions.select(["path", "size_bytes", *partitions]).to_pylist()
+        ]
+
+    def staged_files(self, spec: TableSpec, stream: str | None = None) -> list[LakeFile]:
         """The staged files of the table's current version, by path; with `stream`, those it
         wrote and those no stream's name marks (an outside `OPTIMIZE` merged staged files)."""
         table = self.open(spec)
@@ -375,7 +415,7 @@ class DeltaLake:
             return []
         rows = actions.filter(pc.equal(actions[column], STAGED)).to_pylist()
         files = [
-            StagedFile(
+            LakeFile(
                 path=row["path"],
                 size=row["size_bytes"],
                 partition_values={name: row[f"partition.{name}"] for name in spec.partition_by},
@@ -387,8 +427,8 @@ class DeltaLake:
 
 
 @dataclass(frozen=True)
-class StagedFile:
-    """A staged file as a compaction removes it."""
+class LakeFile:
+    """A data file of a table's current version, as a commit removes it."""
 
     path: str
     size: int

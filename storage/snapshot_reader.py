@@ -96,9 +96,15 @@ def tenant_files(table: DeltaTable, tenant: str) -> list[str]:
     """URIs of the loaded version's files that may hold rows of `tenant`: in a table partitioned
     by tenant, its own partition's files; in the staged layout, those plus the staged files; in
     either, minus every file whose `tenant` statistics rule the tenant out."""
+    actions = tenant_file_actions(table, tenant)
+    return _uris(table, actions, pa.array([True] * actions.num_rows))
+
+
+def tenant_file_actions(table: DeltaTable, tenant: str) -> pa.Table:
+    """The add actions (flattened) of the files `tenant_files` names."""
     actions = pa.table(table.get_add_actions(flatten=True))
     if actions.num_rows == 0:
-        return []
+        return actions
     keep = pa.array([True] * actions.num_rows)
     for column, allowed in (("tenant", [tenant]), (f"{LAYOUT_PREFIX}tenant", [tenant, STAGED])):
         if f"partition.{column}" in actions.column_names:
@@ -109,7 +115,7 @@ def tenant_files(table: DeltaTable, tenant: str) -> list[str]:
             pc.greater_equal(actions["max.tenant"], tenant),
         )
         keep = pc.and_(keep, _or_unknown(within))
-    return _uris(table, actions, keep)
+    return actions.filter(keep)
 
 
 def batch_files(table: DeltaTable, after: int, through: int) -> list[str]:

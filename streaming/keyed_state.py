@@ -130,7 +130,7 @@ STATE_SCHEMA = StructType(
     [StructField("layout", IntegerType()), StructField("keys_arrow", BinaryType())]
 )
 
-_OUTPUT_ARROW_SCHEMA = to_arrow_schema(OUTPUT_SCHEMA)
+OUTPUT_ARROW_SCHEMA = to_arrow_schema(OUTPUT_SCHEMA)
 _NULLABLE_PANDAS_TYPES = {
     pa.int64(): pd.Int64Dtype(),
     pa.int32(): pd.Int32Dtype(),
@@ -703,7 +703,7 @@ class _Output:
             )
             if part is not None
         ]
-        table = pa.concat_tables(parts) if parts else _OUTPUT_ARROW_SCHEMA.empty_table()
+        table = pa.concat_tables(parts) if parts else OUTPUT_ARROW_SCHEMA.empty_table()
         return table.to_pandas(types_mapper=_NULLABLE_PANDAS_TYPES.get)
 
     def _event_rows(self) -> pa.Table | None:
@@ -829,9 +829,9 @@ def union_table(columns: dict[str, Any], rows: int) -> pa.Table:
         _arrow_column(columns[field.name], field.type)
         if field.name in columns
         else pa.nulls(rows, field.type)
-        for field in _OUTPUT_ARROW_SCHEMA
+        for field in OUTPUT_ARROW_SCHEMA
     ]
-    return pa.Table.from_arrays(arrays, schema=_OUTPUT_ARROW_SCHEMA)
+    return pa.Table.from_arrays(arrays, schema=OUTPUT_ARROW_SCHEMA)
 
 
 def _arrow_column(values: Any, arrow_type: pa.DataType) -> pa.Array:
