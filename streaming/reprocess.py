@@ -136,6 +136,8 @@ class KeyOutcome:
     rows_removed: dict[str, int] = field(default_factory=dict)
     rows_added: dict[str, int] = field(default_factory=dict)
     horizon_ms: int | None = None
+    rows_compared: int = 0
+    """The key's rows in scope before: what the replay was held against."""
     refused: str | None = None
 
     def to_json(self) -> str:
@@ -157,6 +159,7 @@ class KeyOutcome:
             rows_removed=data["rows_removed"],
             rows_added=data["rows_added"],
             horizon_ms=data["horizon_ms"],
+            rows_compared=data["rows_compared"],
             refused=data["refused"],
         )
 
@@ -191,7 +194,8 @@ def reprocess_key(job: ReprocessRun, files: KeyFiles) -> KeyOutcome:
         job.max_record_bytes,
     )
     scope = scope_of(job.since_ms, job.until_ms, live, replayed)
-    outcome = KeyOutcome(source=files.source, horizon_ms=scope.horizon_ms)
+    compared = sum(int(pc.sum(scope.holds(rows)).as_py() or 0) for rows in live.values())
+    outcome = KeyOutcome(files.source, horizon_ms=scope.horizon_ms, rows_compared=compared)
     for name, rows in staged.items():
         if rows.num_rows and pc.any(scope.holds(rows)).as_py():
             return KeyOutcome(
@@ -223,7 +227,7 @@ def reprocess_key(job: ReprocessRun, files: KeyFiles) -> KeyOutcome:
         return KeyOutcome(source=files.source, refused=quarantined)
     outcome.rows_added[QUARANTINE.name] = quarantined.num_rows
     if _unchanged(live, replayed, scope) and not quarantined.num_rows:
-        return KeyOutcome(source=files.source, horizon_ms=scope.horizon_ms)
+        return KeyOutcome(files.source, horizon_ms=scope.horizon_ms, rows_compared=compared)
     if job.dry_run:
         return outcome
     for spec in WINDOWED_TABLES:
@@ -326,6 +330,8 @@ class ReprocessReport:
     tables: list[TableChange]
     horizons_ms: dict[str, int | None]
     """Per source, where its scope ended (the range's end, or an open window's start)."""
+    rows_compared: int = 0
+    """Rows in scope before the run, in the windowed tables."""
     resumed: bool = False
     """The run finished an interrupted one's plan instead of replaying again."""
 
@@ -465,6 +471,7 @@ class _Plan:
                 for spec in REPLAYED_TABLES
             ],
             horizons_ms={o.source: o.horizon_ms for o in self.outcomes},
+            rows_compared=sum(o.rows_compared for o in self.outcomes),
             resumed=resumed,
         )
 

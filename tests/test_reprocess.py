@@ -1,0 +1,197 @@
+"""`tenants reprocess T`: T's windows recomputed with T's current rules from the records the
+lake holds. Unchanged rules change nothing; new rules give what a fresh stream with them gives;
+nobody else's rows move; a run interrupted between its commits is finished by the next."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from infra.dev.load_generator import LoadSpec, generate
+from storage.delta_lake import DeltaLake
+from storage.tables import ALL_TABLES
+from streaming.replay import NO_TIME
+from streaming.reprocess import ReprocessError, ReprocessReport, reprocess_tenant
+from tenants.registry import load_registry
+from tests.harness import Pipeline
+
+pytestmark = pytest.mark.integration
+
+RECORDS = 1_200
+TENANT = "acme"
+# acme's web windows: 5 minutes instead of the source's 1, and a longer lateness.
+NEW_RULES = """id: acme
+sources:
+  web:
+    window: {kind: tumbling, size: 5m}
+    allowed_lateness: 4m
+  billing: {}
+"""
+
+
+def _stream(kafka: Any, spark: Any, conf: Path, workdir: Path, rules: str | None) -> Pipeline:
+    """The sample records through a stream of their own, with acme's rules replaced if given."""
+    conf_copy = workdir / "conf"
+    shutil.copytree(conf, conf_copy)
+    if rules is not None:
+        (conf_copy / "tenants" / "acme.yaml").write_text(rules)
+    pipeline = Pipeline.create(
+        kafka, workdir, conf_copy, partitions=2, max_offsets_per_trigger=RECORDS // 4
+    )
+    # 20 s of event time per key and record: about an hour of windows per key.
+    spec = LoadSpec(count=RECORDS, step_ms=20_000, late_share=0.05, malformed_share=0.02, seed=3)
+    registry = load_registry(conf_copy)
+    pipeline.produce_samples(generate(spec, {n: s.event_time for n, s in registry.sources.items()}))
+    pipeline.run_available_now(spark)
+    return pipeline
+
+
+def _rows(
+    pipeline: Pipeline, table: str, tenant: str | None = None, exclude: str | None = None
+) -> pd.DataFrame:
+    """A table's rows in one order, every column as text: equal frames hold the same rows."""
+    frame = pipeline.table(table)
+    if tenant is not None:
+        frame = frame[frame["tenant"] == tenant]
+    if exclude is not None:
+        frame = frame[frame["tenant"] != exclude]
+    text = frame.astype(str)
+    return text.sort_values(list(text.columns)).reset_index(drop=True)
+
+
+def _everyone_else(pipeline: Pipeline) -> dict[str, pd.DataFrame]:
+    return {spec.name: _rows(pipeline, spec.name, exclude=TENANT) for spec in ALL_TABLES}
+
+
+def _reprocess(pipeline: Pipeline, spark: Any, dry_run: bool = False) -> ReprocessReport:
+    settings = pipeline.settings
+    return reprocess_tenant(
+        spark, settings, DeltaLake.from_settings(settings.lake), TENANT, 0, NO_TIME, dry_run
+    )
+
+
+@pytest.fixture(scope="module")
+def fresh_with_new_rules(
+    kafka: Any, spark: Any, conf_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Pipeline:
+    """What a stream with acme's new rules from the start writes."""
+    return _stream(kafka, spark, conf_dir, tmp_path_factory.mktemp("fresh"), NEW_RULES)
+
+
+def test_unchanged_rules_change_nothing(
+    kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
+) -> None:
+    pipeline = _stream(kafka, spark, conf_dir, tmp_path, None)
+    before = {spec.name: _rows(pipeline, spec.name) for spec in ALL_TABLES}
+    versions = {spec.name: pipeline.lake.open(spec).version() for spec in ALL_TABLES}
+
+    report = _reprocess(pipeline, spark)
+
+    assert report.run is None, report
+    # The replay covered acme's history up to its open windows, and matched it row for row.
+    assert report.rows_compared > RECORDS // 10, report
+    # Data tables untouched: only the lease's fence commits were added.
+    for spec in ALL_TABLES:
+        assert _rows(pipeline, spec.name).equals(before[spec.name]), spec.name
+        assert pipeline.lake.open(spec).version() <= versions[spec.name] + 1
+
+
+def test_new_rules_give_what_a_fresh_stream_gives(
+    kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path, fresh_with_new_rules: Pipeline
+) -> None:
+    pipeline = _stream(kafka, spark, conf_dir, tmp_path, None)
+    others = _everyone_else(pipeline)
+    too_late_before = _rows(pipeline, "late_events", TENANT)
+    (pipeline.conf_dir / "tenants" / "acme.yaml").write_text(NEW_RULES)
+
+    dry = _reprocess(pipeline, spark, dry_run=True)
+    assert dry.run is None and any(t.rows_added for t in dry.tables), dry
+    report = _reprocess(pipeline, spark)
+
+    assert report.run == 1, report
+    _all_equal(_everyone_else(pipeline), others)
+    _assert_acme_matches(pipeline, fresh_with_new_rules, report)
+    # Records too late for a minute's lateness are in time for four: they left late_events.
+    moved = _in_scope(too_late_before, report)
+    assert len(moved[moved["source"] == "web"]) > 0
+    assert len(_in_scope(_rows(pipeline, "late_events", TENANT), report)) < len(moved)
+
+
+def _all_equal(actual: dict[str, pd.DataFrame], expected: dict[str, pd.DataFrame]) -> bool:
+    for name, frame in expected.items():
+        pd.testing.assert_frame_equal(actual[name], frame, obj=name)
+    return True
+
+
+def _assert_acme_matches(pipeline: Pipeline, fresh: Pipeline, report: ReprocessReport) -> None:
+    """acme's rows in every windowed table equal the fresh stream's, up to each key's horizon
+    (its oldest open window: the same in both, as both read the same records)."""
+    for table in ("windows", "events", "late_events"):
+        # Each stream has a topic of its own, produced a little later: the records, their
+        # partitions and offsets are the same.
+        ours, theirs = (
+            _in_scope(_rows(p, table, TENANT), report).drop(
+                columns=["topic", "kafka_timestamp"], errors="ignore"
+            )
+            for p in (pipeline, fresh)
+        )
+        assert len(ours) > 0 or table == "late_events", table
+        pd.testing.assert_frame_equal(ours, theirs, obj=table)
+    finals = _in_scope(_rows(pipeline, "windows", TENANT), report)
+    web_final = finals[(finals["source"] == "web") & (finals["is_final"] == "True")]
+    # 5-minute windows now: every final web window in scope starts on a 5-minute boundary.
+    starts = pd.to_datetime(web_final["window_start"])
+    assert len(starts) > 0 and (starts.dt.minute % 5 == 0).all()
+
+
+def _in_scope(frame: pd.DataFrame, report: ReprocessReport) -> pd.DataFrame:
+    horizon = frame["source"].map(
+        lambda source: pd.Timestamp(report.horizons_ms[source], unit="ms", tz="UTC")
+    )
+    kept = frame[pd.to_datetime(frame["window_end"]) <= horizon]
+    return kept.reset_index(drop=True)
+
+
+def test_a_run_interrupted_between_commits_is_finished_by_the_next(
+    kafka: Any,
+    spark: Any,
+    conf_dir: Path,
+    tmp_path: Path,
+    fresh_with_new_rules: Pipeline,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pipeline = _stream(kafka, spark, conf_dir, tmp_path, None)
+    others = _everyone_else(pipeline)
+    (pipeline.conf_dir / "tenants" / "acme.yaml").write_text(NEW_RULES)
+    commits: list[str] = []
+    replace_files = DeltaLake.replace_files
+
+    def crash_after_the_first_table(self: DeltaLake, spec: Any, *args: Any, **kwargs: Any) -> bool:
+        if commits:
+            raise KeyboardInterrupt("killed between two tables' commits")
+        commits.append(spec.name)
+        return replace_files(self, spec, *args, **kwargs)
+
+    monkeypatch.setattr(DeltaLake, "replace_files", crash_after_the_first_table)
+    with pytest.raises(KeyboardInterrupt):
+        _reprocess(pipeline, spark)
+    monkeypatch.undo()
+
+    resumed = _reprocess(pipeline, spark)
+    assert resumed.resumed and resumed.run == 1, resumed
+    again = _reprocess(pipeline, spark)
+    assert again.run is None, again  # finished: replaying again changes nothing
+    _all_equal(_everyone_else(pipeline), others)
+    _assert_acme_matches(pipeline, fresh_with_new_rules, resumed)
+
+
+def test_an_unconfigured_tenant_is_refused(kafka: Any, spark: Any, tmp_path: Path) -> None:
+    settings = Pipeline.create(kafka, tmp_path, Path("conf")).settings
+    with pytest.raises(ReprocessError, match="not configured"):
+        reprocess_tenant(
+            spark, settings, DeltaLake.from_settings(settings.lake), "nobody", 0, NO_TIME, True
+        )
