@@ -238,6 +238,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--master", help="Spark master, as for run (default local[2])")
+    serve.add_argument(
+        "--metrics-port",
+        dest="query_metrics_port",
+        type=int,
+        help="serve Prometheus metrics on this port, apart from --port (query.metrics_port; "
+        "0: any free port)",
+    )
     serve.set_defaults(handler=_serve)
 
     produce = commands.add_parser("produce", help="produce sample multi-tenant load")
@@ -327,6 +334,8 @@ def settings_from(args: argparse.Namespace) -> AppSettings:
         "stream.trigger_interval": args.trigger_interval,
         "stream.name": args.stream_name,
         "stream.metrics_port": getattr(args, "metrics_port", None),
+        # `serve --metrics-port`: the query service's endpoint, not the stream's.
+        "query.metrics_port": getattr(args, "query_metrics_port", None),
     }
     app_file = args.app_config if args.app_config.exists() else None
     return load_settings(app_file, overrides=overrides)

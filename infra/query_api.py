@@ -2,8 +2,9 @@
 
 The door only: who is calling (a tenant's API key, or the operator's), what they asked, and how
 the answer or the failure is written. What a statement may do and use is `QueryService`'s.
-Every request leaves one JSON audit line: tenant, key name, statement digest, outcome, rows,
-elapsed time; never the key.
+Every query request leaves one JSON audit line (tenant, key name, statement digest, outcome,
+rows, truncated, elapsed time; never the key) and is counted once in `QueryMetrics` by the same
+outcome: `QueryAccounting` writes both, whatever answered the request.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import orjson
 import pyarrow as pa
@@ -27,7 +28,9 @@ from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from infra.query_metrics import Outcome, QueryMetrics
 from storage.query_service import OPERATOR, QueryError, QueryService
 from tenants.api_keys import Caller, verify_key
 from tenants.models import SECRET_FILE_PREFIX, QueryLimits
@@ -36,6 +39,9 @@ from tenants.settings import AppSettings
 
 log = logging.getLogger(__name__)
 audit_log = logging.getLogger("tenant_windows.audit")
+QUERY_PATH = "/v1/query"
+_AUDIT_STATE = "tenant_windows_query_audit"
+"""The key of a query request's `QueryAudit` in its ASGI scope's state."""
 
 
 class QueryRequest(BaseModel):
@@ -83,19 +89,113 @@ class KeyCheck:
         return caller
 
 
+@dataclass
+class QueryAudit:
+    """What the handling of one query request learned, for its audit line and its metrics.
+
+    Whatever answers the request fills it in: the handler (`ok`, `unauthorized`, a
+    `QueryError`'s code, `internal`) or the body's validation (`bad_request`, before any key is
+    checked, so without a tenant). `QueryAccounting` writes it out once, after the answer.
+    """
+
+    tenant: str | None = None
+    key_name: str | None = None
+    statement_sha256: str | None = None
+    outcome: Outcome | None = None
+    rows: int = 0
+    truncated: bool = False
+
+
+class QueryAccounting:
+    """ASGI middleware: the one place each `POST /v1/query` is audited and counted.
+
+    It wraps everything that can answer the request, so a request is written exactly once with
+    the outcome its answer carried: the handler's, the validation's 400, or `internal` for an
+    exception nothing caught (the 500 of the server's last resort).
+    """
+
+    def __init__(self, app: ASGIApp, metrics: QueryMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != QUERY_PATH:
+            await self.app(scope, receive, send)
+            return
+        audit = QueryAudit()
+        scope.setdefault("state", {})[_AUDIT_STATE] = audit
+        started = time.monotonic()
+        written = False
+        self.metrics.in_flight.inc()
+
+        def write_once() -> None:
+            nonlocal written
+            if not written:
+                written = True
+                self.metrics.in_flight.dec()
+                # No outcome: the request was cancelled before any answer; counted all the same.
+                self._write(audit, audit.outcome or "internal", time.monotonic() - started)
+
+        async def send_when_written(message: Message) -> None:
+            # Written before the answer leaves: a caller holding its answer finds it counted.
+            if message["type"] == "http.response.start":
+                write_once()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_when_written)
+        except Exception:
+            if not written:
+                audit.outcome = "internal"
+            raise
+        finally:
+            write_once()
+
+    def _write(self, audit: QueryAudit, outcome: Outcome, elapsed_s: float) -> None:
+        # A result whose answer then failed (`internal`) reached no one: no rows to count.
+        rows = audit.rows if outcome == "ok" else 0
+        truncated = audit.truncated and outcome == "ok"
+        audit_log.info(
+            json.dumps(
+                {
+                    "tenant": audit.tenant,
+                    "key_name": audit.key_name,
+                    "statement_sha256": audit.statement_sha256,
+                    "outcome": outcome,
+                    "rows": rows,
+                    "truncated": truncated,
+                    "elapsed_ms": int(elapsed_s * 1000),
+                }
+            )
+        )
+        self.metrics.record(outcome, elapsed_s, rows, truncated)
+
+
+def query_audit(request: Request) -> QueryAudit | None:
+    """The `QueryAudit` of a query request (None for any other request)."""
+    return cast(QueryAudit | None, request.scope.get("state", {}).get(_AUDIT_STATE))
+
+
 def create_app(
     service: QueryService,
     keys: KeyCheck,
     key_status: Callable[[str], list[dict[str, Any]]],
+    metrics: QueryMetrics,
 ) -> FastAPI:
+    """The API; each query request is audited and counted into `metrics` (`QueryAccounting`),
+    which the caller serves on a port of its own, if at all."""
     app = FastAPI(
         title="tenant-windows query service",
         version="1",
         description="Each tenant queries its own windows, events and status with its API key.",
     )
+    app.add_middleware(QueryAccounting, metrics=metrics)
 
     @app.exception_handler(RequestValidationError)
-    async def bad_request(_request: Request, error: RequestValidationError) -> JSONResponse:
+    async def bad_request(request: Request, error: RequestValidationError) -> JSONResponse:
+        audit = query_audit(request)
+        if audit is not None:
+            audit.outcome = "bad_request"
         first = error.errors()[0] if error.errors() else {}
         where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
         return _error(400, "bad_request", f"{where or 'body'}: {first.get('msg', 'invalid')}")
@@ -108,38 +208,39 @@ def create_app(
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.post("/v1/query", response_model=None)
+    @app.post(QUERY_PATH, response_model=None)
     def query(
-        request: QueryRequest, authorization: Annotated[str | None, Header()] = None
+        body: QueryRequest,
+        request: Request,
+        authorization: Annotated[str | None, Header()] = None,
     ) -> Response:
-        started = time.monotonic()
+        audit = query_audit(request)
+        assert audit is not None  # `QueryAccounting` wraps every query request
         caller = keys.caller(authorization)
-        audit = {
-            "tenant": caller.tenant if caller else None,
-            "key_name": caller.key_name if caller else None,
-            "statement_sha256": hashlib.sha256(request.sql.encode()).hexdigest(),
-        }
+        audit.statement_sha256 = hashlib.sha256(body.sql.encode()).hexdigest()
         if caller is None:
-            _audit(audit, "unauthorized", 0, started)
+            audit.outcome = "unauthorized"
             return _error(401, "unauthorized", "a valid API key is required (Bearer)")
+        audit.tenant, audit.key_name = caller.tenant, caller.key_name
         try:
             result = service.run(
                 OPERATOR if caller.tenant is None else caller.tenant,
-                request.sql,
-                request.as_of_version,
+                body.sql,
+                body.as_of_version,
             )
         except QueryError as failure:
-            _audit(audit, failure.code, 0, started)
+            audit.outcome = failure.code
             return _error(failure.status, failure.code, failure.message, failure.retry_after_s)
         except Exception:
             # A caller sees one line; the operator's log has the trace (never the key).
-            log.exception("statement of %s failed unexpectedly", audit["tenant"] or "operator")
-            _audit(audit, "internal", 0, started)
+            log.exception("statement of %s failed unexpectedly", caller.tenant or "operator")
+            audit.outcome = "internal"
             return _error(500, "internal", "the statement failed inside the service")
-        _audit(audit, "ok", result.table.num_rows, started)
-        if request.format == "arrow":
+        audit.outcome = "ok"
+        audit.rows, audit.truncated = result.table.num_rows, result.truncated
+        if body.format == "arrow":
             return Response(_arrow_bytes(result.table), media_type=ARROW_STREAM)
-        if request.format == "csv":
+        if body.format == "csv":
             return Response(_csv_text(result.table), media_type="text/csv")
         return Response(
             orjson.dumps(
@@ -189,13 +290,6 @@ def _error(status: int, code: str, message: str, retry_after_s: int | None = Non
     headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
     return JSONResponse(
         {"error": {"code": code, "message": message}}, status_code=status, headers=headers
-    )
-
-
-def _audit(audit: dict[str, Any], outcome: str, rows: int, started: float) -> None:
-    elapsed_ms = int((time.monotonic() - started) * 1000)
-    audit_log.info(
-        json.dumps({**audit, "outcome": outcome, "rows": rows, "elapsed_ms": elapsed_ms})
     )
 
 
@@ -290,10 +384,17 @@ def serve(settings: AppSettings, host: str, port: int, master: str | None) -> No
     limits = TenantLimits(
         settings.query.with_overrides({}), ConfReader(settings.conf_dir), recheck_s
     )
+    metrics = QueryMetrics()
     app = create_app(
         QueryService(spark, lake, limits),
         KeyCheck(settings.conf_dir, resolved_operator_key(settings), recheck_s),
         lambda tenant: tenant_key_status(lake, tenant),
+        metrics,
     )
+    if settings.query.metrics_port is not None:
+        metrics.serve(settings.query.metrics_host, settings.query.metrics_port)
     log.info("query service on http://%s:%d (OpenAPI at /openapi.json)", host, port)
-    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)
+    try:
+        uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)
+    finally:
+        metrics.close()

@@ -8,13 +8,17 @@ export SPARK_LOCAL_IP=127.0.0.1
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-# The query console's test drives Debian's Chromium headless (tests/test_query_api.py).
-if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+# Real clients from Debian: the query console's test drives Chromium headless
+# (tests/test_query_api.py), and a real Prometheus scrapes the stream and the query service and
+# loads the alert rules (tests/test_prometheus_scrape.py; promtool comes with it).
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ] \
+  || [ ! -x /usr/bin/prometheus ] || [ ! -x /usr/bin/promtool ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null
+    apt-get update -q >/dev/null \
+      && apt-get install -y -q chromium chromium-driver prometheus >/dev/null
   else
-    echo "the tests need Debian's chromium and chromium-driver:" \
-      "sudo apt-get install -y chromium chromium-driver" >&2
+    echo "the tests need Debian's chromium, chromium-driver and prometheus:" \
+      "sudo apt-get install -y chromium chromium-driver prometheus" >&2
     exit 1
   fi
 fi

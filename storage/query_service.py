@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 import orjson
 import pyarrow as pa
@@ -63,11 +63,31 @@ _NESTED_LOOP_MAX_BYTES = 256 * 1024 * 1024
 _RESOURCE_ERRORS = ("exceeding the array size limit", "OutOfMemoryError", "too large")
 
 
+QueryErrorCode = Literal[
+    "statement_too_large",
+    "too_many_concurrent",
+    "rate_limited",
+    "refused",
+    "bad_version",
+    "resource_limit",
+    "analysis_error",
+    "query_failed",
+    "statement_timeout",
+]
+"""Every code a refused or failed statement gets: a closed set, so the query service's metrics
+(`infra/query_metrics.py`) can label by it without growing with what tenants send."""
+QUERY_ERROR_CODES: tuple[QueryErrorCode, ...] = get_args(QueryErrorCode)
+
+
 class QueryError(Exception):
     """A statement that gets no result: an HTTP status, a stable code and a one-line message."""
 
     def __init__(
-        self, status: int, code: str, message: str, retry_after_s: int | None = None
+        self,
+        status: int,
+        code: QueryErrorCode,
+        message: str,
+        retry_after_s: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.code, self.message = status, code, message

@@ -24,10 +24,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from deltalake.exceptions import TableNotFoundError
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from pyspark import SparkContext
@@ -39,6 +38,7 @@ from storage.tables import WINDOWS
 from storage.writer_lease import WriterLease
 from streaming.key_summary import BucketSummary, merge
 from streaming.keyed_state import KeySummaries, LatestSummaries
+from streaming.metrics_endpoint import MetricsEndpoint
 from streaming.progress import BatchProgress
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,7 @@ class StreamMetrics:
         """`tenant_limit`: how many tenants get series of their own (None: all)."""
         self.registry = CollectorRegistry()
         self.tenant_limit = tenant_limit
-        self._server: Any = None
-        self.port: int | None = None
+        self.endpoint = MetricsEndpoint(self.registry)
         self.batch_duration = Histogram(
             f"{PREFIX}_batch_duration_seconds",
             "Wall time of a micro-batch, from its trigger to its commit.",
@@ -165,19 +164,17 @@ class StreamMetrics:
         self.deferred.inc(progress.deferred)
         self.released.inc(progress.released)
 
+    @property
+    def port(self) -> int | None:
+        """The metrics endpoint's port while it serves."""
+        return self.endpoint.port
+
     def serve(self, host: str, port: int) -> int:
         """Serve `/metrics` on `host:port` from a daemon thread; the port bound."""
-        self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        self.port = int(self._server.server_address[1])
-        log.info("Prometheus metrics on http://%s:%d/metrics", host, self.port)
-        return self.port
+        return self.endpoint.start(host, port)
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-            self.port = None
+        self.endpoint.close()
 
 
 class _KeyCollector(Collector):

@@ -303,13 +303,28 @@ class QuarantineLogSettings(_Frozen):
 
 
 class QuerySettings(QueryLimits):
-    """The query service (`tenant-windows serve`, docs/querying.md): every tenant's limits."""
+    """The query service (`tenant-windows serve`, docs/querying.md): every tenant's limits, the
+    operator's key, and where its metrics are served."""
 
     operator_key: SecretStr | None = Field(
         default=None,
         description="Bearer key for unscoped queries (all tenants, `deliveries`): from the "
         "environment (TW_QUERY__OPERATOR_KEY), or `secret:path/to/file` (relative to the conf "
         "dir). Never logged.",
+    )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65_535,
+        description=(
+            "Serve the query service's Prometheus metrics on this port (`serve --metrics-port`; "
+            "0: any free port, logged), a listener apart from the API's port, which never "
+            "answers `/metrics`. Unset: no metrics endpoint."
+        ),
+    )
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="The address the metrics endpoint binds; `0.0.0.0` for a scraper elsewhere.",
     )
 
 
@@ -326,7 +341,8 @@ class AppSettings(_Frozen):
         description="How quarantined records are summarised in the stream's log.",
     )
     query: QuerySettings = Field(
-        default_factory=QuerySettings, description="Limits of the query service."
+        default_factory=QuerySettings,
+        description="Limits of the query service, and its metrics endpoint.",
     )
 
 

@@ -9,9 +9,8 @@ import io
 import json
 import logging
 import shutil
-import socket
-import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,10 +18,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 import requests
-import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
 from infra.query_api import KeyCheck, TenantLimits, create_app, resolved_operator_key
+from infra.query_metrics import OUTCOMES, QueryMetrics
 from storage.query_service import QueryService
 from streaming.status import tenant_key_status
 from tenants.api_keys import issue_key, revoke_key
@@ -30,6 +30,7 @@ from tenants.models import QueryLimits
 from tenants.registry import ConfigError, ConfReader
 from tenants.settings import load_settings
 from tests.harness import Pipeline, record
+from tests.query_server import serving
 from tests.test_sql_scoped import ESCAPES_REFUSED, ESCAPES_SEEING_ONLY_THE_TENANT, PASSWD_MARK
 
 pytestmark = pytest.mark.integration
@@ -80,7 +81,18 @@ def pipeline(kafka: Any, spark: Any, lake_conf: Path) -> Pipeline:
 
 
 @pytest.fixture(scope="module")
-def server(pipeline: Pipeline, spark: Any, lake_conf: Path) -> Iterator[str]:
+def query_metrics() -> Iterator[QueryMetrics]:
+    """The server's metrics, served on a port of their own (as `serve --metrics-port 0`)."""
+    metrics = QueryMetrics()
+    metrics.serve("127.0.0.1", 0)
+    yield metrics
+    metrics.close()
+
+
+@pytest.fixture(scope="module")
+def server(
+    pipeline: Pipeline, spark: Any, lake_conf: Path, query_metrics: QueryMetrics
+) -> Iterator[str]:
     settings = pipeline.settings
     lake = pipeline.lake
     limits = TenantLimits(QueryLimits(), ConfReader(lake_conf), RECHECK_S)
@@ -88,22 +100,11 @@ def server(pipeline: Pipeline, spark: Any, lake_conf: Path) -> Iterator[str]:
         QueryService(spark, lake, limits),
         KeyCheck(lake_conf, SecretStr(OPERATOR_KEY), RECHECK_S),
         lambda tenant: tenant_key_status(lake, tenant),
+        query_metrics,
     )
     assert settings.lake.root == lake.root
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
-    uvicorn_server = uvicorn.Server(config)
-    thread = threading.Thread(target=uvicorn_server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not uvicorn_server.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    uvicorn_server.should_exit = True
-    thread.join(timeout=30)
+    with serving(app) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -297,6 +298,85 @@ def test_every_request_is_audited_and_no_key_is_ever_logged(
     assert all(len(a["statement_sha256"]) == 64 for a in audits)
     for line in caplog.text.splitlines():
         assert keys["acme"] not in line and keys["acme"].rsplit(".", 1)[1] not in line
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(metrics: QueryMetrics) -> Samples:
+    """The metrics as Prometheus reads them: over HTTP, in the text format."""
+    answer = requests.get(f"http://127.0.0.1:{metrics.endpoint.port}/metrics", timeout=30)
+    assert answer.status_code == 200
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(answer.text)
+        for sample in family.samples
+    }
+
+
+def by_outcome(samples: Samples, name: str) -> Counter[str]:
+    return Counter(
+        {
+            dict(labels)["outcome"]: value
+            for (found, labels), value in samples.items()
+            if found == name
+        }
+    )
+
+
+def test_the_metrics_count_each_outcome_as_the_audit_log_does(
+    server: str,
+    keys: dict[str, str],
+    query_metrics: QueryMetrics,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    acme = keys["acme"]
+    sent = [
+        (acme, {"sql": "SELECT count(*) AS n FROM windows"}, "ok"),
+        # globex may have 2 rows; it has 3 events: cut, and counted as truncated.
+        (keys["globex"], {"sql": "SELECT * FROM events ORDER BY event_time"}, "ok"),
+        (None, {"sql": "SELECT 1 AS one"}, "unauthorized"),
+        (acme + "x", {"sql": "SELECT 1 AS one"}, "unauthorized"),
+        (acme, {"sql": "DROP VIEW events"}, "refused"),
+        (acme, {"sql": "SELECT no_such_column FROM events"}, "analysis_error"),
+        (acme, {"sql": "SELECT 1 AS one", "format": "xml"}, "bad_request"),
+        (acme, {"sql": "SELECT 1 AS one" + " " * 20_000}, "statement_too_large"),
+        (acme, {"sql": HEAVY[0]}, "resource_limit"),
+        (OPERATOR_KEY, {"sql": "SELECT 1 AS one", "as_of_version": 999}, "bad_version"),
+        (keys["umbrella"], {"sql": "SELECT count(*) AS n FROM events"}, "statement_timeout"),
+    ]
+    before = scrape(query_metrics)
+    with caplog.at_level(logging.INFO, logger="tenant_windows.audit"):
+        answers = [post(server, key, **body) for key, body, _ in sent]
+    after = scrape(query_metrics)
+    codes = [
+        answer.json()["error"]["code"] if answer.status_code != 200 else "ok" for answer in answers
+    ]
+    assert codes == [outcome for *_, outcome in sent]
+
+    expected = Counter(outcome for *_, outcome in sent)
+    audited = Counter(
+        json.loads(r.getMessage())["outcome"]
+        for r in caplog.records
+        if r.name == "tenant_windows.audit"
+    )
+    assert audited == expected
+    counted = by_outcome(after, "tenant_windows_queries_total")
+    counted.subtract(by_outcome(before, "tenant_windows_queries_total"))
+    assert set(counted) == set(OUTCOMES)
+    assert +counted == expected  # every other outcome: no change
+    timed = by_outcome(after, "tenant_windows_query_duration_seconds_count")
+    timed.subtract(by_outcome(before, "tenant_windows_query_duration_seconds_count"))
+    assert +timed == expected
+
+    def grew(name: str) -> float:
+        return after[(name, ())] - before[(name, ())]
+
+    assert grew("tenant_windows_query_result_rows_total") == 1 + 2
+    assert grew("tenant_windows_query_results_truncated_total") == 1
+    assert after[("tenant_windows_queries_in_flight", ())] == 0
+    # Tenants reach this port: it never shows the operator's metrics.
+    assert requests.get(f"{server}/metrics", timeout=30).status_code == 404
 
 
 def test_the_operator_key_may_come_from_a_secret_file(tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ from pyspark.sql import SparkSession
 from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_stack import LocalKafka
 from infra.query_api import KeyCheck, TenantLimits, create_app
+from infra.query_metrics import QueryMetrics
 from storage.delta_lake import DeltaLake
 from storage.query_service import QueryService
 from streaming.app import StreamApp
@@ -130,6 +131,7 @@ def _run(spark: SparkSession, kafka: LocalKafka, workdir: Path, args: argparse.N
         QueryService(spark, lake, limits),
         KeyCheck(conf, None, 60.0),
         lambda tenant: tenant_key_status(lake, tenant),
+        QueryMetrics(),
     )
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
