@@ -97,7 +97,7 @@ def tenant_files(table: DeltaTable, tenant: str) -> list[str]:
     by tenant, its own partition's files; in the staged layout, those plus the staged files; in
     either, minus every file whose `tenant` statistics rule the tenant out."""
     actions = tenant_file_actions(table, tenant)
-    return _uris(table, actions, pa.array([True] * actions.num_rows))
+    return _uris(table, actions, pa.array([True] * actions.num_rows, pa.bool_()))
 
 
 def tenant_file_actions(table: DeltaTable, tenant: str) -> pa.Table:
