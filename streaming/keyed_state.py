@@ -197,7 +197,7 @@ def make_bucket_processor(
         # The batch timestamp, the same in a replay: never the wall clock.
         processing_time_ms = int(state.getCurrentProcessingTimeMs())
         registry = snapshots.registry_at(processing_time_ms)
-        batch = _sorted_batch(list(frames))
+        batch = sorted_batch(list(frames))
         if not batch.empty:
             offsets = batch["offset"]
             fault_hook.reached(FaultPoint.STATE_FUNCTION, int(offsets.min()), int(offsets.max()))
@@ -264,7 +264,8 @@ def cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _sorted_batch(frames: list[pd.DataFrame]) -> pd.DataFrame:
+def sorted_batch(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """A bucket's routed records in one frame, in the order `run_bucket` needs."""
     if not frames:
         return pd.DataFrame(columns=_EMPTY_BATCH_COLUMNS)
     batch = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]

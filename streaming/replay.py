@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from storage.tables import EVENTS, LATE_EVENTS, QUARANTINE, WINDOWS, rows_for_table
-from streaming.keyed_state import OUTPUT_ARROW_SCHEMA, run_bucket
+from streaming.keyed_state import OUTPUT_ARROW_SCHEMA, run_bucket, sorted_batch
 from streaming.routing import route_frame
 from tenants.registry import TenantRegistry
 
@@ -90,6 +90,14 @@ def _coordinates(rows: pa.Table) -> dict[str, pa.ChunkedArray]:
     }
 
 
+def batch_times_ms(status: pa.Table) -> dict[int, int]:
+    """Each batch the stream ran a key in, and its processing time, from the key's
+    `tenant_status` rows; a `configured` row is the driver's, not a run of the key."""
+    ran = status.filter(pc.fill_null(pc.not_equal(status["lifecycle"], "configured"), True))
+    times = pc.cast(pc.cast(ran["processing_time"], pa.timestamp("ms", tz="UTC")), pa.int64())
+    return dict(zip(ran["batch_id"].to_pylist(), times.to_pylist(), strict=True))
+
+
 def replay_key(
     records: pa.Table,
     batch_times_ms: Mapping[int, int],
@@ -113,7 +121,7 @@ def replay_key(
         if processing_time_ms is None:
             processing_time_ms = int(batch["kafka_timestamp_ms"].max())
         routed = route_frame(batch.reset_index(drop=True), registry, max_record_bytes)
-        run = run_bucket(blob, routed, registry, processing_time_ms)
+        run = run_bucket(blob, sorted_batch([routed]), registry, processing_time_ms)
         blob = run.blob
         union = pa.Table.from_pandas(run.rows, schema=OUTPUT_ARROW_SCHEMA, preserve_index=False)
         for spec in REPLAYED_TABLES:

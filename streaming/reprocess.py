@@ -58,6 +58,7 @@ from streaming.replay import (
     REPLAYED_TABLES,
     WINDOWED_TABLES,
     Scope,
+    batch_times_ms,
     records_of,
     replay_key,
     scope_of,
@@ -189,7 +190,7 @@ def reprocess_key(job: ReprocessRun, files: KeyFiles) -> KeyOutcome:
     status = _concat(TENANT_STATUS, [read(TENANT_STATUS, path) for path in files.status])
     replayed = replay_key(
         records_of(live[EVENTS.name], live[LATE_EVENTS.name]),
-        _batch_times_ms(status),
+        batch_times_ms(status),
         job.registry,
         job.max_record_bytes,
     )
@@ -244,14 +245,6 @@ def reprocess_key(job: ReprocessRun, files: KeyFiles) -> KeyOutcome:
 
 def _concat(spec: TableSpec, parts: list[pa.Table]) -> pa.Table:
     return pa.concat_tables(parts) if parts else spec.schema.empty_table()
-
-
-def _batch_times_ms(status: pa.Table) -> dict[int, int]:
-    """Each batch the stream ran the key in, and its processing time, from the key's
-    `tenant_status` rows; a `configured` row is the driver's, not a run of the key."""
-    ran = status.filter(pc.fill_null(pc.not_equal(status["lifecycle"], "configured"), True))
-    times = pc.cast(pc.cast(ran["processing_time"], pa.timestamp("ms", tz="UTC")), pa.int64())
-    return dict(zip(ran["batch_id"].to_pylist(), times.to_pylist(), strict=True))
 
 
 def _ids(rows: pa.Table) -> pa.ChunkedArray:

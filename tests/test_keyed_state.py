@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from streaming.bucket_state import BucketState
-from streaming.keyed_state import _Output, _process_bucket, _sorted_batch, wake_up_after_ms
+from streaming.keyed_state import _Output, _process_bucket, sorted_batch, wake_up_after_ms
 from streaming.routing import route_frame
 from streaming.windowing import KeyState, RecordInput, advance
 from tenants.registry import TenantRegistry, load_registry
@@ -56,7 +56,7 @@ def _routed(rows: list[tuple[str | None, int, int, int]]) -> pd.DataFrame:
 def _run_bucket(
     batch: pd.DataFrame, keys: BucketState, registry: TenantRegistry, now_ms: int
 ) -> pd.DataFrame:
-    out = _Output(_sorted_batch([batch]))
+    out = _Output(sorted_batch([batch]))
     _process_bucket(out.batch, keys, registry, now_ms, out)
     return out.frame()
 

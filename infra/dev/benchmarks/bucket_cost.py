@@ -26,7 +26,7 @@ import pandas as pd
 
 from infra.dev.benchmarks.scale import PROJECT_CONF
 from infra.dev.load_generator import LoadSpec, generate
-from streaming.keyed_state import _sorted_batch, run_bucket
+from streaming.keyed_state import run_bucket, sorted_batch
 from streaming.routing import route_frame
 from tenants.registry import TenantRegistry, load_registry
 
@@ -72,7 +72,7 @@ def run(registry: TenantRegistry, batches: list[pd.DataFrame], buckets: int) -> 
         keys = batch["tenant"].fillna("") + "/" + batch["source"].fillna("")
         bucket_of = keys.map(lambda key: zlib.crc32(key.encode()) % buckets)
         for bucket, rows in batch.groupby(bucket_of):
-            sorted_rows = _sorted_batch([rows.reset_index(drop=True)])
+            sorted_rows = sorted_batch([rows.reset_index(drop=True)])
             result = run_bucket(blobs.get(int(bucket)), sorted_rows, registry, now_ms)
             if result.blob is not None:
                 blobs[int(bucket)] = result.blob
