@@ -494,7 +494,10 @@ def _reprocess(args: argparse.Namespace) -> int:
     finally:
         spark.stop()
     if report.resumed:
-        print(f"finished the interrupted run {report.run} of {args.tenant!r} from its plan")
+        print(
+            f"finished the interrupted run {report.run} of {args.tenant!r} from its plan; run "
+            "the command again if the rules changed since"
+        )
     verb = "would replace" if args.dry_run else "replaced"
     for table in report.tables:
         print(

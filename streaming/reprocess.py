@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import Transaction
+from pyarrow import fs
 from pyspark.sql import SparkSession
 
 from storage.data_files import SettledFiles, WrittenFile, filesystem_of, write_settled
@@ -507,21 +508,25 @@ class _Plans:
         return max(self.committed(spec) for spec in REPLAYED_TABLES) + 1
 
     def write(self, plan: _Plan) -> None:
+        """Whole or not at all: a run stopped while writing leaves no plan to finish."""
         self.filesystem.create_dir(self.folder, recursive=True)
-        with self.filesystem.open_output_stream(self._path(plan.run)) as out:
+        partial = f"{self._path(plan.run)}.partial"
+        with self.filesystem.open_output_stream(partial) as out:
             out.write(plan.to_json().encode())
+        self.filesystem.move(partial, self._path(plan.run))
 
     def unfinished(self) -> _Plan | None:
-        """The plan of the last run, if a table does not hold it yet."""
-        run = self.next_run()
-        last = max(self.committed(spec) for spec in REPLAYED_TABLES)
-        for candidate in (last, run):
-            info = self.filesystem.get_file_info(self._path(candidate))
-            if candidate and info.type.name == "File":
-                with self.filesystem.open_input_stream(self._path(candidate)) as handle:
-                    plan = _Plan.from_json(handle.read().decode())
-                if any(self.pending(plan, spec) for spec in REPLAYED_TABLES):
-                    return plan
+        """The newest run's plan if a table does not hold that run yet: a run stopped after
+        writing its plan, before or between its commits."""
+        newest = self.next_run()
+        for run in (newest - 1, newest):
+            path = self._path(run)
+            if run < 1 or self.filesystem.get_file_info(path).type != fs.FileType.File:
+                continue
+            with self.filesystem.open_input_stream(path) as handle:
+                plan = _Plan.from_json(handle.read().decode())
+            if any(self.pending(plan, spec) for spec in REPLAYED_TABLES):
+                return plan
         return None
 
     def pending(self, plan: _Plan, spec: TableSpec) -> bool:

@@ -5,6 +5,7 @@ nobody else's rows move; a run interrupted between its commits is finished by th
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,11 @@ import pytest
 from infra.dev.load_generator import LoadSpec, generate
 from storage.delta_lake import DeltaLake
 from storage.tables import ALL_TABLES
+from streaming.app import StreamApp
 from streaming.replay import NO_TIME
 from streaming.reprocess import ReprocessError, ReprocessReport, reprocess_tenant
 from tenants.registry import load_registry
+from tests.crash_helpers import assert_every_record_landed_once
 from tests.harness import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -195,3 +198,98 @@ def test_an_unconfigured_tenant_is_refused(kafka: Any, spark: Any, tmp_path: Pat
         reprocess_tenant(
             spark, settings, DeltaLake.from_settings(settings.lake), "nobody", 0, NO_TIME, True
         )
+
+
+def _halves(registry_conf: Path) -> tuple[list[Any], list[Any]]:
+    """The same records for every stream: an hour of event time, then a later one."""
+    registry = load_registry(registry_conf)
+    formats = {name: source.event_time for name, source in registry.sources.items()}
+    first = LoadSpec(count=RECORDS // 2, step_ms=20_000, late_share=0.05, seed=5)
+    later = first.model_copy(update={"start_ms": first.start_ms + 7_200_000, "seed": 6})
+    return list(generate(first, formats)), list(generate(later, formats))
+
+
+def test_a_reprocess_beside_the_running_stream_loses_and_duplicates_nothing(
+    kafka: Any, spark: Any, conf_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    fresh_dir = tmp_path_factory.mktemp("fresh-one-partition")
+    shutil.copytree(conf_dir, fresh_dir / "conf")
+    (fresh_dir / "conf" / "tenants" / "acme.yaml").write_text(NEW_RULES)
+    fresh = Pipeline.create(kafka, fresh_dir, fresh_dir / "conf")
+    first, later = _halves(conf_dir)
+    fresh.produce_samples([*first, *later])
+    fresh.run_available_now(spark)
+
+    workdir = tmp_path_factory.mktemp("beside")
+    shutil.copytree(conf_dir, workdir / "conf")
+    pipeline = Pipeline.create(
+        kafka,
+        workdir,
+        workdir / "conf",
+        trigger_interval="500ms",
+        environ={"TW_STREAM__COMPACT_INTERVAL": "1s"},
+    )
+    pipeline.produce_samples(first)
+    stream = StreamApp(pipeline.settings, pipeline.lake).start(spark)
+    try:
+        _wait_until_settled(pipeline, len(first))
+        (pipeline.conf_dir / "tenants" / "acme.yaml").write_text(NEW_RULES)
+        pipeline.produce_samples(later)  # windowed by the stream while the reprocess runs
+        report = _reprocess_until_settled(pipeline, spark)
+        _wait_until_settled(pipeline, len(first) + len(later))
+        assert stream.query.exception() is None, stream.query.exception()
+    finally:
+        stream.stop()
+
+    assert report.run == 1, report
+    assert_every_record_landed_once(pipeline)
+    for table, unstable in (
+        ("events", ["batch_id", "pane_index"]),
+        ("late_events", ["batch_id", "key"]),
+    ):
+        # One partition: each record is classified the same however the batches fell.
+        ours, theirs = (
+            _in_scope(_rows(p, table, TENANT), report).drop(
+                columns=["topic", "kafka_timestamp", *unstable], errors="ignore"
+            )
+            for p in (pipeline, fresh)
+        )
+        assert len(ours) > 0 or table == "late_events", table
+        pd.testing.assert_frame_equal(ours, theirs, obj=table)
+    finals = [
+        _in_scope(_rows(p, "windows", TENANT), report).query(
+            "is_final == 'True' and source == 'web'"
+        )
+        for p in (pipeline, fresh)
+    ]
+    assert len(finals[0]) > 0
+    pd.testing.assert_frame_equal(
+        finals[0][["window_id", "count"]].reset_index(drop=True),
+        finals[1][["window_id", "count"]].reset_index(drop=True),
+    )
+
+
+def _wait_until_settled(pipeline: Pipeline, records: int, timeout_s: float = 120) -> None:
+    """Until every produced record has a row and no row waits in a staged file."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        landed = sum(
+            len(set(zip(f["partition"], f["offset"], strict=True)))
+            for f in (pipeline.table(t) for t in ("events", "late_events", "quarantine"))
+        )
+        staged = any(pipeline.lake.staged_files(spec) for spec in ALL_TABLES if spec.staged)
+        if landed >= records and not staged:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"the stream did not settle {records} records in {timeout_s}s")
+
+
+def _reprocess_until_settled(pipeline: Pipeline, spark: Any) -> ReprocessReport:
+    """Reprocess, again while the stream's newest rows in range wait for compaction."""
+    for _ in range(60):
+        try:
+            return _reprocess(pipeline, spark)
+        except ReprocessError as error:
+            assert "not settled yet" in str(error), error
+            time.sleep(1)
+    raise AssertionError("compaction never settled the rows in range")
