@@ -257,6 +257,8 @@ def write_settled(target: SettledFiles, rows: pa.Table, doing: str) -> list[Writ
     """One file per partition of `rows` (in the table's `schema`), settled in its own
     partition, rows in the table's `sort_by` order: the bytes are a function of the rows."""
     spec = _SPECS[target.table_name]
+    if rows.num_rows == 0:
+        return []
     if spec.sort_by:
         # Spark hands rows over in an order of its own.
         rows = _sorted(rows, spec.sort_by)

@@ -233,7 +233,7 @@ def reprocess_key(job: ReprocessRun, files: KeyFiles) -> KeyOutcome:
     if job.dry_run:
         return outcome
     for spec in WINDOWED_TABLES:
-        if outcome.removed[spec.name] or kept[spec.name].num_rows:
+        if kept[spec.name].num_rows:
             outcome.added[spec.name] = write_settled(
                 job.target(spec), kept[spec.name], f"reprocess of {job.tenant}"
             )
