@@ -487,6 +487,7 @@ def _reprocess(args: argparse.Namespace) -> int:
             since_ms,
             until_ms,
             args.dry_run,
+            args.fault_hook,
         )
     except ReprocessError as error:
         print(f"not reprocessed: {error}", file=sys.stderr)

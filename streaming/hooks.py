@@ -33,6 +33,9 @@ class FaultPoint(StrEnum):
     position: the batch it runs after."""
     AFTER_COMPACTION_COMMIT = "after_compaction_commit"
     """Driver, after a compaction committed a table, before the next table or Spark's commit log."""
+    BEFORE_REPROCESS_COMMIT = "before_reprocess_commit"
+    """Driver, `tenants reprocess`: its plan is written, a table's commit is next; position:
+    how many of the run's tables are committed already."""
     BEFORE_DELIVERY = "before_delivery"
     """Driver, notifier: before a request announcing a pane; position: the pane's batch id."""
     AFTER_DELIVERY_BEFORE_RECORD = "after_delivery_before_record"

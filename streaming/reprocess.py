@@ -55,6 +55,7 @@ from storage.tables import (
     TableSpec,
 )
 from storage.writer_lease import WriterLease
+from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
 from streaming.replay import (
     REPLAYED_TABLES,
     WINDOWED_TABLES,
@@ -219,11 +220,11 @@ def reprocess_key(job: ReprocessRun, files: KeyFiles) -> KeyOutcome:
                 kept_parts.append(rows.filter(pc.invert(in_scope)))
                 rows_removed += count
         new_rows = replayed[spec.name].filter(scope.holds(replayed[spec.name]))
-        kept[spec.name] = _concat(spec, kept_parts)
+        # What the removed files held out of scope, and the replay's rows in scope.
+        kept[spec.name] = pa.concat_tables([_concat(spec, kept_parts), new_rows])
         outcome.removed[spec.name] = removed
         outcome.rows_removed[spec.name] = rows_removed
         outcome.rows_added[spec.name] = new_rows.num_rows
-        kept[spec.name] = pa.concat_tables([kept[spec.name], new_rows])
     quarantined = _newly_quarantined(live, replayed, scope, job, files.source)
     if isinstance(quarantined, str):
         return KeyOutcome(source=files.source, refused=quarantined)
@@ -338,6 +339,7 @@ def reprocess_tenant(
     since_ms: int,
     until_ms: int,
     dry_run: bool,
+    fault_hook: FaultHook = NO_FAULTS,
 ) -> ReprocessReport:
     """Replay `tenant`'s keys with the rules in `settings.conf_dir` and swap their rows in
     [since, until) (see the module's doc); a dry run writes and commits nothing."""
@@ -354,7 +356,7 @@ def reprocess_tenant(
     with nullcontext(0) if dry_run else _claimed(lease) as epoch:
         fence = (lease.stream, epoch)
         if not dry_run and (interrupted := plans.unfinished()) is not None:
-            return _commit(lake, plans, interrupted, fence, resumed=True)
+            return _commit(lake, plans, interrupted, fence, fault_hook, resumed=True)
         job = ReprocessRun(
             root=lake.root,
             storage_options=lake.storage_options,
@@ -377,7 +379,7 @@ def reprocess_tenant(
         if dry_run or not plan.changes:
             return plan.report(run=None)
         plans.write(plan)
-        return _commit(lake, plans, plan, fence, resumed=False)
+        return _commit(lake, plans, plan, fence, fault_hook, resumed=False)
 
 
 @contextmanager
@@ -538,12 +540,19 @@ class _Plans:
 
 
 def _commit(
-    lake: DeltaLake, plans: _Plans, plan: _Plan, fence: tuple[str, int], resumed: bool
+    lake: DeltaLake,
+    plans: _Plans,
+    plan: _Plan,
+    fence: tuple[str, int],
+    fault_hook: FaultHook,
+    resumed: bool,
 ) -> ReprocessReport:
     """Each table's swap in one commit, skipping tables that hold the run already."""
+    committed = 0
     for spec in REPLAYED_TABLES:
         if not plans.pending(plan, spec):
             continue
+        fault_hook.reached(FaultPoint.BEFORE_REPROCESS_COMMIT, committed)
         swapped = lake.replace_files(
             spec,
             plan.removed(spec.name),
@@ -557,6 +566,7 @@ def _commit(
                 f"{spec.name}: files the plan of run {plan.run} replaces are gone from the table "
                 "(an optimize or retention rewrote them); nothing more was committed"
             )
+        committed += 1
         log.info("reprocess of %s, run %d: %s committed", plan.tenant, plan.run, spec.name)
     return plan.report(run=plan.run, resumed=resumed)
 

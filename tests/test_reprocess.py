@@ -5,6 +5,9 @@ nobody else's rows move; a run interrupted between its commits is finished by th
 from __future__ import annotations
 
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,12 +20,19 @@ from storage.delta_lake import DeltaLake
 from storage.tables import ALL_TABLES
 from streaming.app import StreamApp
 from streaming.replay import NO_TIME
-from streaming.reprocess import ReprocessError, ReprocessReport, reprocess_tenant
+from streaming.reprocess import (
+    ReprocessError,
+    ReprocessReport,
+    reprocess_app_id,
+    reprocess_tenant,
+)
 from tenants.registry import load_registry
-from tests.crash_helpers import assert_every_record_landed_once
+from tests.crash_helpers import assert_every_record_landed_once, wait_or_kill
 from tests.harness import Pipeline
 
 pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[1]
 
 RECORDS = 1_200
 TENANT = "acme"
@@ -159,31 +169,51 @@ def _in_scope(frame: pd.DataFrame, report: ReprocessReport) -> pd.DataFrame:
     return kept.reset_index(drop=True)
 
 
-def test_a_run_interrupted_between_commits_is_finished_by_the_next(
+@pytest.mark.parametrize(
+    "killed_after_tables",
+    [
+        0,  # the plan is written, no table committed
+        1,  # one table committed, the others not
+    ],
+)
+def test_a_run_killed_before_or_between_its_commits_is_finished_by_the_next(
     kafka: Any,
     spark: Any,
     conf_dir: Path,
     tmp_path: Path,
     fresh_with_new_rules: Pipeline,
-    monkeypatch: pytest.MonkeyPatch,
+    killed_after_tables: int,
 ) -> None:
     pipeline = _stream(kafka, spark, conf_dir, tmp_path, None)
     others = _everyone_else(pipeline)
     (pipeline.conf_dir / "tenants" / "acme.yaml").write_text(NEW_RULES)
-    commits: list[str] = []
-    replace_files = DeltaLake.replace_files
+    settings = pipeline.settings
+    command = [
+        sys.executable, "-m", "tests.fault_hooks",
+        "--crash-at", f"before_reprocess_commit@{killed_after_tables}", "--",
+        "tenants", "reprocess", TENANT,
+        "--conf", str(pipeline.conf_dir),
+        "--lake-root", settings.lake.root,
+        "--stream-name", settings.stream.name,
+    ]  # fmt: skip
+    with (tmp_path / "killed.log").open("wb") as log:
+        process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=pipeline.process_environ(),
+            start_new_session=True,  # the hook kills this process group only
+        )
+        assert wait_or_kill(process, 300) == -signal.SIGKILL, (tmp_path / "killed.log").read_text()
+    committed = [
+        spec.name
+        for spec in ALL_TABLES
+        if pipeline.lake.committed_batch(spec, reprocess_app_id(settings.stream.name, TENANT))
+    ]
+    assert len(committed) == killed_after_tables, committed
 
-    def crash_after_the_first_table(self: DeltaLake, spec: Any, *args: Any, **kwargs: Any) -> bool:
-        if commits:
-            raise KeyboardInterrupt("killed between two tables' commits")
-        commits.append(spec.name)
-        return replace_files(self, spec, *args, **kwargs)
-
-    monkeypatch.setattr(DeltaLake, "replace_files", crash_after_the_first_table)
-    with pytest.raises(KeyboardInterrupt):
-        _reprocess(pipeline, spark)
-    monkeypatch.undo()
-
+    # Its lease is held by a dead process on this host: the next run takes over at once.
     resumed = _reprocess(pipeline, spark)
     assert resumed.resumed and resumed.run == 1, resumed
     again = _reprocess(pipeline, spark)
