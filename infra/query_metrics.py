@@ -16,9 +16,8 @@ from typing import Literal, get_args
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from storage.query_service import QUERY_ERROR_CODES, QueryErrorCode
-from streaming.metrics_endpoint import MetricsEndpoint
+from streaming.metrics_endpoint import PREFIX, MetricsEndpoint
 
-PREFIX = "tenant_windows"
 RequestOutcome = Literal["ok", "unauthorized", "bad_request", "internal"]
 """What the door itself decides: an answer, no valid key, a body that is not a `QueryRequest`,
 or a failure inside the service."""

@@ -38,12 +38,11 @@ from storage.tables import WINDOWS
 from storage.writer_lease import WriterLease
 from streaming.key_summary import BucketSummary, merge
 from streaming.keyed_state import KeySummaries, LatestSummaries
-from streaming.metrics_endpoint import MetricsEndpoint
+from streaming.metrics_endpoint import PREFIX, MetricsEndpoint
 from streaming.progress import BatchProgress
 
 log = logging.getLogger(__name__)
 
-PREFIX = "tenant_windows"
 LAKE_READ_INTERVAL_S = 30.0
 """The notification backlog and dead letters are Delta reads: a scrape every few seconds must
 not turn into a read of the deliveries table every few seconds."""

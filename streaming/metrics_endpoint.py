@@ -14,6 +14,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 log = logging.getLogger(__name__)
 
+PREFIX = "tenant_windows"
+"""Every metric's name starts with it, the stream's and the query service's alike."""
+
 
 class MetricsEndpoint:
     """`registry` served from a daemon thread between `start` and `close`."""
