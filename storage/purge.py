@@ -32,7 +32,7 @@ from pyarrow import fs
 from storage.data_files import filesystem_of
 from storage.delta_lake import DeltaLake
 from storage.snapshot_reader import current_paths
-from storage.tables import LAKE_TABLES, LAYOUT_PREFIX, STAGED, TableSpec
+from storage.tables import LAKE_TABLES, LAYOUT_PREFIX, REPROCESS_PLANS_DIR, STAGED, TableSpec
 from tenants.models import ID_PATTERN
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,29 @@ def purge_tenant(lake: DeltaLake, tenant: str, dry_run: bool) -> list[TablePurge
     """Erase `tenant`'s rows and the files that held them from every table of `lake`."""
     if not re.fullmatch(ID_PATTERN, tenant):
         raise ValueError(f"not a tenant id: {tenant!r}")
-    return [_purge_table(lake, spec, tenant, dry_run) for spec in LAKE_TABLES]
+    purged = [_purge_table(lake, spec, tenant, dry_run) for spec in LAKE_TABLES]
+    return [*purged, _purge_reprocess_plans(lake, tenant, dry_run)]
+
+
+def _purge_reprocess_plans(lake: DeltaLake, tenant: str, dry_run: bool) -> TablePurge:
+    """The tenant's `tenants reprocess` plans, of every stream: they name its files."""
+    filesystem, root = filesystem_of(lake.root, lake.storage_options)
+    plans_root = f"{root}/{REPROCESS_PLANS_DIR}"
+    streams = filesystem.get_file_info(fs.FileSelector(plans_root, allow_not_found=True))
+    folders = [
+        f"{stream.path}/{tenant}" for stream in streams if stream.type == fs.FileType.Directory
+    ]
+    plans = [
+        info.path.removeprefix(f"{plans_root}/")
+        for folder in folders
+        for info in filesystem.get_file_info(fs.FileSelector(folder, allow_not_found=True))
+        if info.type == fs.FileType.File
+    ]
+    if not dry_run:
+        for folder in folders:
+            if filesystem.get_file_info(folder).type == fs.FileType.Directory:
+                filesystem.delete_dir(folder)
+    return TablePurge(REPROCESS_PLANS_DIR, 0, tuple(sorted(plans)))
 
 
 def _purge_table(lake: DeltaLake, spec: TableSpec, tenant: str, dry_run: bool) -> TablePurge:

@@ -219,6 +219,9 @@ DELIVERIES = TableSpec(
     ),
     (),
 )
+REPROCESS_PLANS_DIR = "_reprocess"
+"""Under the lake root: `<stream>/<tenant>/run-<N>.json`, each `tenants reprocess` run's plan
+(`streaming.reprocess`)."""
 LAKE_TABLES = (*ALL_TABLES, DELIVERIES)
 """Every table under the lake root: what is created, vacuumed and optimized."""
 

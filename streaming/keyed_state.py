@@ -178,7 +178,7 @@ class KeySummaries:
 
     accumulator: Accumulator[dict[int, BucketSummary]]
     top_tenants: int | None
-    """Tenants each bucket lists by watermark delay; None: all of them."""
+    """Tenants each bucket lists, those with the oldest watermarks; None: all of them."""
 
     def report(self, bucket: int, keys: pa.Table, processing_time_ms: int) -> None:
         summary = summarise_bucket(keys, processing_time_ms, self.top_tenants)

@@ -50,6 +50,7 @@ from storage.tables import (
     LATE_EVENTS,
     LAYOUT_PREFIX,
     QUARANTINE,
+    REPROCESS_PLANS_DIR,
     STAGED,
     TENANT_STATUS,
     TableSpec,
@@ -70,7 +71,6 @@ from tenants.settings import AppSettings
 
 log = logging.getLogger(__name__)
 
-PLANS_DIR = "_reprocess"
 _TABLES = {spec.name: spec for spec in REPLAYED_TABLES}
 
 
@@ -501,7 +501,7 @@ class _Plans:
         self.lake = lake
         self.app_id = reprocess_app_id(stream, tenant)
         self.filesystem, base = filesystem_of(lake.root, lake.storage_options)
-        self.folder = f"{base}/{PLANS_DIR}/{stream}/{tenant}"
+        self.folder = f"{base}/{REPROCESS_PLANS_DIR}/{stream}/{tenant}"
 
     def committed(self, spec: TableSpec) -> int:
         return self.lake.committed_batch(spec, self.app_id) or 0

@@ -96,6 +96,12 @@ def test_purge_leaves_no_trace_of_the_tenant_and_nobody_elses_rows_change(
     assert (pipeline.table("events")["tenant"] == GONE).any()
     capsys.readouterr()
 
+    # Reprocess plans name a tenant's files: GONE's go, another tenant's stay.
+    plans = Path(pipeline.settings.lake.root) / "_reprocess" / pipeline.settings.stream.name
+    for tenant in (GONE, "acme"):
+        (plans / tenant).mkdir(parents=True)
+        (plans / tenant / "run-000001.json").write_text("{}")
+
     assert main(["tenants", "purge", GONE, *lake_flags, "--dry-run"]) == 0
     dry = capsys.readouterr().out
     assert "events: would remove" in dry and "quarantine: would remove" in dry
@@ -104,6 +110,8 @@ def test_purge_leaves_no_trace_of_the_tenant_and_nobody_elses_rows_change(
     assert main(["tenants", "purge", GONE, *lake_flags]) == 0
     said = capsys.readouterr().out
     assert "No table version and no data file holds a row" in said
+    assert "_reprocess: removed 0 rows" in said and ", 1 files" in said
+    assert not (plans / GONE).exists() and (plans / "acme" / "run-000001.json").exists()
 
     # Nobody else's rows changed, byte for byte.
     assert _rows_of_others(pipeline) == before
