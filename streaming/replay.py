@@ -90,38 +90,65 @@ def _coordinates(rows: pa.Table) -> dict[str, pa.ChunkedArray]:
     }
 
 
-def batch_times_ms(status: pa.Table) -> dict[int, int]:
-    """Each batch the stream ran a key in, and its processing time, from the key's
-    `tenant_status` rows; a `configured` row is the driver's, not a run of the key."""
-    ran = status.filter(pc.fill_null(pc.not_equal(status["lifecycle"], "configured"), True))
-    times = pc.cast(pc.cast(ran["processing_time"], pa.timestamp("ms", tz="UTC")), pa.int64())
-    return dict(zip(ran["batch_id"].to_pylist(), times.to_pylist(), strict=True))
+@dataclass(frozen=True)
+class KeyHistory:
+    """When the stream ran a key, from the key's `tenant_status` rows."""
+
+    batch_times_ms: dict[int, int]
+    """Each batch the stream ran the key in, records or not (an idle timeout fires in a batch
+    without records), and its processing time. A `configured` row is the driver's, not a run."""
+    offboarded: frozenset[int]
+    """The batches in which the stream offboarded the key (its config was gone): it closed the
+    key's windows with final panes and dropped its state; after a later onboarding the key
+    started afresh."""
+
+    @classmethod
+    def of(cls, status: pa.Table) -> KeyHistory:
+        lifecycle = status["lifecycle"]
+        ran = status.filter(pc.fill_null(pc.not_equal(lifecycle, "configured"), True))
+        times = pc.cast(pc.cast(ran["processing_time"], pa.timestamp("ms", tz="UTC")), pa.int64())
+        offboarded = status.filter(pc.fill_null(pc.equal(lifecycle, "offboarded"), False))
+        return cls(
+            dict(zip(ran["batch_id"].to_pylist(), times.to_pylist(), strict=True)),
+            frozenset(offboarded["batch_id"].to_pylist()),
+        )
 
 
 def replay_key(
+    tenant: str,
     records: pa.Table,
-    batch_times_ms: Mapping[int, int],
+    history: KeyHistory,
     registry: TenantRegistry,
     max_record_bytes: int,
 ) -> dict[str, pa.Table]:
-    """Every row the stream would have written for these records with `registry`'s rules, per
-    table (`REPLAYED_TABLES`), in the tables' schemas.
+    """Every row the stream would have written for one key of `tenant` and these records with
+    `registry`'s rules, per table (`REPLAYED_TABLES`), in the tables' schemas.
 
-    `batch_times_ms`: the processing time of each batch the stream ran the key in, records or
-    not (an idle timeout fires in a batch without records). A batch with records but no known
-    time (none should be) takes its newest Kafka timestamp.
+    The key runs in each batch of its `history`, at that batch's processing time (a batch with
+    records but no known time, which should not happen, takes its newest Kafka timestamp), and
+    is offboarded again where the stream offboarded it.
     """
+    without_tenant = (
+        TenantRegistry.build(
+            registry.sources,
+            {t: config for t, config in registry.tenants.items() if t != tenant},
+            f"{registry.fingerprint}/without {tenant}",
+        )
+        if history.offboarded
+        else registry
+    )
     frame = records.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
     by_batch = {int(batch): rows for batch, rows in frame.groupby("batch_id", sort=True)}
     out: dict[str, list[pa.Table]] = {spec.name: [] for spec in REPLAYED_TABLES}
     blob: bytes | None = None
-    for batch_id in sorted({*by_batch, *batch_times_ms}):
+    for batch_id in sorted({*by_batch, *history.batch_times_ms}):
         batch = by_batch.get(batch_id, frame.iloc[0:0]).drop(columns=["batch_id"])
-        processing_time_ms = batch_times_ms.get(batch_id)
+        processing_time_ms = history.batch_times_ms.get(batch_id)
         if processing_time_ms is None:
             processing_time_ms = int(batch["kafka_timestamp_ms"].max())
-        routed = route_frame(batch.reset_index(drop=True), registry, max_record_bytes)
-        run = run_bucket(blob, sorted_batch([routed]), registry, processing_time_ms)
+        rules = without_tenant if batch_id in history.offboarded else registry
+        routed = route_frame(batch.reset_index(drop=True), rules, max_record_bytes)
+        run = run_bucket(blob, sorted_batch([routed]), rules, processing_time_ms)
         blob = run.blob
         union = pa.Table.from_pandas(run.rows, schema=OUTPUT_ARROW_SCHEMA, preserve_index=False)
         for spec in REPLAYED_TABLES:

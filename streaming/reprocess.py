@@ -60,8 +60,8 @@ from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
 from streaming.replay import (
     REPLAYED_TABLES,
     WINDOWED_TABLES,
+    KeyHistory,
     Scope,
-    batch_times_ms,
     records_of,
     replay_key,
     scope_of,
@@ -191,8 +191,9 @@ def reprocess_key(job: ReprocessRun, files: KeyFiles) -> KeyOutcome:
     live = {name: _concat(_TABLES[name], [*settled[name], staged[name]]) for name in settled}
     status = _concat(TENANT_STATUS, [read(TENANT_STATUS, path) for path in files.status])
     replayed = replay_key(
+        job.tenant,
         records_of(live[EVENTS.name], live[LATE_EVENTS.name]),
-        batch_times_ms(status),
+        KeyHistory.of(status),
         job.registry,
         job.max_record_bytes,
     )

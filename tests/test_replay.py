@@ -17,8 +17,8 @@ from streaming.keyed_state import OUTPUT_ARROW_SCHEMA, run_bucket, sorted_batch
 from streaming.replay import (
     NO_TIME,
     REPLAYED_TABLES,
+    KeyHistory,
     Scope,
-    batch_times_ms,
     oldest_open_window_ms,
     records_of,
     replay_key,
@@ -61,18 +61,27 @@ def _kafka_frame(
 
 
 def _stream(
-    records: list[tuple[str, int, int, int, int]], registry: TenantRegistry
+    records: list[tuple[str, int, int, int, int]],
+    registry: TenantRegistry,
+    offboarded_in: int | None = None,
 ) -> dict[str, pa.Table]:
-    """What the stream writes when one bucket holds every key: its rows per table."""
+    """What the stream writes when one bucket holds every key: its rows per table. In batch
+    `offboarded_in`, acme's config is gone (it is onboarded again in the next)."""
+    without_acme = TenantRegistry.build(
+        registry.sources,
+        {t: c for t, c in registry.tenants.items() if t != "acme"},
+        "without acme",
+    )
     out: dict[str, list[pa.Table]] = {}
     blob: bytes | None = None
     offsets = {0: 0, 1: 0}
     # Batch 6 has no records: an idle timeout (2 minutes) fires in it.
     for batch_id in range(7):
         batch = [r for r in records if r[4] == batch_id]
-        routed = route_frame(_kafka_frame(batch, offsets), registry, MAX_RECORD_BYTES)
+        rules = without_acme if batch_id == offboarded_in else registry
+        routed = route_frame(_kafka_frame(batch, offsets), rules, MAX_RECORD_BYTES)
         processing_time_ms = T0_MS + 3_600_000 + batch_id * 40_000
-        run = run_bucket(blob, sorted_batch([routed]), registry, processing_time_ms)
+        run = run_bucket(blob, sorted_batch([routed]), rules, processing_time_ms)
         blob = run.blob
         union = pa.Table.from_pandas(run.rows, schema=OUTPUT_ARROW_SCHEMA, preserve_index=False)
         for spec in (*REPLAYED_TABLES, TENANT_STATUS):
@@ -94,15 +103,22 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> TenantRegistry:
 
 
 @settings(max_examples=40, deadline=None)
-@given(records=st.lists(record_strategy, min_size=1, max_size=40))
+@given(
+    records=st.lists(record_strategy, min_size=1, max_size=40),
+    offboarded_in=st.one_of(st.none(), st.integers(1, 5)),
+)
 def test_a_key_replayed_with_the_same_rules_gives_the_streams_rows(
-    records: list[tuple[str, int, int, int, int]], registry: TenantRegistry
+    records: list[tuple[str, int, int, int, int]],
+    offboarded_in: int | None,
+    registry: TenantRegistry,
 ) -> None:
-    written = _stream(records, registry)
+    """Also when the key was offboarded in between and onboarded again."""
+    written = _stream(records, registry, offboarded_in)
 
     replayed = replay_key(
+        "acme",
         records_of(_of(written[EVENTS.name], "acme"), _of(written[LATE_EVENTS.name], "acme")),
-        batch_times_ms(_of(written[TENANT_STATUS.name], "acme")),
+        KeyHistory.of(_of(written[TENANT_STATUS.name], "acme")),
         registry,
         MAX_RECORD_BYTES,
     )
