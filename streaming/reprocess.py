@@ -205,8 +205,9 @@ def reprocess_key(job: ReprocessRun, files: KeyFiles) -> KeyOutcome:
             return KeyOutcome(
                 source=files.source,
                 refused=f"{name} has rows of {job.tenant}/{files.source} in the range that the "
-                "stream has not settled yet: run again after its next compaction "
-                "(stream.compact_interval)",
+                "stream has not settled yet: run again after its next compaction (every "
+                "stream.compact_interval while it runs; `tenant-windows run --available-now` "
+                "settles every staged row when it ends)",
             )
     kept: dict[str, pa.Table] = {}
     for spec in WINDOWED_TABLES:
