@@ -44,6 +44,8 @@ class FaultPoint(StrEnum):
 
 DELIVERY_POINTS = frozenset({FaultPoint.BEFORE_DELIVERY, FaultPoint.AFTER_DELIVERY_BEFORE_RECORD})
 """Reached only where some tenant has `notify` endpoints."""
+REPROCESS_POINTS = frozenset({FaultPoint.BEFORE_REPROCESS_COMMIT})
+"""Reached only by `tenants reprocess`, never by the stream."""
 
 
 class FaultHook(Protocol):

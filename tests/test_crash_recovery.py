@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from infra.dev.load_generator import LoadSpec, generate
-from streaming.hooks import DELIVERY_POINTS, FaultPoint
+from streaming.hooks import DELIVERY_POINTS, REPROCESS_POINTS, FaultPoint
 from tenants.registry import load_registry
 from tests.crash_helpers import (
     assert_same_tables,
@@ -162,8 +162,10 @@ def test_random_crashes_leave_the_same_output_after_restart(
     batches = RECORDS // BATCH_SIZE
     rng = random.Random(int(os.environ.get("TENANT_WINDOWS_RANDOM_CRASH_SEED", "20261122")))
     for run in range(RANDOM_CRASHES):
-        # The sample config has no `notify`: delivery points are never reached (test_notify_*).
-        point = rng.choice([point for point in FaultPoint if point not in DELIVERY_POINTS])
+        # Points this stream never reaches: the sample config has no `notify` (delivery points
+        # are test_notify_*'s), and reprocess points are test_reprocess's.
+        elsewhere = DELIVERY_POINTS | REPROCESS_POINTS
+        point = rng.choice([point for point in FaultPoint if point not in elsewhere])
         if point in (FaultPoint.KAFKA_READ, FaultPoint.AFTER_DEFERRAL, FaultPoint.STATE_FUNCTION):
             position = rng.randrange(0, RECORDS // 2)  # an offset in one of two partitions
         else:
