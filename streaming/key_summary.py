@@ -12,7 +12,8 @@ their sources' `out_of_orderness`, which bounds it (SPEC §2: W = newest - out_o
 later once idle).
 
 A tenant's keys may sit in different buckets; each bucket lists its own top N tenants, so a
-tenant in the overall top N is in the list of the bucket that holds its slowest key. `_other`
+tenant in the overall top N is in the list of the bucket that holds its slowest key, with its
+exact watermark; its delay counts the buckets that listed it (a lower bound). `_other`
 stands for the tenants left out: their oldest watermark (never before the Nth tenant's) and their
 largest delay, both bounds (a listed tenant's other key can be a bucket's remainder).
 
