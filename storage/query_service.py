@@ -36,6 +36,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
 from storage.delta_lake import DeltaLake
+from storage.local_sql import LocalSql, StatementTimeout
 from storage.scoped_sql import (
     ResourceRefused,
     TenantSql,
@@ -46,7 +47,12 @@ from storage.scoped_sql import (
 )
 from storage.sql_guard import QueryRefused, check_query
 from storage.tables import ALL_TABLES, LAKE_TABLES
-from storage.views import LakeNotWrittenError, TableVersionError, register_views
+from storage.views import (
+    TENANT_VIEW_NAMES,
+    LakeNotWrittenError,
+    TableVersionError,
+    register_views,
+)
 from tenants.models import QueryLimits
 
 log = logging.getLogger(__name__)
@@ -105,8 +111,6 @@ class QueryResult:
 @dataclass(frozen=True)
 class _Scope:
     query: Callable[[str], DataFrame]
-    data_version: tuple[int, ...]
-    """The table versions the views read: the same statement over them has the same result."""
 
 
 class _TenantGate:
@@ -123,6 +127,8 @@ class QueryService:
     lake: DeltaLake
     limits_of: Callable[[str | None], QueryLimits]
     """A tenant's limits (the operator's: None); re-read by the caller's config watch."""
+    local: LocalSql | None = None
+    """Answers small statements of a tenant in-process (`storage.local_sql`); None: Spark only."""
     max_cached_scopes: int = 256
     _scopes: collections.OrderedDict[tuple[str | None, tuple[int, ...]], _Scope] = field(
         default_factory=collections.OrderedDict
@@ -142,15 +148,22 @@ class QueryService:
         limits = self.limits_of(scope)
         check_statement_length(statement, limits)
         with self._admitted(scope, limits):
-            with _as_query_errors():
-                views = self._scope(scope, as_of_version)
-            result_key = (scope, statement, views.data_version, limits)
+            tables = self._tables(scope, as_of_version)
+            data_version = (
+                (-1 - as_of_version,)  # negative: never the same as a current snapshot's
+                if as_of_version is not None
+                else tuple(-1 if table is None else table.version() for table in tables.values())
+            )
+            result_key = (scope, statement, data_version, limits)
             with self._lock:
                 remembered = self._results.get(result_key)
             if remembered is None:
-                with _as_query_errors():
-                    frame = views.query(statement)
-                remembered = _cut(self._collect(scope, frame, limits), limits)
+                local = self._answer_locally(scope, statement, tables, limits)
+                if local is None:
+                    with _as_query_errors():
+                        frame = self._scope(scope, as_of_version, data_version).query(statement)
+                    local = self._collect(scope, frame, limits)
+                remembered = _cut(local, limits)
                 if remembered[0].nbytes <= _REMEMBERED_RESULT_BYTES:
                     with self._lock:
                         self._results[result_key] = remembered
@@ -158,6 +171,40 @@ class QueryService:
                             self._results.popitem(last=False)
         table, truncated = remembered
         return QueryResult(table, truncated, int((time.monotonic() - started) * 1000))
+
+    def _tables(self, scope: str | None, as_of_version: int | None) -> dict[str, Any]:
+        """The scope's Delta tables, loaded at the versions the statement reads (None: a table
+        not written yet, or without that version; Spark's views say so)."""
+        tables: dict[str, Any] = {}
+        for spec in LAKE_TABLES if scope is OPERATOR else ALL_TABLES:
+            try:
+                table = self.lake.open(spec)
+                if as_of_version is not None:
+                    table.load_as_version(as_of_version)
+            except Exception:
+                table = None
+            tables[spec.name] = table
+        return tables
+
+    def _answer_locally(
+        self, scope: str | None, statement: str, tables: dict[str, Any], limits: QueryLimits
+    ) -> pa.Table | None:
+        """The statement's rows from the in-process engine, where it answers as Spark would."""
+        if self.local is None or scope is OPERATOR or None in tables.values():
+            return None
+        with _as_query_errors():
+            tree = check_query(statement, TENANT_VIEW_NAMES)
+        try:
+            return self.local.answer(
+                scope,
+                tree,
+                tables,
+                limits.max_joins,
+                limits.max_result_rows + 1,
+                limits.statement_timeout_ms / 1000,
+            )
+        except StatementTimeout:
+            raise _timeout(limits) from None
 
     @contextmanager
     def _admitted(self, scope: str | None, limits: QueryLimits) -> Iterator[None]:
@@ -190,32 +237,28 @@ class QueryService:
             with self._lock:
                 gate.running -= 1
 
-    def _scope(self, scope: str | None, as_of_version: int | None) -> _Scope:
+    def _scope(
+        self, scope: str | None, as_of_version: int | None, data_version: tuple[int, ...]
+    ) -> _Scope:
         """The scope's views, opened again only when one of its tables has a new version."""
-        tables = LAKE_TABLES if scope is OPERATOR else ALL_TABLES
         if as_of_version is not None:
-            versions = dict.fromkeys((spec.name for spec in tables), as_of_version)
-            # Negative: never the same as a current snapshot's versions.
-            return self._open(scope, versions, (-1 - as_of_version,))
-        current = tuple(self._current_version(spec) for spec in tables)
+            tables = LAKE_TABLES if scope is OPERATOR else ALL_TABLES
+            return self._open(scope, dict.fromkeys((t.name for t in tables), as_of_version))
         with self._lock:
-            cached = self._scopes.get((scope, current))
+            cached = self._scopes.get((scope, data_version))
             if cached is not None:
-                self._scopes.move_to_end((scope, current))
+                self._scopes.move_to_end((scope, data_version))
                 return cached
-        opened = self._open(scope, None, current)
+        opened = self._open(scope, None)
         with self._lock:
-            self._scopes[(scope, current)] = opened
+            self._scopes[(scope, data_version)] = opened
             while len(self._scopes) > self.max_cached_scopes:
                 self._scopes.popitem(last=False)
         return opened
 
-    def _open(
-        self, scope: str | None, versions: dict[str, int] | None, data_version: tuple[int, ...]
-    ) -> _Scope:
+    def _open(self, scope: str | None, versions: dict[str, int] | None) -> _Scope:
         if scope is not OPERATOR:
-            tenant_sql = TenantSql.open(self.spark, self.lake, scope, versions=versions)
-            return _Scope(tenant_sql.query, data_version)
+            return _Scope(TenantSql.open(self.spark, self.lake, scope, versions=versions).query)
         # The operator reads every tenant, but still only through one read-only query.
         session = self.spark.newSession()
         views = tuple(register_views(session, self.lake, None, versions=versions))
@@ -227,13 +270,7 @@ class QueryService:
             check_constant_sizes(frame)
             return frame
 
-        return _Scope(query, data_version)
-
-    def _current_version(self, spec: Any) -> int:
-        try:
-            return int(self.lake.open(spec).version())
-        except Exception:  # a table not written yet: `register_views` says what is missing
-            return -1
+        return _Scope(query)
 
     def _collect(self, scope: str | None, frame: DataFrame, limits: QueryLimits) -> pa.Table:
         """At most `max_result_rows + 1` rows, within the scope's limits."""
@@ -293,12 +330,7 @@ def run_within_limits(
             group,
             "; it is still running" if worker.is_alive() else "",
         )
-        raise QueryError(
-            408,
-            "statement_timeout",
-            f"the statement ran longer than {limits.statement_timeout_ms / 1000:g} s "
-            "and was cancelled",
-        )
+        raise _timeout(limits)
     error = outcome.get("error")
     if error is not None:
         message = _one_line(error)
@@ -340,6 +372,14 @@ def check_resources(frame: DataFrame, limits: QueryLimits) -> None:
                 f"the statement has a join without an equality condition whose output Spark "
                 f"estimates at {estimated:,} bytes; the limit is {_NESTED_LOOP_MAX_BYTES:,}",
             )
+
+
+def _timeout(limits: QueryLimits) -> QueryError:
+    return QueryError(
+        408,
+        "statement_timeout",
+        f"the statement ran longer than {limits.statement_timeout_ms / 1000:g} s and was cancelled",
+    )
 
 
 @contextmanager
