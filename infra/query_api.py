@@ -369,6 +369,7 @@ def serve(settings: AppSettings, host: str, port: int, master: str | None) -> No
     import uvicorn
 
     from storage.delta_lake import DeltaLake
+    from storage.local_sql import LocalSql
     from streaming.session import build_spark
     from streaming.status import tenant_key_status
 
@@ -385,8 +386,13 @@ def serve(settings: AppSettings, host: str, port: int, master: str | None) -> No
         settings.query.with_overrides({}), ConfReader(settings.conf_dir), recheck_s
     )
     metrics = QueryMetrics()
+    local = (
+        LocalSql(lake, settings.query.local_max_tenant_bytes, settings.query.local_cache_bytes)
+        if settings.query.local_engine
+        else None
+    )
     app = create_app(
-        QueryService(spark, lake, limits),
+        QueryService(spark, lake, limits, local),
         KeyCheck(settings.conf_dir, resolved_operator_key(settings), recheck_s),
         lambda tenant: tenant_key_status(lake, tenant),
         metrics,

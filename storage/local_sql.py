@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +42,7 @@ from deltalake import DeltaTable
 from sqlglot import exp
 
 from storage.delta_lake import DeltaLake
-from storage.snapshot_reader import read_snapshot, tenant_files
+from storage.snapshot_reader import read_snapshot, tenant_file_sizes
 from storage.tables import ALL_TABLES, TableSpec
 from storage.views import WINDOW_CONTENTS
 
@@ -274,32 +275,54 @@ def _is_plain_column(node: exp.Expr | None) -> bool:
     return isinstance(node, exp.Column) and isinstance(node.this, exp.Identifier)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Piece:
     files: frozenset[str]
     rows: pa.Table
 
 
+@dataclass(frozen=True)
+class _Kept:
+    """A tenant's rows of one table at one version, by the groups of files they were read from
+    (`rows` None: more than the engine takes)."""
+
+    version: int
+    pieces: tuple[_Piece, ...]
+    rows: pa.Table | None
+    nbytes: int
+
+
 @dataclass
 class TenantRows:
-    """Each tenant's rows of each table, kept per group of data files read together, within a
-    byte budget (the least recently used tenant's rows go first)."""
+    """Each tenant's rows of each table, read once per data file, within a byte budget: the
+    least recently queried tenant's rows go first."""
 
     lake: DeltaLake
     max_bytes: int
-    _pieces: collections.OrderedDict[tuple[str, str], list[_Piece]] = field(
+    _kept: collections.OrderedDict[tuple[str, str], _Kept] = field(
         default_factory=collections.OrderedDict
     )
+    _kept_bytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def of(
         self, tenant: str, spec: TableSpec, table: DeltaTable, max_bytes: int
     ) -> pa.Table | None:
         """`tenant`'s rows of `table`'s loaded version, or None if they pass `max_bytes`."""
-        files = frozenset(tenant_files(table, tenant))
+        key, version = (tenant, spec.name), table.version()
         with self._lock:
-            kept = [p for p in self._pieces.get((tenant, spec.name), []) if p.files <= files]
-        missing = files.difference(*(piece.files for piece in kept))
+            kept = self._kept.get(key)
+            if kept is not None:
+                self._kept.move_to_end(key)
+                if kept.version == version:
+                    return kept.rows
+        sizes = tenant_file_sizes(table, tenant)
+        if sum(sizes.values()) > max_bytes:  # stored sizes: compressed, so fewer than in memory
+            self._keep(key, _Kept(version, (), None, 0))
+            return None
+        files = frozenset(sizes)
+        pieces = [piece for piece in (kept.pieces if kept else ()) if piece.files <= files]
+        missing = files.difference(*(piece.files for piece in pieces))
         if missing:
             rows = read_snapshot(
                 table,
@@ -308,23 +331,27 @@ class TenantRows:
                 files=sorted(missing),
                 row_filter=pc.field("tenant") == tenant,
             )
-            kept.append(_Piece(frozenset(missing), rows))
-        size = sum(piece.rows.nbytes for piece in kept)
-        if size > max_bytes:
+            pieces.append(_Piece(frozenset(missing), rows))
+        nbytes = sum(piece.rows.nbytes for piece in pieces)
+        if nbytes > max_bytes:
+            self._keep(key, _Kept(version, (), None, 0))
             return None
-        with self._lock:
-            self._pieces[(tenant, spec.name)] = kept
-            self._pieces.move_to_end((tenant, spec.name))
-            self._evict()
-        if not kept:
-            return spec.schema.empty_table()
-        return pa.concat_tables(piece.rows for piece in kept)
+        joined = (
+            pa.concat_tables(piece.rows for piece in pieces)
+            if pieces
+            else spec.schema.empty_table()
+        )
+        self._keep(key, _Kept(version, tuple(pieces), joined, nbytes))
+        return joined
 
-    def _evict(self) -> None:
-        total = sum(piece.rows.nbytes for pieces in self._pieces.values() for piece in pieces)
-        while total > self.max_bytes and len(self._pieces) > 1:
-            _, pieces = self._pieces.popitem(last=False)
-            total -= sum(piece.rows.nbytes for piece in pieces)
+    def _keep(self, key: tuple[str, str], kept: _Kept) -> None:
+        with self._lock:
+            previous = self._kept.pop(key, None)
+            self._kept_bytes += kept.nbytes - (previous.nbytes if previous else 0)
+            self._kept[key] = kept
+            while self._kept_bytes > self.max_bytes and len(self._kept) > 1:
+                _, evicted = self._kept.popitem(last=False)
+                self._kept_bytes -= evicted.nbytes
 
 
 @dataclass
@@ -354,7 +381,10 @@ class LocalSql:
         timeout_s: float,
     ) -> pa.Table | None:
         """At most `max_rows` rows of the statement's result over `tables` (loaded at the
-        versions to read), as Spark would give them; None when Spark must answer."""
+        versions to read), as Spark would give them; None when Spark must answer.
+        `StatementTimeout` when reading the rows and running the statement together take
+        longer than `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
         sql = local_statement(tree, max_joins)
         if sql is None:
             return None
@@ -364,8 +394,6 @@ class LocalSql:
             if table_rows is None:
                 return None
             rows[spec.name] = table_rows
-        if sum(table.nbytes for table in rows.values()) > self.max_tenant_bytes:
-            return None
         cursor = self._database(tenant).cursor()
         try:
             for name, table in rows.items():
@@ -375,7 +403,10 @@ class LocalSql:
                 return None
             if any(t.name.lower() == WINDOW_CONTENTS for t in tree.find_all(exp.Table)):
                 cursor.sql(WINDOW_CONTENTS_SQL).create_view(WINDOW_CONTENTS)
-            return _as_spark_types(_fetch(cursor, sql, max_rows, timeout_s))
+            answer = _fetch(cursor, sql, max_rows, deadline - time.monotonic())
+            if time.monotonic() > deadline:
+                raise StatementTimeout()  # as on Spark: a result past the timeout is not sent
+            return _as_spark_types(answer)
         except StatementTimeout:
             raise
         except (duckdb.Error, pa.ArrowException) as error:
@@ -410,6 +441,8 @@ def _fetch(
         timed_out.set()
         cursor.interrupt()
 
+    if timeout_s <= 0:
+        raise StatementTimeout()
     timer = threading.Timer(timeout_s, interrupt)
     timer.start()
     try:

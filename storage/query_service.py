@@ -36,6 +36,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
 from storage.delta_lake import DeltaLake
+from storage.latest_tables import LatestTables
 from storage.local_sql import LocalSql, StatementTimeout
 from storage.scoped_sql import (
     ResourceRefused,
@@ -140,6 +141,10 @@ class QueryService:
     the same statement gets it again without a Spark job until a table has a new version."""
     _gates: dict[str | None, _TenantGate] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _latest: LatestTables = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._latest = LatestTables(self.lake)
 
     def run(
         self, scope: str | None, statement: str, as_of_version: int | None = None
@@ -178,8 +183,10 @@ class QueryService:
         tables: dict[str, Any] = {}
         for spec in LAKE_TABLES if scope is OPERATOR else ALL_TABLES:
             try:
-                table = self.lake.open(spec)
-                if as_of_version is not None:
+                if as_of_version is None:
+                    table = self._latest.latest(spec)
+                else:
+                    table = self.lake.open(spec)
                     table.load_as_version(as_of_version)
             except Exception:
                 table = None

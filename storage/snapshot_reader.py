@@ -96,8 +96,26 @@ def tenant_files(table: DeltaTable, tenant: str) -> list[str]:
     """URIs of the loaded version's files that may hold rows of `tenant`: in a table partitioned
     by tenant, its own partition's files; in the staged layout, those plus the staged files; in
     either, minus every file whose `tenant` statistics rule the tenant out."""
+    return list(tenant_file_sizes(table, tenant))
+
+
+def tenant_file_sizes(table: DeltaTable, tenant: str) -> dict[str, int]:
+    """`tenant_files`, each with its size in bytes as stored."""
     actions = tenant_file_actions(table, tenant)
-    return _uris(table, actions, pa.array([True] * actions.num_rows, pa.bool_()))
+    if actions.num_rows == 0:
+        return {}
+    sizes = dict(
+        zip(
+            (unquote(path) for path in actions["path"].to_pylist()),
+            actions["size_bytes"].to_pylist(),
+            strict=True,
+        )
+    )
+    return {
+        uri: sizes[relative]
+        for uri in table.file_uris()
+        if (relative := _relative(uri, table.table_uri)) in sizes
+    }
 
 
 def tenant_file_actions(table: DeltaTable, tenant: str) -> pa.Table:

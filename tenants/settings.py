@@ -326,6 +326,26 @@ class QuerySettings(QueryLimits):
         default="127.0.0.1",
         description="The address the metrics endpoint binds; `0.0.0.0` for a scraper elsewhere.",
     )
+    local_engine: bool = Field(
+        default=True,
+        description=(
+            "Answer a tenant's small statements in this process with DuckDB over the tenant's "
+            "rows, where it gives Spark's answer (docs/querying.md, 'Latency'); false: every "
+            "statement is a Spark job."
+        ),
+    )
+    local_max_tenant_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        gt=0,
+        description="A tenant whose rows of one table (in memory) pass this is answered by "
+        "Spark, not in-process.",
+    )
+    local_cache_bytes: int = Field(
+        default=2 * 1024 * 1024 * 1024,
+        gt=0,
+        description="Memory for tenants' rows kept between statements; the least recently "
+        "queried tenant's rows go first.",
+    )
 
 
 class AppSettings(_Frozen):

@@ -23,6 +23,7 @@ from pydantic import SecretStr
 
 from infra.query_api import KeyCheck, TenantLimits, create_app, resolved_operator_key
 from infra.query_metrics import OUTCOMES, QueryMetrics
+from storage.local_sql import LocalSql
 from storage.query_service import QueryService
 from streaming.status import tenant_key_status
 from tenants.api_keys import issue_key, revoke_key
@@ -96,8 +97,10 @@ def server(
     settings = pipeline.settings
     lake = pipeline.lake
     limits = TenantLimits(QueryLimits(), ConfReader(lake_conf), RECHECK_S)
+    # Statements the in-process engine takes run there; the rest (and every refusal) on Spark.
+    local = LocalSql(lake, max_tenant_bytes=64 << 20, cache_bytes=256 << 20)
     app = create_app(
-        QueryService(spark, lake, limits),
+        QueryService(spark, lake, limits, local),
         KeyCheck(lake_conf, SecretStr(OPERATOR_KEY), RECHECK_S),
         lambda tenant: tenant_key_status(lake, tenant),
         query_metrics,

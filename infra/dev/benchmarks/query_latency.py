@@ -9,10 +9,13 @@ as `serve` runs it), issues each tenant a key and then measures, over HTTP:
 1. `same`: every tenant runs a small scoped query (its final windows' count) in a loop, all at
    once; p50 and p95 per request. The statement repeats, as a dashboard's does, so most answers
    are the service's remembered result for the tables' current versions;
-2. `distinct`: the same, but every statement differs, so each one runs a Spark job;
-3. `beside heavy`: `distinct`, while the first tenant runs a self-join of all its records
-   (with a 10 s statement timeout); the small queries' p50 and p95, and how the heavy one
-   ended.
+2. `distinct`: the same, but every statement differs, so none is a remembered result: the
+   in-process engine answers each (`storage.local_sql`);
+3. `distinct spark`: `distinct` with the in-process engine switched off (`query.local_engine:
+   false`), so each statement is a Spark job: the baseline, measured in the same run;
+4. `beside heavy`: `distinct`, while the first tenant runs a self-join of all its records on
+   Spark (with a 10 s statement timeout); the small queries' p50 and p95, and how the heavy
+   one ended.
 
 Every loop is bounded by `--seconds` and by a request count.
 """
@@ -39,6 +42,7 @@ from infra.dev.local_stack import LocalKafka
 from infra.query_api import KeyCheck, TenantLimits, create_app
 from infra.query_metrics import QueryMetrics
 from storage.delta_lake import DeltaLake
+from storage.local_sql import LocalSql
 from storage.query_service import QueryService
 from streaming.app import StreamApp
 from streaming.session import build_spark
@@ -127,8 +131,11 @@ def _run(spark: SparkSession, kafka: LocalKafka, workdir: Path, args: argparse.N
         stream.stop()
 
     limits = TenantLimits(QueryLimits(), ConfReader(conf), 60.0)
+    defaults = settings.query
+    local = LocalSql(lake, defaults.local_max_tenant_bytes, defaults.local_cache_bytes)
+    service = QueryService(spark, lake, limits, local)
     app = create_app(
-        QueryService(spark, lake, limits),
+        service,
         KeyCheck(conf, None, 60.0),
         lambda tenant: tenant_key_status(lake, tenant),
         QueryMetrics(),
@@ -149,15 +156,25 @@ def _run(spark: SparkSession, kafka: LocalKafka, workdir: Path, args: argparse.N
     try:
         for tenant in tenants:  # each tenant's views opened once, as on a warm server
             _query(url, keys[tenant], SMALL)
-        print(f"{'phase':<14} {'clients':>7} {'requests':>8} {'p50 s':>7} {'p95 s':>7}  note")
-        for phase, distinct in (("same", False), ("distinct", True)):
-            latencies, statuses = _clients(url, list(keys.values()), args.seconds, distinct)
+        print(f"{'phase':<15} {'clients':>7} {'requests':>8} {'p50 s':>7} {'p95 s':>7}  note")
+        for number, (phase, distinct, engine) in enumerate(
+            (("same", False, local), ("distinct", True, local), ("distinct spark", True, None))
+        ):
+            service.local = engine
+            latencies, statuses = _clients(
+                url,
+                list(keys.values()),
+                args.seconds,
+                distinct,
+                first_number=number * MAX_REQUESTS_PER_CLIENT,  # no phase repeats another's
+            )
             print(_row(phase, len(tenants), latencies, f"statuses {dict(statuses)}"))
+        service.local = local
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
             heavy = pool.submit(_query, url, keys[tenants[0]], HEAVY)
             others = [keys[tenant] for tenant in tenants[1:]]
             latencies, statuses = _clients(
-                url, others, args.seconds, True, first_number=MAX_REQUESTS_PER_CLIENT
+                url, others, args.seconds, True, first_number=3 * MAX_REQUESTS_PER_CLIENT
             )
             status, heavy_s = heavy.result(timeout=600)
         note = f"statuses {dict(statuses)}; heavy: {status} after {heavy_s:.1f} s"
@@ -206,7 +223,7 @@ def _row(phase: str, clients: int, latencies: list[float], note: str) -> str:
     ordered = sorted(latencies)
     p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))] if ordered else float("nan")
     p50 = statistics.median(ordered) if ordered else float("nan")
-    return f"{phase:<14} {clients:>7} {len(ordered):>8} {p50:>7.3f} {p95:>7.3f}  {note}"
+    return f"{phase:<15} {clients:>7} {len(ordered):>8} {p50:>7.3f} {p95:>7.3f}  {note}"
 
 
 if __name__ == "__main__":
