@@ -15,7 +15,13 @@ as `serve` runs it), issues each tenant a key and then measures, over HTTP:
    false`), so each statement is a Spark job: the baseline, measured in the same run;
 4. `beside heavy`: `distinct`, while the first tenant runs a self-join of all its records on
    Spark (with a 10 s statement timeout); the small queries' p50 and p95, and how the heavy
-   one ended.
+   one ended;
+5. `while writing`: `distinct`, while the stream runs in this process (a batch every 2 s) on
+   records produced at `--write-rate` a second: every statement after a commit reads the
+   tables' new versions, and the stream takes CPU from the same 2 cores.
+
+Before `distinct spark`, each tenant's Spark views are opened once (untimed), as a warm
+Spark-only server would have them.
 
 Every loop is bounded by `--seconds` and by a request count.
 """
@@ -44,13 +50,14 @@ from infra.query_metrics import QueryMetrics
 from storage.delta_lake import DeltaLake
 from storage.local_sql import LocalSql
 from storage.query_service import QueryService
+from storage.tables import WINDOWS
 from streaming.app import StreamApp
 from streaming.session import build_spark
 from streaming.status import tenant_key_status
 from tenants.api_keys import issue_key
-from tenants.models import QueryLimits
+from tenants.models import EventTimeSpec, QueryLimits
 from tenants.registry import ConfReader, load_registry
-from tenants.settings import load_settings
+from tenants.settings import AppSettings, load_settings
 
 PROJECT_CONF = Path(__file__).resolve().parents[3] / "conf"
 SMALL = "SELECT count(*) AS final_windows FROM windows WHERE is_final"
@@ -68,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tenants", type=int, default=8)
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--write-rate", type=float, default=400.0)
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="tw-query-latency-"))
     try:
@@ -102,9 +110,10 @@ def _run(spark: SparkSession, kafka: LocalKafka, workdir: Path, args: argparse.N
         )
     kafka.create_topic("latency", 2)
     registry = load_registry(conf)
+    event_times = {name: source.event_time for name, source in registry.sources.items()}
     spec = LoadSpec(tenants=tenants, sources=("web", "billing"), count=args.records, seed=7)
     send(
-        generate(spec, {n: s.event_time for n, s in registry.sources.items()}),
+        generate(spec, event_times),
         kafka.bootstrap_servers,
         "latency",
         timeout_s=600,
@@ -119,6 +128,7 @@ def _run(spark: SparkSession, kafka: LocalKafka, workdir: Path, args: argparse.N
             "lake.root": str(workdir / "lake"),
             "stream.checkpoint_dir": str(workdir / "checkpoint"),
             "stream.name": "latency",
+            "stream.trigger_interval": "2s",
         },
     )
     lake = DeltaLake.from_settings(settings.lake)
@@ -161,6 +171,9 @@ def _run(spark: SparkSession, kafka: LocalKafka, workdir: Path, args: argparse.N
             (("same", False, local), ("distinct", True, local), ("distinct spark", True, None))
         ):
             service.local = engine
+            if engine is None:
+                for tenant in tenants:  # each tenant's Spark views opened, untimed
+                    _query(url, keys[tenant], SMALL)
             latencies, statuses = _clients(
                 url,
                 list(keys.values()),
@@ -179,9 +192,50 @@ def _run(spark: SparkSession, kafka: LocalKafka, workdir: Path, args: argparse.N
             status, heavy_s = heavy.result(timeout=600)
         note = f"statuses {dict(statuses)}; heavy: {status} after {heavy_s:.1f} s"
         print(_row("beside heavy", len(others), latencies, note))
+        print(_while_writing(spark, settings, lake, kafka, url, keys, spec, event_times, args))
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def _while_writing(
+    spark: SparkSession,
+    settings: AppSettings,
+    lake: DeltaLake,
+    kafka: LocalKafka,
+    url: str,
+    keys: dict[str, str],
+    spec: LoadSpec,
+    event_times: dict[str, EventTimeSpec],
+    args: argparse.Namespace,
+) -> str:
+    """The `while writing` phase's row: small distinct statements while the stream commits."""
+    newer = spec.model_copy(
+        update={
+            "count": int(args.write_rate * args.seconds),
+            "seed": 8,
+            "start_ms": spec.start_ms + spec.count * spec.step_ms // len(spec.tenants),
+        }
+    )
+    versions_before = lake.open(WINDOWS).version()
+    stream = StreamApp(settings, lake).start(spark, False)
+    producer = threading.Thread(
+        target=send,
+        args=(generate(newer, event_times), kafka.bootstrap_servers, "latency"),
+        kwargs={"rate_per_s": args.write_rate, "timeout_s": args.seconds + 60},
+        daemon=True,
+    )
+    try:
+        producer.start()
+        latencies, statuses = _clients(
+            url, list(keys.values()), args.seconds, True, first_number=4 * MAX_REQUESTS_PER_CLIENT
+        )
+        producer.join(timeout=args.seconds + 60)
+    finally:
+        stream.stop()
+    versions = lake.open(WINDOWS).version() - versions_before
+    note = f"statuses {dict(statuses)}; {versions} new versions of each table"
+    return _row("while writing", len(keys), latencies, note)
 
 
 def _query(url: str, key: str, sql: str) -> tuple[int, float]:
