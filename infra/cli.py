@@ -697,6 +697,7 @@ def _tenant_limits(settings: AppSettings, tenant: str) -> QueryLimits:
 def _produce(args: argparse.Namespace) -> int:
     require_dev_tools("produce")
     from infra.dev.load_generator import LoadSpec, generate, send
+    from streaming.kafka.client import KafkaSecurity
 
     settings = settings_from(args)
     registry = load_registry(settings.conf_dir)
@@ -720,6 +721,7 @@ def _produce(args: argparse.Namespace) -> int:
         settings.kafka.bootstrap_servers,
         settings.kafka.topic,
         args.rate,
+        security=KafkaSecurity.of(settings.kafka),
     )
     print(json.dumps({"produced": sent, "topic": settings.kafka.topic}))
     return 0

@@ -11,6 +11,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from streaming.hooks import NO_FAULTS, FaultHook
+from streaming.kafka.client import KafkaSecurity
 from streaming.kafka.deferral import Deferral
 from streaming.kafka.source import register as register_tw_kafka
 from streaming.keyed_state import (
@@ -36,10 +37,12 @@ def read_kafka(
     """The topic's records; with `deferral` (`tw_kafka` only), those admitted by quota and fair
     share, and the deferred ones released."""
     kafka = settings.kafka
+    security = KafkaSecurity.of(kafka)
     if kafka.source_format == "tw_kafka":
-        register_tw_kafka(spark, fault_hook, deferral)
+        register_tw_kafka(spark, fault_hook, deferral, security)
     reader = (
         spark.readStream.format(kafka.source_format)
+        .options(**(security.spark_options() if kafka.source_format == "kafka" else {}))
         .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
         .option("subscribe", kafka.topic)
         .option("startingOffsets", kafka.starting_offsets)

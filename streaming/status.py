@@ -33,14 +33,15 @@ from storage.tables import TENANT_STATUS, WINDOWS
 from storage.writer_lease import read_lease
 from streaming.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
 from streaming.kafka.client import (
+    KafkaSecurity,
     KafkaUnavailableError,
-    consumer_config,
+    kafka_python_consumer,
     require_a_reachable_broker,
 )
 from streaming.kafka.deferral import DeferralStore, batch_key
 from streaming.progress import LastBatchFile
 from tenants.registry import TenantRegistry, load_registry
-from tenants.settings import AppSettings
+from tenants.settings import AppSettings, KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +213,7 @@ def kafka_lag_section(settings: AppSettings, _lake: DeltaLake) -> StatusSection:
     topic = settings.kafka.topic
     written = {} if committed is None else checkpoint.offsets(committed, topic)
     try:
-        end_offsets = broker_end_offsets(settings.kafka.bootstrap_servers, topic)
+        end_offsets = broker_end_offsets(settings.kafka, topic)
     except KafkaUnavailableError as error:
         return StatusSection(title=KAFKA_LAG, rows=[], note=str(error))
     rows = [
@@ -260,26 +261,23 @@ def backlog_records(settings: AppSettings) -> int | None:
     if committed is not None:
         start = checkpoint.offsets(committed, topic)
     elif settings.kafka.starting_offsets == "earliest":
-        start = broker_end_offsets(settings.kafka.bootstrap_servers, topic, beginning=True)
+        start = broker_end_offsets(settings.kafka, topic, beginning=True)
     else:
         return None
-    end = broker_end_offsets(settings.kafka.bootstrap_servers, topic)
+    end = broker_end_offsets(settings.kafka, topic)
     return sum(max(offset - start.get(partition, 0), 0) for partition, offset in end.items())
 
 
-def broker_end_offsets(
-    bootstrap_servers: str, topic: str, beginning: bool = False
-) -> dict[int, int]:
+def broker_end_offsets(kafka: KafkaSettings, topic: str, beginning: bool = False) -> dict[int, int]:
     """The next offset to be written (`beginning`: the first one kept), per partition of
     `topic`; every wait is bounded, and a broker that refuses connections fails at once."""
-    require_a_reachable_broker(bootstrap_servers, CONNECT_TIMEOUT_S)
-    consumer = KafkaConsumer(
-        **consumer_config(
-            bootstrap_servers,
-            request_timeout_ms=KAFKA_TIMEOUT_MS,
-            client_id="tenant-windows-status",
-            budget_ms=KAFKA_TIMEOUT_MS,
-        )
+    require_a_reachable_broker(kafka.bootstrap_servers, CONNECT_TIMEOUT_S)
+    consumer = kafka_python_consumer(
+        kafka.bootstrap_servers,
+        request_timeout_ms=KAFKA_TIMEOUT_MS,
+        client_id="tenant-windows-status",
+        budget_ms=KAFKA_TIMEOUT_MS,
+        security=KafkaSecurity.of(kafka),
     )
     try:
         partitions = _partitions_of(consumer, topic)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from tenants.models import (
     ID_PATTERN,
@@ -28,6 +28,40 @@ ENV_PREFIX = "TW_"
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+KafkaSecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+class KafkaSaslSettings(_Frozen):
+    """SASL credentials, for `security_protocol` SASL_SSL or SASL_PLAINTEXT."""
+
+    mechanism: SaslMechanism | None = Field(default=None, description="PLAIN or SCRAM-SHA-*.")
+    username: str | None = None
+    password: SecretStr | None = Field(
+        default=None,
+        description="Never logged. From TW_KAFKA__SASL__PASSWORD, or `kafka.secrets_file`.",
+    )
+
+
+class KafkaSslSettings(_Frozen):
+    """TLS to the brokers, for `security_protocol` SSL or SASL_SSL."""
+
+    ca_file: Path | None = Field(
+        default=None,
+        description="PEM bundle of the CAs that sign the brokers' certificates; unset: the "
+        "system's trust store.",
+    )
+    cert_file: Path | None = Field(
+        default=None, description="Mutual TLS: this client's certificate (PEM)."
+    )
+    key_file: Path | None = Field(
+        default=None, description="Mutual TLS: the certificate's private key (PEM)."
+    )
+    check_hostname: bool = Field(
+        default=True, description="Check that a broker's certificate names the host dialled."
+    )
 
 
 class KafkaSettings(_Frozen):
@@ -57,6 +91,49 @@ class KafkaSettings(_Frozen):
         "fails with an error naming the bootstrap servers; restarted once the broker is back, "
         "it resumes from its checkpoint.",
     )
+    security_protocol: KafkaSecurityProtocol = Field(
+        default="PLAINTEXT",
+        description="How every Kafka client connects: PLAINTEXT, SSL (TLS), SASL_PLAINTEXT or "
+        "SASL_SSL (docs/operations.md, 'Connecting to a managed Kafka').",
+    )
+    sasl: KafkaSaslSettings = KafkaSaslSettings()
+    ssl: KafkaSslSettings = KafkaSslSettings()
+    secrets_file: Path | None = Field(
+        default=None,
+        description="A YAML file with `sasl_password`, e.g. a mounted secret; read when "
+        "`sasl.password` is not set.",
+    )
+
+    @model_validator(mode="after")
+    def _security_is_complete(self) -> KafkaSettings:
+        """Refuse at start what a broker would refuse later, naming the field and the fix."""
+        problems: list[str] = []
+        if self.security_protocol.startswith("SASL_"):
+            if self.sasl.mechanism is None:
+                problems.append(
+                    f"sasl.mechanism: required with security_protocol {self.security_protocol} "
+                    "(PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)"
+                )
+            if not self.sasl.username:
+                problems.append(
+                    f"sasl.username: required with security_protocol {self.security_protocol}"
+                )
+            if self.sasl.password is None and self.secrets_file is None:
+                problems.append(
+                    f"sasl.password: required with security_protocol {self.security_protocol}: "
+                    "set TW_KAFKA__SASL__PASSWORD, or kafka.secrets_file"
+                )
+        if (self.ssl.cert_file is None) != (self.ssl.key_file is None):
+            problems.append("ssl.cert_file and ssl.key_file: set both for mutual TLS, or neither")
+        for name in ("ca_file", "cert_file", "key_file"):
+            path = getattr(self.ssl, name)
+            if path is not None and not path.is_file():
+                problems.append(f"ssl.{name}: no file {path} (a PEM file this process can read)")
+        if self.secrets_file is not None and not self.secrets_file.is_file():
+            problems.append(f"secrets_file: no file {self.secrets_file}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 class S3Settings(_Frozen):

@@ -13,9 +13,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from kafka import KafkaProducer
 from pydantic import BaseModel, ConfigDict, Field
 
+from streaming.kafka.client import PLAINTEXT, KafkaSecurity, kafka_python_producer
 from tenants.models import EventTimeFormat, EventTimeSpec, NonNegativeDurationMs, PositiveDurationMs
 
 # Malformed variants cover each quarantine reason the parser can decide alone.
@@ -99,10 +99,11 @@ def send(
     topic: str,
     rate_per_s: float | None = None,
     timeout_s: float = 300.0,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> int:
     """Produce every record (acks=all, idempotent); bounded by count and by `timeout_s`."""
-    producer = KafkaProducer(
-        bootstrap_servers=bootstrap_servers, acks="all", enable_idempotence=True, linger_ms=5
+    producer = kafka_python_producer(
+        bootstrap_servers, security, acks="all", enable_idempotence=True, linger_ms=5
     )
     deadline = time.monotonic() + timeout_s
     started = time.monotonic()

@@ -1,5 +1,7 @@
-"""The Kafka clients of this source: kafka-python on the driver (offset lookups), librdkafka
-(confluent-kafka) on executors (reading ranges).
+"""The one place that builds Kafka clients: kafka-python on the driver (offset lookups,
+`status`, `produce`), librdkafka (confluent-kafka) on executors (reading ranges). Every client
+gets the same security (`KafkaSecurity`: TLS, SASL) from here;
+`tests/test_kafka_clients.py` checks that no other module constructs a Kafka client.
 
 Both sides bound every wait and fail with `KafkaUnavailableError`, so a broker outage stops the
 query instead of hanging it. That includes a broker that accepts connections and never answers:
@@ -14,12 +16,165 @@ or not: its C decoder costs 2-3 us of CPU a record against kafka-python's 8-12 h
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import yaml
+from confluent_kafka import Consumer, KafkaError
+from kafka import KafkaConsumer, KafkaProducer
+from pydantic import SecretStr
+
+from tenants.registry import ConfigError
+from tenants.settings import KafkaSettings
 
 # kafka-python's own default; a lookup never gets more than what is left of its budget.
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 # kafka-python requires a request timeout above its fetch wait (500 ms by default).
 MIN_REQUEST_TIMEOUT_MS = 1_000
+
+
+@dataclass(frozen=True)
+class KafkaSecurity:
+    """How a client proves itself to the brokers and checks them, resolved from the settings
+    on the driver. It travels to executors inside the pickled source (never as a Spark option,
+    which plans and the UI show); the password stays a `SecretStr`, so it never prints."""
+
+    protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_file: str | None = None
+    ssl_cert_file: str | None = None
+    ssl_key_file: str | None = None
+    ssl_check_hostname: bool = True
+
+    @classmethod
+    def of(cls, kafka: KafkaSettings) -> KafkaSecurity:
+        """The settings' security, with the password from `kafka.secrets_file` if not set."""
+        password = kafka.sasl.password
+        if password is None and kafka.secrets_file is not None and kafka.sasl.mechanism:
+            password = _secret_password(kafka.secrets_file)
+        ssl = kafka.ssl
+        return cls(
+            protocol=kafka.security_protocol,
+            sasl_mechanism=kafka.sasl.mechanism,
+            sasl_username=kafka.sasl.username,
+            sasl_password=password,
+            ssl_ca_file=None if ssl.ca_file is None else str(ssl.ca_file.resolve()),
+            ssl_cert_file=None if ssl.cert_file is None else str(ssl.cert_file.resolve()),
+            ssl_key_file=None if ssl.key_file is None else str(ssl.key_file.resolve()),
+            ssl_check_hostname=ssl.check_hostname,
+        )
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.protocol.startswith("SASL_")
+
+    def kafka_python(self) -> dict[str, Any]:
+        """kafka-python's settings for this security."""
+        config: dict[str, Any] = {"security_protocol": self.protocol}
+        if self.uses_tls:
+            config.update(
+                ssl_cafile=self.ssl_ca_file,
+                ssl_certfile=self.ssl_cert_file,
+                ssl_keyfile=self.ssl_key_file,
+                ssl_check_hostname=self.ssl_check_hostname,
+            )
+        if self.uses_sasl:
+            config.update(
+                sasl_mechanism=self.sasl_mechanism,
+                sasl_plain_username=self.sasl_username,
+                sasl_plain_password=self._password(),
+            )
+        return config
+
+    def librdkafka(self) -> dict[str, Any]:
+        """librdkafka's settings for this security."""
+        config: dict[str, Any] = {"security.protocol": self.protocol.lower()}
+        if self.uses_tls:
+            optional = {
+                "ssl.ca.location": self.ssl_ca_file,
+                "ssl.certificate.location": self.ssl_cert_file,
+                "ssl.key.location": self.ssl_key_file,
+            }
+            config.update({key: value for key, value in optional.items() if value})
+            config["ssl.endpoint.identification.algorithm"] = (
+                "https" if self.ssl_check_hostname else "none"
+            )
+        if self.uses_sasl:
+            config.update(
+                {
+                    "sasl.mechanism": self.sasl_mechanism,
+                    "sasl.username": self.sasl_username,
+                    "sasl.password": self._password(),
+                }
+            )
+        return config
+
+    def spark_options(self) -> dict[str, str]:
+        """Spark's own Kafka source (`kafka.source_format: kafka`): the `kafka.`-prefixed
+        options of the Java client. The password is inside `kafka.sasl.jaas.config`, whose text
+        holds `password=`, so Spark redacts it in plans and the UI (`spark.redaction.regex`)."""
+        options = {"kafka.security.protocol": self.protocol}
+        if self.uses_tls:
+            if self.ssl_ca_file:
+                options["kafka.ssl.truststore.type"] = "PEM"
+                options["kafka.ssl.truststore.location"] = self.ssl_ca_file
+            if self.ssl_cert_file:
+                if self.ssl_cert_file != self.ssl_key_file:
+                    raise ConfigError(
+                        "kafka.ssl",
+                        [
+                            (
+                                "cert_file",
+                                "Spark's Kafka source reads a client certificate and its key "
+                                "from one PEM file: set ssl.cert_file and ssl.key_file to it",
+                            )
+                        ],
+                    )
+                options["kafka.ssl.keystore.type"] = "PEM"
+                options["kafka.ssl.keystore.location"] = self.ssl_cert_file
+            if not self.ssl_check_hostname:
+                options["kafka.ssl.endpoint.identification.algorithm"] = ""
+        if self.uses_sasl:
+            module = (
+                "org.apache.kafka.common.security.plain.PlainLoginModule"
+                if self.sasl_mechanism == "PLAIN"
+                else "org.apache.kafka.common.security.scram.ScramLoginModule"
+            )
+            options["kafka.sasl.mechanism"] = str(self.sasl_mechanism)
+            options["kafka.sasl.jaas.config"] = (
+                f'{module} required username="{_jaas_quoted(self.sasl_username or "")}" '
+                f'password="{_jaas_quoted(self._password() or "")}";'
+            )
+        return options
+
+    def _password(self) -> str | None:
+        return None if self.sasl_password is None else self.sasl_password.get_secret_value()
+
+
+PLAINTEXT = KafkaSecurity()
+
+
+def _secret_password(secrets_file: Path) -> SecretStr:
+    try:
+        loaded = yaml.safe_load(secrets_file.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        # Only the error's kind: its text could quote the file's content.
+        raise ConfigError(secrets_file, [("", f"unreadable ({type(error).__name__})")]) from None
+    if not isinstance(loaded, dict) or not loaded.get("sasl_password"):
+        raise ConfigError(secrets_file, [("sasl_password", "missing")])
+    return SecretStr(str(loaded["sasl_password"]))
+
+
+def _jaas_quoted(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 class KafkaUnavailableError(TimeoutError):
@@ -54,15 +209,55 @@ def request_timeout_within(request_timeout_ms: int | None, budget_ms: int) -> in
     return max(min(configured, budget_ms), MIN_REQUEST_TIMEOUT_MS)
 
 
+def kafka_python_consumer(
+    bootstrap_servers: str,
+    request_timeout_ms: int | None,
+    client_id: str,
+    budget_ms: int,
+    security: KafkaSecurity = PLAINTEXT,
+) -> KafkaConsumer:
+    """A driver-side consumer for offset lookups (`consumer_config`)."""
+    return KafkaConsumer(
+        **consumer_config(bootstrap_servers, request_timeout_ms, client_id, budget_ms, security)
+    )
+
+
+def kafka_python_producer(
+    bootstrap_servers: str, security: KafkaSecurity = PLAINTEXT, **options: Any
+) -> KafkaProducer:
+    """A producer (`tenant-windows produce`, load generators) with `options` (acks, ...)."""
+    return KafkaProducer(bootstrap_servers=bootstrap_servers, **security.kafka_python(), **options)
+
+
+def librdkafka_consumer(
+    bootstrap_servers: str,
+    request_timeout_ms: int | None,
+    client_id: str,
+    budget_ms: int,
+    security: KafkaSecurity,
+    error_cb: Callable[[KafkaError], None],
+) -> Consumer:
+    """An executor's consumer of assigned ranges (`reader_config`); `error_cb` hears of
+    broker errors librdkafka retries by itself."""
+    return Consumer(
+        {
+            **reader_config(bootstrap_servers, request_timeout_ms, client_id, budget_ms, security),
+            "error_cb": error_cb,
+        }
+    )
+
+
 def consumer_config(
     bootstrap_servers: str,
     request_timeout_ms: int | None,
     client_id: str,
     budget_ms: int,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> dict[str, Any]:
     """kafka-python settings for a consumer that never joins a group or commits, and never
     waits longer than `budget_ms` for a broker: to bootstrap, or for any one request."""
     return {
+        **security.kafka_python(),
         "bootstrap_servers": bootstrap_servers,
         "client_id": client_id,
         # Offsets live in Spark's checkpoint; a group would only add rebalances and commits.
@@ -91,12 +286,14 @@ def reader_config(
     request_timeout_ms: int | None,
     client_id: str,
     budget_ms: int,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> dict[str, Any]:
     """librdkafka settings for an executor that reads one offset range it was assigned,
     with the same guarantees as `consumer_config`: no group, no commits, no silent jumps, and
     no single request or connection attempt longer than `budget_ms`."""
     request_ms = request_timeout_within(request_timeout_ms, budget_ms)
     return {
+        **security.librdkafka(),
         "bootstrap.servers": bootstrap_servers,
         "client.id": client_id,
         "group.id": READER_GROUP_ID,

@@ -19,7 +19,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from streaming.kafka.client import (
     KafkaUnavailableError,
-    consumer_config,
+    kafka_python_consumer,
     request_timeout_within,
 )
 from streaming.kafka.options import (
@@ -277,13 +277,12 @@ class OffsetPlanner:
 
     def _driver_consumer(self, budget_ms: int) -> KafkaConsumer:
         if self._consumer is None:
-            self._consumer = KafkaConsumer(
-                **consumer_config(
-                    self.options.bootstrap_servers,
-                    self.options.request_timeout_ms,
-                    client_id=f"{SOURCE_NAME}-planner-{self.options.topic}",
-                    budget_ms=budget_ms,
-                )
+            self._consumer = kafka_python_consumer(
+                self.options.bootstrap_servers,
+                self.options.request_timeout_ms,
+                client_id=f"{SOURCE_NAME}-planner-{self.options.topic}",
+                budget_ms=budget_ms,
+                security=self.options.security,
             )
         return self._consumer
 

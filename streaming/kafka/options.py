@@ -10,6 +10,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from streaming.kafka.client import PLAINTEXT, KafkaSecurity
+
 SOURCE_NAME = "tw_kafka"
 
 # Kafka's own markers in `startingOffsets` JSON, as in Spark's Kafka source.
@@ -148,9 +150,13 @@ class KafkaSourceOptions:
     fetch_offset_retry_interval_ms: int = DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS
     # Spark's `minPartitions`: None keeps one task per Kafka partition with data.
     min_partitions: int | None = None
+    security: KafkaSecurity = PLAINTEXT
+    """Not an option: options are strings that plans show (`source.register`)."""
 
     @classmethod
-    def from_options(cls, options: Mapping[str, str]) -> KafkaSourceOptions:
+    def from_options(
+        cls, options: Mapping[str, str], security: KafkaSecurity = PLAINTEXT
+    ) -> KafkaSourceOptions:
         # Spark hands over a case-insensitive dict; a plain dict (tests, callers) is lowered here.
         lowered = {str(k).lower(): str(v) for k, v in options.items()}
         for unsupported in ("subscribepattern", "assign"):
@@ -180,4 +186,5 @@ class KafkaSourceOptions:
                 retry_interval_ms or DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS
             ),
             min_partitions=_optional_positive_int(lowered, "minPartitions"),
+            security=security,
         )

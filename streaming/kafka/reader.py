@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
@@ -29,7 +29,12 @@ from pyspark.sql.types import (
 )
 
 from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
-from streaming.kafka.client import KafkaUnavailableError, reader_config
+from streaming.kafka.client import (
+    PLAINTEXT,
+    KafkaSecurity,
+    KafkaUnavailableError,
+    librdkafka_consumer,
+)
 from streaming.kafka.deferral import TaskAdmission, admit_partition
 from streaming.kafka.options import SOURCE_NAME, KafkaSourceOptions
 
@@ -129,6 +134,7 @@ class KafkaInputPartition(InputPartition):
     request_timeout_ms: int | None
     admission: TaskAdmission | None = None
     """Set when the stream defers (`deferral`): the range is then admitted before Spark sees it."""
+    security: KafkaSecurity = PLAINTEXT
 
     @classmethod
     def of_range(
@@ -148,6 +154,7 @@ class KafkaInputPartition(InputPartition):
             poll_timeout_ms=options.poll_timeout_ms,
             request_timeout_ms=options.request_timeout_ms,
             admission=admission,
+            security=options.security,
         )
 
 
@@ -184,16 +191,13 @@ def read_partition(
     )
     # librdkafka retries broker errors by itself; the newest is named when the read gives up.
     broker_errors: deque[str] = deque(maxlen=1)
-    consumer = Consumer(
-        {
-            **reader_config(
-                split.bootstrap_servers,
-                split.request_timeout_ms,
-                client_id=f"{SOURCE_NAME}-reader-{split.topic}-{split.partition}",
-                budget_ms=split.poll_timeout_ms,
-            ),
-            "error_cb": lambda error: broker_errors.append(error.str()),
-        }
+    consumer = librdkafka_consumer(
+        split.bootstrap_servers,
+        split.request_timeout_ms,
+        client_id=f"{SOURCE_NAME}-reader-{split.topic}-{split.partition}",
+        budget_ms=split.poll_timeout_ms,
+        security=split.security,
+        error_cb=lambda error: broker_errors.append(error.str()),
     )
     try:
         consumer.assign([TopicPartition(split.topic, split.partition, split.start_offset)])

@@ -21,6 +21,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from streaming.hooks import NO_FAULTS, FaultHook
+from streaming.kafka.client import PLAINTEXT, KafkaSecurity
 from streaming.kafka.deferral import Deferral, batch_key
 from streaming.kafka.offsets import OffsetPlanner, max_rows_of, partition_ranges, split_ranges
 from streaming.kafka.options import SOURCE_NAME, KafkaSourceOptions
@@ -104,6 +105,7 @@ class KafkaDataSource(DataSource):
 
     fault_hook: FaultHook = NO_FAULTS
     deferral: Deferral | None = None
+    security: KafkaSecurity = PLAINTEXT
 
     @classmethod
     def name(cls) -> str:
@@ -119,25 +121,32 @@ class KafkaDataSource(DataSource):
                 f"got {schema.simpleString()}"
             )
         return KafkaStreamReader(
-            KafkaSourceOptions.from_options(self.options), self.fault_hook, self.deferral
+            KafkaSourceOptions.from_options(self.options, self.security),
+            self.fault_hook,
+            self.deferral,
         )
 
 
 def register(
-    spark: SparkSession, fault_hook: FaultHook = NO_FAULTS, deferral: Deferral | None = None
+    spark: SparkSession,
+    fault_hook: FaultHook = NO_FAULTS,
+    deferral: Deferral | None = None,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> None:
-    """Make `format("tw_kafka")` available in `spark`, reading with `fault_hook` installed and,
-    given `deferral`, admitting records by quota and fair share."""
-    if fault_hook is NO_FAULTS and deferral is None:
+    """Make `format("tw_kafka")` available in `spark`, reading with `fault_hook` installed,
+    connecting with `security` and, given `deferral`, admitting records by quota and fair
+    share."""
+    if fault_hook is NO_FAULTS and deferral is None and security == PLAINTEXT:
         spark.dataSource.register(KafkaDataSource)
         return
 
     # Spark builds the source from its class alone (options are strings, and would show S3
-    # keys in plans), so both travel as class attributes of a local subclass, which
-    # cloudpickle ships by value.
+    # keys and Kafka passwords in plans), so these travel as class attributes of a local
+    # subclass, which cloudpickle ships by value to every executor.
     class ConfiguredKafkaDataSource(KafkaDataSource):
         pass
 
     ConfiguredKafkaDataSource.fault_hook = fault_hook
     ConfiguredKafkaDataSource.deferral = deferral
+    ConfiguredKafkaDataSource.security = security
     spark.dataSource.register(ConfiguredKafkaDataSource)

@@ -46,6 +46,7 @@ from infra.dev.local_stack import LocalKafka
 from storage.delta_lake import DeltaLake
 from storage.tables import EVENTS
 from streaming.app import StreamApp
+from streaming.kafka.client import KafkaSecurity, kafka_python_producer
 from streaming.session import build_spark
 from tenants.models import EventTimeSpec
 from tenants.registry import load_registry
@@ -292,7 +293,12 @@ def _value(tenant: str, number: int, event_time: EventTimeSpec) -> bytes:
 
 
 def _producer(settings: AppSettings) -> KafkaProducer:
-    return KafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, acks=1, linger_ms=5)
+    return kafka_python_producer(
+        settings.kafka.bootstrap_servers,
+        KafkaSecurity.of(settings.kafka),
+        acks=1,
+        linger_ms=5,
+    )
 
 
 def _produce_quiet(
