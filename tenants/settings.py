@@ -38,7 +38,7 @@ class KafkaSaslSettings(_Frozen):
     """SASL credentials, for `security_protocol` SASL_SSL or SASL_PLAINTEXT."""
 
     mechanism: SaslMechanism | None = Field(default=None, description="PLAIN or SCRAM-SHA-*.")
-    username: str | None = None
+    username: str | None = Field(default=None, description="The SASL user.")
     password: SecretStr | None = Field(
         default=None,
         description="Never logged. From TW_KAFKA__SASL__PASSWORD, or `kafka.secrets_file`.",
