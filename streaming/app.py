@@ -39,6 +39,7 @@ from streaming.compaction_schedule import CompactionSchedule
 from streaming.configured_status import ConfiguredKeyRows
 from streaming.hooks import NO_FAULTS, FaultHook
 from streaming.kafka.deferral import Deferral
+from streaming.kafka.group_offsets import GroupOffsets
 from streaming.metrics import StreamMetrics
 from streaming.notify.notifier import Notifier
 from streaming.progress import BatchProgress, LastBatchFile, ProgressListener
@@ -108,12 +109,19 @@ class StreamApp:
                 settings.stream.metrics_tenant_limit,
             )
         )
+        kafka = settings.kafka
+        self.group_offsets = (
+            GroupOffsets(kafka, kafka.group_id or settings.stream.name)
+            if kafka.mirror_offsets
+            else None
+        )
         self.progress = ProgressListener(
             settings.stream.name,
             LastBatchFile(settings.stream.checkpoint_dir),
             _each(on_batch, None if self.metrics is None else self.metrics.observe),
             self.deferral.store,
             tenant_limit=settings.stream.metrics_tenant_limit,
+            mirror=None if self.group_offsets is None else self.group_offsets.mirror,
         )
         # Its rate limit spans the batches of this instance: one object, owned here.
         self.quarantine_log = QuarantineLog(self.lake, settings.quarantine_log)
@@ -215,6 +223,8 @@ class StreamApp:
         if self._spark is not None:
             self._spark.streams.removeListener(self.progress)
             self._spark = None
+        if self.group_offsets is not None:
+            self.group_offsets.close()
 
     def _start_query(
         self, spark: SparkSession, writer_epoch: int, available_now: bool

@@ -99,6 +99,11 @@ class StreamMetrics:
             "Deferred records windowed in a later batch.",
             registry=self.registry,
         )
+        self.offset_mirror_failures = Counter(
+            f"{PREFIX}_kafka_offset_mirror_failures",
+            "Batches whose end offsets did not reach the consumer group (kafka.group_id).",
+            registry=self.registry,
+        )
         self.kafka_lag = Gauge(
             f"{PREFIX}_kafka_lag_records",
             "Records in the topic after the last batch's end offsets, per partition.",
@@ -148,6 +153,8 @@ class StreamMetrics:
         for partition, lag in progress.kafka_lag.items():
             self.kafka_lag.labels(partition=str(partition)).set(lag)
         self.backlog.set(progress.backlog)
+        if progress.offsets_mirrored is False:
+            self.offset_mirror_failures.inc()
         self.tenant_backlog.clear()  # a tenant whose backlog is gone leaves no stale series
         for tenant, waiting in progress.tenant_backlog.items():
             self.tenant_backlog.labels(tenant=tenant or UNREADABLE_TENANT).set(waiting)

@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pyarrow import fs
@@ -90,6 +90,9 @@ class BatchProgress(BaseModel):
     tenant_backlog: dict[str, int] = {}
     """The same per tenant, for the tenants with most waiting, and `_other` for the rest
     (`key_summary.top_with_remainder`); the tenant of unreadable records is ""."""
+    offsets_mirrored: bool | None = None
+    """Whether the batch's end offsets reached the consumer group (`kafka.group_id`); None
+    when they are not mirrored."""
 
 
 NO_OFFSETS = frozenset({"", "None", "null"})
@@ -179,9 +182,12 @@ class ProgressListener(StreamingQueryListener):
         deferral: DeferralStore | None = None,
         *,
         tenant_limit: int | None,
+        mirror: Callable[[Mapping[int, int]], bool] | None = None,
     ) -> None:
-        """`tenant_limit`: how many tenants a batch's `tenant_backlog` names (None: all)."""
+        """`tenant_limit`: how many tenants a batch's `tenant_backlog` names (None: all);
+        `mirror` is given each committed batch's end offsets (`group_offsets`)."""
         self.stream = stream
+        self.mirror = mirror
         self.deferral = deferral
         self.tenant_limit = tenant_limit
         self.last_batch = last_batch
@@ -244,6 +250,11 @@ class ProgressListener(StreamingQueryListener):
                     ),
                 }
             )
+        if self.mirror is not None:
+            ends = [offsets_per_partition(source.endOffset) for source in progress.sources]
+            end = next((offsets for offsets in ends if offsets), None)
+            if end is not None:
+                summary = summary.model_copy(update={"offsets_mirrored": self.mirror(end)})
         progress_log.info(summary.model_dump_json())
         self.last_batch.write(summary)
         if self.observer is not None:

@@ -103,6 +103,17 @@ class KafkaSettings(_Frozen):
         description="A YAML file with `sasl_password`, e.g. a mounted secret; read when "
         "`sasl.password` is not set.",
     )
+    group_id: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The consumer group each committed batch's end offsets are mirrored to, "
+        "for Kafka's own lag tools (never read back: the checkpoint is the truth); unset: the "
+        "stream's name.",
+    )
+    mirror_offsets: bool = Field(
+        default=True,
+        description="Mirror the committed offsets to `group_id`; false: no consumer group.",
+    )
 
     @model_validator(mode="after")
     def _security_is_complete(self) -> KafkaSettings:

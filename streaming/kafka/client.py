@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 from confluent_kafka import Consumer, KafkaError
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from pydantic import SecretStr
 
 from tenants.registry import ConfigError
@@ -219,6 +219,19 @@ def kafka_python_consumer(
     """A driver-side consumer for offset lookups (`consumer_config`)."""
     return KafkaConsumer(
         **consumer_config(bootstrap_servers, request_timeout_ms, client_id, budget_ms, security)
+    )
+
+
+def kafka_python_admin(
+    bootstrap_servers: str, security: KafkaSecurity, client_id: str, budget_ms: int
+) -> KafkaAdminClient:
+    """An admin client (the consumer group's offsets) whose waits end within `budget_ms`."""
+    return KafkaAdminClient(
+        bootstrap_servers=bootstrap_servers,
+        client_id=client_id,
+        bootstrap_timeout_ms=max(budget_ms, 1),
+        request_timeout_ms=request_timeout_within(None, budget_ms),
+        **security.kafka_python(),
     )
 
 

@@ -86,9 +86,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return read_admitted(partition, self.fault_hook)
 
     def commit(self, end: dict[str, int]) -> None:
-        # The offsets live in Spark's checkpoint, which is the only truth a restart uses.
-        # Committing them to a consumer group too would add a second, possibly disagreeing,
-        # record of progress. What deferral no longer needs can go.
+        # The offsets live in Spark's checkpoint, which is the only truth a restart uses; the
+        # consumer group gets a copy for Kafka's lag tools once the batch is committed
+        # (`group_offsets`, from the progress listener), and is never read back. What
+        # deferral no longer needs can go.
         if self.deferral is not None:
             try:
                 self.deferral.store.remove_unneeded(batch_key(end))
