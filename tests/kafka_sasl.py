@@ -44,7 +44,7 @@ MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 SCRAM_ITERATIONS = 4096
 
 
-class AuthenticationFailed(Exception):
+class AuthenticationFailedError(Exception):
     """The client's SASL bytes do not prove it knows a configured user's password."""
 
 
@@ -226,7 +226,9 @@ def authenticate_response(
         out += _uvarint(len(auth_bytes) + 1) + auth_bytes
     else:
         out = struct.pack(">ih", header.correlation_id, error_code)
-        out += struct.pack(">h", -1) if message is None else struct.pack(">h", len(message)) + message
+        out += (
+            struct.pack(">h", -1) if message is None else struct.pack(">h", len(message)) + message
+        )
         out += struct.pack(">i", len(auth_bytes)) + auth_bytes
     if version >= 1:
         out += struct.pack(">q", 0)  # session lifetime 0: no re-authentication (KIP-368)
@@ -245,7 +247,7 @@ class SaslExchange(Protocol):
     def done(self) -> bool: ...
 
     def step(self, client_bytes: bytes) -> bytes:
-        """The server's reply to one client message; raises AuthenticationFailed."""
+        """The server's reply to one client message; raises AuthenticationFailedError."""
         ...
 
 
@@ -263,10 +265,10 @@ class PlainExchange:
     def step(self, client_bytes: bytes) -> bytes:
         parts = client_bytes.split(b"\x00")
         if len(parts) != 3:
-            raise AuthenticationFailed("malformed PLAIN message")
+            raise AuthenticationFailedError("malformed PLAIN message")
         authzid, user, password = (part.decode(errors="replace") for part in parts)
         if authzid not in ("", user) or not _matches(self._passwords.get(user), password):
-            raise AuthenticationFailed(f"Invalid username or password for user {user!r}")
+            raise AuthenticationFailedError(f"Invalid username or password for user {user!r}")
         self.done = True
         return b""
 
@@ -276,7 +278,7 @@ def _scram_attributes(message: str) -> dict[str, str]:
     for part in message.split(","):
         name, separator, value = part.partition("=")
         if not separator or len(name) != 1:
-            raise AuthenticationFailed(f"malformed SCRAM attribute {part!r}")
+            raise AuthenticationFailedError(f"malformed SCRAM attribute {part!r}")
         attributes[name] = value
     return attributes
 
@@ -296,7 +298,7 @@ class ScramExchange:
         self._passwords = passwords
         self._hash_name = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}[mechanism]
         self.done = False
-        self._step = self._answer_client_first
+        self._step: Callable[[str], bytes] = self._answer_client_first
         self._user = ""
         self._gs2_header = ""
         self._client_first_bare = ""
@@ -315,14 +317,14 @@ class ScramExchange:
         flag, _, rest = client_first.partition(",")
         authzid, _, client_first_bare = rest.partition(",")
         if flag not in ("n", "y") or not client_first_bare:
-            raise AuthenticationFailed("malformed SCRAM client-first message")
+            raise AuthenticationFailedError("malformed SCRAM client-first message")
         attributes = _scram_attributes(client_first_bare)
         self._user = _unescape_saslname(attributes.get("n", ""))
         if self._user not in self._passwords:
-            raise AuthenticationFailed(f"Invalid username or password for user {self._user!r}")
+            raise AuthenticationFailedError(f"Invalid username or password for user {self._user!r}")
         client_nonce = attributes.get("r", "")
         if not client_nonce:
-            raise AuthenticationFailed("SCRAM client-first message without a nonce")
+            raise AuthenticationFailedError("SCRAM client-first message without a nonce")
         self._gs2_header = f"{flag},{authzid},"
         self._client_first_bare = client_first_bare
         self._nonce = client_nonce + secrets.token_urlsafe(18)
@@ -334,11 +336,11 @@ class ScramExchange:
     def _answer_client_final(self, client_final: str) -> bytes:
         without_proof, separator, proof_b64 = client_final.rpartition(",p=")
         if not separator:
-            raise AuthenticationFailed("SCRAM client-final message without a proof")
+            raise AuthenticationFailedError("SCRAM client-final message without a proof")
         attributes = _scram_attributes(without_proof)
         expected_binding = base64.b64encode(self._gs2_header.encode()).decode()
         if attributes.get("c") != expected_binding or attributes.get("r") != self._nonce:
-            raise AuthenticationFailed("SCRAM channel binding or nonce does not match")
+            raise AuthenticationFailedError("SCRAM channel binding or nonce does not match")
         password = self._passwords[self._user].encode()
         salted = hashlib.pbkdf2_hmac(self._hash_name, password, self._salt, SCRAM_ITERATIONS)
         client_key = self._hmac(salted, b"Client Key")
@@ -348,12 +350,14 @@ class ScramExchange:
         try:
             proof = base64.b64decode(proof_b64, validate=True)
         except ValueError:
-            raise AuthenticationFailed("SCRAM proof is not base64") from None
+            raise AuthenticationFailedError("SCRAM proof is not base64") from None
         if len(proof) != len(client_signature):
-            raise AuthenticationFailed(f"Invalid username or password for user {self._user!r}")
+            raise AuthenticationFailedError(f"Invalid username or password for user {self._user!r}")
         recovered_key = bytes(a ^ b for a, b in zip(proof, client_signature, strict=True))
-        if not hmac.compare_digest(hashlib.new(self._hash_name, recovered_key).digest(), stored_key):
-            raise AuthenticationFailed(f"Invalid username or password for user {self._user!r}")
+        if not hmac.compare_digest(
+            hashlib.new(self._hash_name, recovered_key).digest(), stored_key
+        ):
+            raise AuthenticationFailedError(f"Invalid username or password for user {self._user!r}")
         server_signature = self._hmac(self._hmac(salted, b"Server Key"), auth_message)
         self.done = True
         return b"v=" + base64.b64encode(server_signature)

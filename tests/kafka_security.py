@@ -203,10 +203,11 @@ class _NamespaceForwarder(LocalProcess):
 
     def start(self) -> _NamespaceForwarder:
         # `ip netns exec` replaces itself with the command: the PID is the forwarder's own.
-        self._launch(
-            ["ip", "netns", "exec", self.namespace, sys.executable, str(_FORWARDER_SCRIPT)]
-            + ["--listen-unix", str(self.socket_path), "--connect-port", str(self.port)]
-        )
+        command = [
+            "ip", "netns", "exec", self.namespace, sys.executable, str(_FORWARDER_SCRIPT),
+            "--listen-unix", str(self.socket_path), "--connect-port", str(self.port),
+        ]  # fmt: skip
+        self._launch(command)
         return self
 
     def _probe(self) -> None:
@@ -245,11 +246,12 @@ class _NamespacedBroker(LocalProcess):
     def start(self) -> _NamespacedBroker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         # The command line of infra.dev.local_stack.LocalKafka, run in the namespace.
-        self._launch(
-            ["ip", "netns", "exec", self.namespace, str(noida_binary()), "start"]
-            + ["--data-dir", str(self.data_dir), "--host", "127.0.0.1", "--only", "kafka"]
-            + ["--kafka-port", str(self.port)]
-        )
+        command = [
+            "ip", "netns", "exec", self.namespace, str(noida_binary()), "start",
+            "--data-dir", str(self.data_dir), "--host", "127.0.0.1", "--only", "kafka",
+            "--kafka-port", str(self.port),
+        ]  # fmt: skip
+        self._launch(command)
         return self
 
     def _probe(self) -> None:
@@ -374,7 +376,9 @@ def secured_kafka(
             namespace, forwarder_socket, port, work_dir / "forwarder.log"
         )
         stack.enter_context(forwarder)
-        stack.enter_context(_NamespacedBroker(namespace, work_dir / "broker", port, forwarder_socket))
+        stack.enter_context(
+            _NamespacedBroker(namespace, work_dir / "broker", port, forwarder_socket)
+        )
         certificates = make_certificates(work_dir / "certificates") if uses_tls else None
         password = secrets.token_urlsafe(12) if uses_sasl else None
         terminator = SecurityTerminator(

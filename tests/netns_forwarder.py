@@ -5,8 +5,9 @@ socket is a file, so a process in the root namespace reaches it, while the TCP p
 is reachable from nowhere else. tests/kafka_security.py puts a broker behind it, so that the
 only way to the broker is through the TLS/SASL terminator that connects here.
 
-A script, not an importable helper: it runs as its own process in the other namespace, and the
-harness stops it by its PID (SIGTERM ends it).
+Run as a script it is its own process in the other namespace, which the harness stops by its
+PID (SIGTERM ends it); tests/security_terminator.py imports `pipe_streams` from it. It imports
+nothing outside the standard library, so it runs without the project on its path.
 """
 
 from __future__ import annotations

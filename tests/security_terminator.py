@@ -32,7 +32,7 @@ from tests.kafka_sasl import (
     SASL_HANDSHAKE,
     UNSUPPORTED_SASL_MECHANISM,
     UNSUPPORTED_VERSION,
-    AuthenticationFailed,
+    AuthenticationFailedError,
     SaslExchange,
     WireError,
     authenticate_response,
@@ -56,6 +56,11 @@ _SASL_EXCHANGE_TIMEOUT_S = 10.0
 # Frames before authentication are small; a larger length is a client speaking something else
 # (a TLS ClientHello read as a length is ~370 MB), which must not be waited for.
 _MAX_UNAUTHENTICATED_FRAME = 1 << 20
+# Kafka holds a connection whose authentication failed this long before closing it
+# (connection.failed.authentication.delay.ms, default 100). It matters: kafka-python drops the
+# bytes it read along with a close seen in the same read, so a response followed at once by the
+# close is lost, and the client reports a disconnection instead of the authentication error.
+_FAILED_AUTHENTICATION_CLOSE_DELAY_S = 0.1
 
 _Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -163,7 +168,9 @@ class SecurityTerminator:
                 task.cancel()
             loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             # Bounded: from Python 3.12 it also waits for connections, all cancelled above.
-            loop.run_until_complete(asyncio.wait([loop.create_task(server.wait_closed())], timeout=1))
+            loop.run_until_complete(
+                asyncio.wait([loop.create_task(server.wait_closed())], timeout=1)
+            )
             loop.close()
 
     def _on_loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -187,6 +194,7 @@ class SecurityTerminator:
                     _SASL_EXCHANGE_TIMEOUT_S,
                 )
                 if not authenticated:
+                    await asyncio.sleep(_FAILED_AUTHENTICATION_CLOSE_DELAY_S)
                     return
             await pipe_streams((reader, writer), upstream)
         except (OSError, TimeoutError, WireError, asyncio.IncompleteReadError) as error:
@@ -213,7 +221,8 @@ class SecurityTerminator:
             elif header.api_key == SASL_HANDSHAKE:
                 if header.api_version != 1:
                     await _send(
-                        client_writer, handshake_response(header.correlation_id, UNSUPPORTED_VERSION)
+                        client_writer,
+                        handshake_response(header.correlation_id, UNSUPPORTED_VERSION),
                     )
                     return False
                 mechanism = parse_handshake_mechanism(payload, header)
@@ -234,17 +243,18 @@ class SecurityTerminator:
                     return False
                 try:
                     server_bytes = exchange.step(parse_authenticate_bytes(payload, header))
-                except AuthenticationFailed as failure:
+                except AuthenticationFailedError as failure:
                     self.authentication_failures += 1
                     message = f"Authentication failed: {failure}"
                     reply = authenticate_response(header, SASL_AUTHENTICATION_FAILED, message, b"")
                     await _send(client_writer, reply)
                     return False
-                await _send(client_writer, authenticate_response(header, NO_ERROR, None, server_bytes))
+                await _send(
+                    client_writer, authenticate_response(header, NO_ERROR, None, server_bytes)
+                )
                 if exchange.done:
                     return True
             else:
                 # A broker closes a connection that sends anything else before authenticating.
                 _log.debug("terminator %s: API %d before SASL", self.address, header.api_key)
                 return False
-
