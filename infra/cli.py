@@ -23,6 +23,7 @@ from storage.s3 import LakeUnavailableError
 from storage.writer_lease import StreamLeaseHeldError
 from streaming.checkpoint_identity import CheckpointMismatchError
 from streaming.hooks import NO_FAULTS, FaultHook
+from streaming.kafka.client import KafkaSecurityError
 from tenants.api_keys import ApiKeyError, issue_key, revoke_key
 from tenants.models import ID_PATTERN, QueryLimits, parse_duration_ms
 from tenants.registry import ConfigError, load_registry
@@ -85,6 +86,9 @@ def main(argv: Sequence[str] | None = None, fault_hook: FaultHook = NO_FAULTS) -
         return 2
     except ApiKeyError as error:
         print(f"{error}", file=sys.stderr)
+        return 2
+    except KafkaSecurityError as error:
+        print(f"not starting: {error}", file=sys.stderr)
         return 2
     except TableNotFoundError as error:
         # delta-rs adds a Rust error chain below the one line that says which table.
@@ -569,9 +573,13 @@ def _offboard(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from streaming.app import run_stream
+    from streaming.kafka.client import KafkaSecurity, check_broker_security
 
     spark_conf = _cluster_conf(args.master)
     settings = settings_from(args)
+    # Before Spark starts: a refused certificate or password is one line, not a query that
+    # retries for the whole broker timeout.
+    check_broker_security(settings.kafka.bootstrap_servers, KafkaSecurity.of(settings.kafka))
     bar = _progress_bar(settings) if args.available_now and sys.stderr.isatty() else None
     try:
         return run_stream(
@@ -697,9 +705,10 @@ def _tenant_limits(settings: AppSettings, tenant: str) -> QueryLimits:
 def _produce(args: argparse.Namespace) -> int:
     require_dev_tools("produce")
     from infra.dev.load_generator import LoadSpec, generate, send
-    from streaming.kafka.client import KafkaSecurity
+    from streaming.kafka.client import KafkaSecurity, check_broker_security
 
     settings = settings_from(args)
+    check_broker_security(settings.kafka.bootstrap_servers, KafkaSecurity.of(settings.kafka))
     registry = load_registry(settings.conf_dir)
     ahead = {}
     for item in args.ahead:

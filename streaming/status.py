@@ -35,6 +35,7 @@ from streaming.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
 from streaming.kafka.client import (
     KafkaSecurity,
     KafkaUnavailableError,
+    check_broker_security,
     kafka_python_consumer,
     require_a_reachable_broker,
 )
@@ -272,12 +273,14 @@ def broker_end_offsets(kafka: KafkaSettings, topic: str, beginning: bool = False
     """The next offset to be written (`beginning`: the first one kept), per partition of
     `topic`; every wait is bounded, and a broker that refuses connections fails at once."""
     require_a_reachable_broker(kafka.bootstrap_servers, CONNECT_TIMEOUT_S)
+    security = KafkaSecurity.of(kafka)
+    check_broker_security(kafka.bootstrap_servers, security, KAFKA_TIMEOUT_MS / 1000)
     consumer = kafka_python_consumer(
         kafka.bootstrap_servers,
         request_timeout_ms=KAFKA_TIMEOUT_MS,
         client_id="tenant-windows-status",
         budget_ms=KAFKA_TIMEOUT_MS,
-        security=KafkaSecurity.of(kafka),
+        security=security,
     )
     try:
         partitions = _partitions_of(consumer, topic)

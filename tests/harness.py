@@ -9,17 +9,17 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pandas as pd
 from deltalake import DeltaTable
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from infra.dev.load_generator import SampleRecord
-from infra.dev.local_stack import LocalKafka
 from storage.delta_lake import DeltaLake
 from storage.tables import ALL_TABLES
 from streaming.app import StreamApp
+from streaming.kafka.client import KafkaSecurity, kafka_python_producer
 from tenants.registry import TenantRegistry, load_registry
 from tenants.settings import AppSettings, load_settings
 
@@ -29,11 +29,20 @@ ROOT = Path(__file__).resolve().parents[1]
 STATE_BUCKETS = 3
 
 
+class Broker(Protocol):
+    """A broker to test against: the local one, or `kafka_security.SecuredKafka`."""
+
+    @property
+    def bootstrap_servers(self) -> str: ...
+
+    def create_topic(self, name: str, partitions: int) -> None: ...
+
+
 @dataclass
 class Pipeline:
     """One stream under test: its topic, lake and checkpoint in a temp folder."""
 
-    kafka: LocalKafka
+    kafka: Broker
     workdir: Path
     conf_dir: Path
     topic: str
@@ -48,7 +57,7 @@ class Pipeline:
     """`TW_*` variables the settings are loaded with (e.g. S3 keys)."""
 
     @classmethod
-    def create(cls, kafka: LocalKafka, workdir: Path, conf_dir: Path, **options: Any) -> Pipeline:
+    def create(cls, kafka: Broker, workdir: Path, conf_dir: Path, **options: Any) -> Pipeline:
         topic = f"events-{workdir.name}-{next(_topic_numbers)}"
         pipeline = cls(kafka, workdir, conf_dir, topic, **options)
         kafka.create_topic(topic, pipeline.partitions)
@@ -112,7 +121,7 @@ class Pipeline:
     def produce(
         self, values: Iterable[Mapping[str, Any] | bytes], key: bytes | None = None
     ) -> None:
-        producer = KafkaProducer(bootstrap_servers=self.kafka.bootstrap_servers, acks="all")
+        producer = self._producer()
         try:
             for value in values:
                 raw = value if isinstance(value, bytes) else json.dumps(value).encode()
@@ -122,13 +131,18 @@ class Pipeline:
             producer.close(timeout=10)
 
     def produce_samples(self, samples: Iterable[SampleRecord]) -> None:
-        producer = KafkaProducer(bootstrap_servers=self.kafka.bootstrap_servers, acks="all")
+        producer = self._producer()
         try:
             for sample in samples:
                 producer.send(self.topic, key=sample.key, value=sample.value)
             producer.flush(timeout=60)
         finally:
             producer.close(timeout=10)
+
+    def _producer(self) -> KafkaProducer:
+        # With the stream's own security: the broker may speak only TLS or SASL.
+        security = KafkaSecurity.of(self.settings.kafka)
+        return kafka_python_producer(self.kafka.bootstrap_servers, security, acks="all")
 
     def produced_coordinates(self) -> set[tuple[int, int]]:
         """Every (partition, offset) in the topic."""

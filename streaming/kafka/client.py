@@ -15,14 +15,19 @@ or not: its C decoder costs 2-3 us of CPU a record against kafka-python's 8-12 h
 
 from __future__ import annotations
 
+import logging
 import socket
+import ssl
+import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from confluent_kafka import Consumer, KafkaError
+from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from pydantic import SecretStr
 
@@ -162,6 +167,19 @@ class KafkaSecurity:
 PLAINTEXT = KafkaSecurity()
 
 
+class _WithoutConfigs(logging.Filter):
+    """Drops kafka-python's DEBUG line that prints a client's whole configuration, password
+    included ("Starting KafkaAdminClient with configuration: ...")."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "configuration" not in str(record.msg)
+
+
+def _hide_configs_of(logger: logging.Logger) -> None:
+    if not any(isinstance(existing, _WithoutConfigs) for existing in logger.filters):
+        logger.addFilter(_WithoutConfigs())
+
+
 def _secret_password(secrets_file: Path) -> SecretStr:
     try:
         loaded = yaml.safe_load(secrets_file.read_text(encoding="utf-8")) or {}
@@ -203,6 +221,79 @@ def require_a_reachable_broker(bootstrap_servers: str, timeout_s: float) -> None
     raise KafkaUnavailableError("; ".join(failures) or "no bootstrap servers configured")
 
 
+class KafkaSecurityError(KafkaUnavailableError):
+    """The brokers answer, but refuse this client's security: an untrusted certificate, failed
+    authentication, or TLS where the client speaks plaintext (or the reverse)."""
+
+
+# librdkafka's words for a security cause, where its error code alone does not say it.
+_SECURITY_HINTS = ("security.protocol", "SSL handshake", "certificate", "Authentication")
+_PROBE_S = 15.0
+
+
+def check_broker_security(
+    bootstrap_servers: str, security: KafkaSecurity, budget_s: float = _PROBE_S
+) -> None:
+    """Fail at once, in one line naming the servers, the protocol and the cause, when the
+    brokers refuse this client's security; return otherwise. A broker that is down or slow is
+    not this check's business: the stream waits for it (`kafka.broker_timeout`)."""
+    try:
+        require_a_reachable_broker(bootstrap_servers, min(budget_s, 5.0))
+    except KafkaUnavailableError:
+        return
+    causes: deque[KafkaError] = deque(maxlen=8)
+    config: dict[str, Any] = {
+        **security.librdkafka(),
+        "bootstrap.servers": bootstrap_servers,
+        "client.id": "tenant-windows-security-check",
+        "socket.connection.setup.timeout.ms": max(int(budget_s * 1000), 1_000),
+        "error_cb": causes.append,
+        "log_level": 0,
+    }
+    admin = AdminClient(config)
+    deadline = time.monotonic() + budget_s
+    tls_probed = security.uses_tls
+    while time.monotonic() < deadline:
+        try:
+            admin.list_topics(timeout=1.0)
+            return
+        except KafkaException:
+            admin.poll(0)  # librdkafka hands its errors to `error_cb` only from poll()
+        for cause in causes:
+            if cause.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL) or any(
+                hint in cause.str() for hint in _SECURITY_HINTS
+            ):
+                raise KafkaSecurityError(
+                    f"Kafka at {bootstrap_servers} over {security.protocol}: {cause.str()}"
+                )
+        if not tls_probed:
+            tls_probed = True
+            # A plaintext client at a TLS port hears nothing back, which looks like a slow
+            # broker: ask the port for a TLS handshake.
+            if _speaks_tls(bootstrap_servers):
+                raise KafkaSecurityError(
+                    f"Kafka at {bootstrap_servers} over {security.protocol}: the port answers "
+                    "TLS: set kafka.security_protocol to SSL or SASL_SSL"
+                )
+
+
+def _speaks_tls(bootstrap_servers: str, timeout_s: float = 3.0) -> bool:
+    """Whether the first bootstrap server completes a TLS handshake (certificate unchecked:
+    only the protocol is in question)."""
+    host, _, port = bootstrap_servers.split(",")[0].strip().rpartition(":")
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with (
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as raw,
+            context.wrap_socket(raw, server_hostname=host.strip("[]")),
+        ):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def request_timeout_within(request_timeout_ms: int | None, budget_ms: int) -> int:
     """The per-request timeout a client with `budget_ms` left may use: never longer than it."""
     configured = request_timeout_ms or DEFAULT_REQUEST_TIMEOUT_MS
@@ -226,6 +317,7 @@ def kafka_python_admin(
     bootstrap_servers: str, security: KafkaSecurity, client_id: str, budget_ms: int
 ) -> KafkaAdminClient:
     """An admin client (the consumer group's offsets) whose waits end within `budget_ms`."""
+    _hide_configs_of(logging.getLogger("kafka.admin.client"))
     return KafkaAdminClient(
         bootstrap_servers=bootstrap_servers,
         client_id=client_id,
