@@ -16,12 +16,14 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from infra.dev.local_stack import LocalKafka
+from tests.kafka_security import namespace_unavailable_reason, secured_kafka
 
 ROOT = Path(__file__).resolve().parents[1]
 # README's first block is `.ci/run` itself (tests/test_readme.py checks it).
@@ -123,14 +125,40 @@ def _environ(workdir: Path, kafka: LocalKafka) -> dict[str, str]:
     }
 
 
+MANAGED_TOPIC = "managed-events"
+
+
+@pytest.fixture(scope="module")
+def managed_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A broker that speaks only TLS + SCRAM-SHA-256, for the docs' managed-Kafka example:
+    what a provider would hand over, as `MANAGED_KAFKA_*` variables."""
+    if namespace_unavailable_reason() is not None:
+        yield {}
+        return
+    with secured_kafka(tmp_path_factory.mktemp("managed"), "sasl_ssl", "SCRAM-SHA-256") as broker:
+        broker.create_topic(MANAGED_TOPIC, 2)
+        yield {
+            "MANAGED_KAFKA_BOOTSTRAP": broker.bootstrap_servers,
+            "MANAGED_KAFKA_CA": str(broker.ca_file),
+            "MANAGED_KAFKA_USER": str(broker.username),
+            "MANAGED_KAFKA_PASSWORD": str(broker.password),
+        }
+
+
 @pytest.mark.parametrize(
     "document",
     [document for document in DOCUMENTS if doc_blocks(document)],
     ids=lambda document: str(document.relative_to(ROOT)),
 )
-def test_the_commands_of(document: Path, installation: Installation, kafka: LocalKafka) -> None:
+def test_the_commands_of(
+    document: Path, installation: Installation, kafka: LocalKafka, managed_kafka: dict[str, str]
+) -> None:
+    if "$MANAGED_KAFKA_" in document.read_text() and not managed_kafka:
+        pytest.skip(
+            f"no TLS broker for the managed-Kafka example: {namespace_unavailable_reason()}"
+        )
     workdir = installation.restore()
-    environ = _environ(workdir, kafka)
+    environ = {**_environ(workdir, kafka), **managed_kafka}
     for block in doc_blocks(document):
         if block.skip_reason is not None:
             continue
