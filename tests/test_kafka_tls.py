@@ -15,7 +15,11 @@ from typing import Any
 import pytest
 
 from infra.cli import main
+from infra.dev.load_generator import LoadSpec, generate
 from streaming.app import StreamApp
+from streaming.hooks import FaultPoint
+from tenants.registry import load_registry
+from tests.crash_helpers import assert_same_tables, crash_and_recover, snapshot
 from tests.harness import Pipeline, record
 from tests.kafka_security import (
     SecuredKafka,
@@ -179,3 +183,46 @@ def test_wrong_security_stops_the_run_at_once_in_one_line(
     [line] = [line for line in err.splitlines() if line.startswith("not starting:")]
     assert secured.bootstrap_servers in line and cause in line, line
     assert not (tmp_path / "checkpoint").exists()  # nothing started
+
+
+def test_a_crash_mid_read_over_tls_recovers_to_the_plaintext_output(
+    secured: SecuredKafka, kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
+) -> None:
+    """SIGKILL while an executor reads over TLS, then a restart over TLS: the tables equal a
+    plaintext run's of the same records (the same topic name on each broker)."""
+    topic = "crash-over-tls"
+    spec = LoadSpec(count=160, late_share=0.1, malformed_share=0.05, jitter=30_000, seed=3)
+    samples = list(
+        generate(spec, {n: s.event_time for n, s in load_registry(conf_dir).sources.items()})
+    )
+    runs = {}
+    for name, broker, environ in (
+        ("plain", kafka, {}),
+        ("tls", secured, security_environ(secured)),
+    ):
+        broker.create_topic(topic, 2)
+        (tmp_path / name).mkdir()
+        pipeline = Pipeline(
+            broker,
+            tmp_path / name,
+            conf_dir,
+            topic,
+            partitions=2,
+            max_offsets_per_trigger=40,
+            environ={**environ, "TW_STREAM__COMPACT_INTERVAL": "0s"},
+        )
+        pipeline.produce_samples(samples)
+        runs[name] = pipeline
+    runs["plain"].run_available_now(spark)
+    recovered = crash_and_recover(runs["tls"], spark, f"{FaultPoint.KAFKA_READ}@30")
+    assert_same_tables(
+        without_produce_times(recovered), without_produce_times(snapshot(runs["plain"]))
+    )
+
+
+def without_produce_times(tables: dict[str, Any]) -> dict[str, Any]:
+    """The tables without `kafka_timestamp`: each broker stamped its own copy when produced."""
+    return {
+        name: frame.drop(columns=["kafka_timestamp"], errors="ignore")
+        for name, frame in tables.items()
+    }
