@@ -13,13 +13,13 @@ from typing import Any, Protocol
 
 import pandas as pd
 from deltalake import DeltaTable
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer, TopicPartition
 
 from infra.dev.load_generator import SampleRecord
 from storage.delta_lake import DeltaLake
 from storage.tables import ALL_TABLES
 from streaming.app import StreamApp
-from streaming.kafka.client import KafkaSecurity, kafka_python_producer
+from streaming.kafka.client import KafkaSecurity, kafka_python_consumer, kafka_python_producer
 from tenants.registry import TenantRegistry, load_registry
 from tenants.settings import AppSettings, load_settings
 
@@ -146,7 +146,10 @@ class Pipeline:
 
     def produced_coordinates(self) -> set[tuple[int, int]]:
         """Every (partition, offset) in the topic."""
-        consumer = KafkaConsumer(bootstrap_servers=self.kafka.bootstrap_servers)
+        security = KafkaSecurity.of(self.settings.kafka)
+        consumer = kafka_python_consumer(
+            self.kafka.bootstrap_servers, None, "tests-coordinates", 30_000, security
+        )
         try:
             partitions = [TopicPartition(self.topic, p) for p in range(self.partitions)]
             ends = consumer.end_offsets(partitions)

@@ -4,6 +4,8 @@ worker (and so its executors) blind to the checkout and its `.venv`.
 
 The run must write exactly the tables a local-mode run writes from the same topic, and its
 records must have been processed by Python in the executors, with what the driver shipped.
+The topic is on a broker that speaks only TLS plus SASL (`tests/kafka_security.py`): the
+executors read with the credentials the driver resolved, which travel inside the tasks.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from tests.crash_helpers import (
     wait_or_kill,
 )
 from tests.harness import Pipeline
+from tests.kafka_security import SecuredKafka, secured_kafka
+from tests.test_kafka_tls import security_environ
 
 pytestmark = pytest.mark.integration
 
@@ -47,6 +51,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneClus
         yield running
 
 
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredKafka]:
+    with secured_kafka(
+        tmp_path_factory.mktemp("cluster_broker"), "sasl_ssl", "SCRAM-SHA-512"
+    ) as broker:
+        yield broker
+
+
 def _mounts(pid: int) -> list[tuple[str, str]]:
     """(mount point, file system type) of each mount `pid` sees."""
     mounts = []
@@ -64,8 +76,8 @@ def test_workers_cannot_see_the_checkout(cluster: StandaloneCluster) -> None:
     assert (str(ROOT), "tmpfs") not in _mounts(cluster.master.pid)
 
 
-def test_a_cluster_run_writes_what_a_local_run_writes(
-    kafka: Any, spark: Any, conf_dir: Path, cluster: StandaloneCluster, tmp_path: Path
+def test_a_cluster_run_over_tls_and_sasl_writes_what_a_local_run_writes(
+    secured: SecuredKafka, spark: Any, conf_dir: Path, cluster: StandaloneCluster, tmp_path: Path
 ) -> None:
     registry = load_registry(conf_dir)
     spec = LoadSpec(count=RECORDS, late_share=0.1, malformed_share=0.05, jitter=30_000, seed=13)
@@ -73,12 +85,13 @@ def test_a_cluster_run_writes_what_a_local_run_writes(
         "partitions": 2,
         "max_offsets_per_trigger": BATCH_SIZE,
         "stream_name": STREAM_NAME,
+        "environ": security_environ(secured),
     }
-    on_cluster = Pipeline.create(kafka, _folder(tmp_path / "cluster"), conf_dir, **options)
+    on_cluster = Pipeline.create(secured, _folder(tmp_path / "cluster"), conf_dir, **options)
     on_cluster.produce_samples(
         generate(spec, {n: s.event_time for n, s in registry.sources.items()})
     )
-    local = Pipeline(kafka, _folder(tmp_path / "local"), conf_dir, on_cluster.topic, **options)
+    local = Pipeline(secured, _folder(tmp_path / "local"), conf_dir, on_cluster.topic, **options)
 
     # The pytest process's own session set PYSPARK_PYTHON to this .venv: not for the cluster.
     environ = {
@@ -115,6 +128,8 @@ def test_a_cluster_run_writes_what_a_local_run_writes(
     )
     fed_batches = [int(count) for count in STATE_FUNCTION_TASK.findall(executor_output)]
     assert sum(fed_batches) > 0, executor_output[-4000:]
+    assert secured.password is not None
+    assert secured.password not in executor_output + log_path.read_text(errors="replace")
 
 
 def _folder(path: Path) -> Path:
