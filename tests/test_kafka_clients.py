@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import SecretStr
@@ -16,6 +17,8 @@ from streaming.kafka.client import (
     consumer_config,
     reader_config,
 )
+from streaming.kafka.options import SOURCE_NAME
+from streaming.kafka.source import register
 from tenants.registry import ConfigError
 from tenants.settings import load_settings
 
@@ -165,3 +168,21 @@ def test_sparks_kafka_source_gets_the_java_clients_options(tmp_path: Path) -> No
     unchecked = KafkaSecurity("SSL", ssl_check_hostname=False)
     assert unchecked.spark_options()["kafka.ssl.endpoint.identification.algorithm"] == ""
     assert unchecked.librdkafka()["ssl.endpoint.identification.algorithm"] == "none"
+
+
+@pytest.mark.integration
+def test_spark_redacts_the_password_of_the_mapped_options_in_plans(spark: Any) -> None:
+    """Spark's own Kafka source is not installed here; any source's options show in plans the
+    same way, so the mapped options are given to this project's source."""
+    register(spark)
+    security = KafkaSecurity("SASL_SSL", "SCRAM-SHA-256", "u", SecretStr(PASSWORD), "/ca.pem")
+    frame = (
+        spark.readStream.format(SOURCE_NAME)
+        .options(**security.spark_options())
+        .option("kafka.bootstrap.servers", "127.0.0.1:9")
+        .option("subscribe", "events")
+        .load()
+    )
+    plan = frame._jdf.queryExecution().toString()
+    assert "kafka.sasl.jaas.config=*********(redacted)" in plan
+    assert "kafka.sasl.mechanism=SCRAM-SHA-256" in plan and PASSWORD not in plan

@@ -226,3 +226,31 @@ def without_produce_times(tables: dict[str, Any]) -> dict[str, Any]:
         name: frame.drop(columns=["kafka_timestamp"], errors="ignore")
         for name, frame in tables.items()
     }
+
+
+@pytest.mark.parametrize("mode", ["mtls", "sasl_plaintext"])
+def test_the_stream_runs_over_mutual_tls_and_over_sasl_without_tls(
+    spark: Any, conf_dir: Path, tmp_path: Path, mode: str
+) -> None:
+    if (reason := namespace_unavailable_reason()) is not None:
+        pytest.skip(reason)
+    with secured_kafka(tmp_path / "broker", mode, "SCRAM-SHA-512") as broker:  # type: ignore[arg-type]
+        if mode == "mtls":
+            environ = {
+                "TW_KAFKA__SECURITY_PROTOCOL": "SSL",
+                "TW_KAFKA__SSL__CA_FILE": str(broker.ca_file),
+                "TW_KAFKA__SSL__CERT_FILE": str(broker.client_cert_file),
+                "TW_KAFKA__SSL__KEY_FILE": str(broker.client_key_file),
+            }
+        else:
+            environ = {
+                "TW_KAFKA__SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+                "TW_KAFKA__SASL__MECHANISM": "SCRAM-SHA-512",
+                "TW_KAFKA__SASL__USERNAME": str(broker.username),
+                "TW_KAFKA__SASL__PASSWORD": str(broker.password),
+            }
+        pipeline = Pipeline.create(broker, tmp_path / "stream", conf_dir, environ=environ)
+        pipeline.produce([record("acme", "web", T0_MS + n * 1000) for n in range(3)])
+        pipeline.run_available_now(spark)
+        events = pipeline.table("events")
+        assert sorted(events["offset"]) == [0, 1, 2]
