@@ -36,10 +36,9 @@ from typing import Any, Literal
 
 import pytest
 from kafka import KafkaAdminClient
-from kafka.errors import TopicAlreadyExistsError
 
 from infra.dev.local_process import LocalProcess
-from infra.dev.local_stack import find_free_loopback_port, noida_binary
+from infra.dev.local_stack import create_topic, find_free_loopback_port, noida_binary
 from tests.kafka_sasl import api_versions_request
 from tests.security_terminator import SecurityTerminator
 
@@ -340,17 +339,7 @@ class SecuredKafka:
 
     def create_topic(self, name: str, partitions: int = 1) -> None:
         """Create `name` through the secured listener; an existing topic is left as is."""
-        admin = self.admin()
-        try:
-            admin.create_topics(
-                {name: {"num_partitions": partitions, "replication_factor": 1}},
-                timeout_ms=_ADMIN_TIMEOUT_MS,
-                wait_for_metadata=True,
-            )
-        except TopicAlreadyExistsError:
-            pass
-        finally:
-            admin.close()
+        create_topic(self.admin(), name, partitions)
 
 
 @contextmanager

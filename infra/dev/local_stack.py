@@ -42,6 +42,21 @@ def noida_binary() -> Path:
     return binary
 
 
+def create_topic(admin: KafkaAdminClient, name: str, partitions: int) -> None:
+    """Create `name` with `partitions` partitions through `admin`, then close it; a topic that
+    already exists is left as is."""
+    try:
+        admin.create_topics(
+            {name: {"num_partitions": partitions, "replication_factor": 1}},
+            timeout_ms=_ADMIN_TIMEOUT_MS,
+            wait_for_metadata=True,
+        )
+    except TopicAlreadyExistsError:
+        pass
+    finally:
+        admin.close()
+
+
 def _port_accepts_connections(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -119,14 +134,4 @@ class LocalKafka(LocalProcess):
 
     def create_topic(self, name: str, partitions: int) -> None:
         """Create `name` with `partitions` partitions; a topic that already exists is left as is."""
-        admin = self._admin()
-        try:
-            admin.create_topics(
-                {name: {"num_partitions": partitions, "replication_factor": 1}},
-                timeout_ms=_ADMIN_TIMEOUT_MS,
-                wait_for_metadata=True,
-            )
-        except TopicAlreadyExistsError:
-            pass
-        finally:
-            admin.close()
+        create_topic(self._admin(), name, partitions)
