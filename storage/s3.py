@@ -6,12 +6,10 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import yaml
 from pydantic import SecretStr
 
 from storage.data_files import lake_endpoint
-from tenants.registry import ConfigError
-from tenants.settings import LakeSettings, S3Settings
+from tenants.settings import LakeSettings, S3Settings, read_secrets_file
 
 # object_store's defaults retry a failing request for up to 3 minutes, with 30 s per attempt:
 # an unreachable lake would stall a micro-batch for minutes before the query fails. These bound
@@ -57,17 +55,8 @@ def storage_options(lake: LakeSettings) -> dict[str, str] | None:
 def _keys(s3: S3Settings) -> tuple[SecretStr | None, SecretStr | None]:
     if s3.access_key_id is not None or s3.secrets_file is None:
         return s3.access_key_id, s3.secret_access_key
-    try:
-        loaded = yaml.safe_load(s3.secrets_file.read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-        # Only the error's kind: its text could quote the file's content.
-        raise ConfigError(s3.secrets_file, [("", f"unreadable ({type(error).__name__})")]) from None
-    if not isinstance(loaded, dict):
-        raise ConfigError(s3.secrets_file, [("", "must be a YAML mapping")])
-    missing = [key for key in ("access_key_id", "secret_access_key") if not loaded.get(key)]
-    if missing:
-        raise ConfigError(s3.secrets_file, [(key, "missing") for key in missing])
-    return SecretStr(str(loaded["access_key_id"])), SecretStr(str(loaded["secret_access_key"]))
+    keys = read_secrets_file(s3.secrets_file, ("access_key_id", "secret_access_key"))
+    return keys["access_key_id"], keys["secret_access_key"]
 
 
 class LakeUnavailableError(OSError):

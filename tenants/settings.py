@@ -454,6 +454,21 @@ class AppSettings(_Frozen):
     )
 
 
+def read_secrets_file(path: Path, names: tuple[str, ...]) -> dict[str, SecretStr]:
+    """The secrets `names` from a YAML mapping (e.g. a mounted secret), each required."""
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        # Only the error's kind: its text could quote the file's content.
+        raise ConfigError(path, [("", f"unreadable ({type(error).__name__})")]) from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(path, [("", "must be a YAML mapping")])
+    missing = [name for name in names if not loaded.get(name)]
+    if missing:
+        raise ConfigError(path, [(name, "missing") for name in missing])
+    return {name: SecretStr(str(loaded[name])) for name in names}
+
+
 def load_settings(
     app_file: Path | None,
     environ: Mapping[str, str] | None = None,

@@ -22,17 +22,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import yaml
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from pydantic import SecretStr
 
 from tenants.registry import ConfigError
-from tenants.settings import KafkaSettings
+from tenants.settings import KafkaSettings, read_secrets_file
 
 # kafka-python's own default; a lookup never gets more than what is left of its budget.
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
@@ -60,7 +58,7 @@ class KafkaSecurity:
         """The settings' security, with the password from `kafka.secrets_file` if not set."""
         password = kafka.sasl.password
         if password is None and kafka.secrets_file is not None and kafka.sasl.mechanism:
-            password = _secret_password(kafka.secrets_file)
+            password = read_secrets_file(kafka.secrets_file, ("sasl_password",))["sasl_password"]
         ssl = kafka.ssl
         return cls(
             protocol=kafka.security_protocol,
@@ -178,17 +176,6 @@ class _WithoutConfigs(logging.Filter):
 def _hide_configs_of(logger: logging.Logger) -> None:
     if not any(isinstance(existing, _WithoutConfigs) for existing in logger.filters):
         logger.addFilter(_WithoutConfigs())
-
-
-def _secret_password(secrets_file: Path) -> SecretStr:
-    try:
-        loaded = yaml.safe_load(secrets_file.read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-        # Only the error's kind: its text could quote the file's content.
-        raise ConfigError(secrets_file, [("", f"unreadable ({type(error).__name__})")]) from None
-    if not isinstance(loaded, dict) or not loaded.get("sasl_password"):
-        raise ConfigError(secrets_file, [("sasl_password", "missing")])
-    return SecretStr(str(loaded["sasl_password"]))
 
 
 def _jaas_quoted(text: str) -> str:
