@@ -28,25 +28,29 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from storage.commits import FencedError
-from storage.compaction import Compaction
-from storage.delta_lake import DeltaLake
-from storage.writer_lease import WriterLease
-from streaming.bucket_state import STATE_LAYOUT
-from streaming.checkpoint_identity import StreamIdentity, check_checkpoint, claim_checkpoint
-from streaming.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
-from streaming.compaction_schedule import CompactionSchedule
-from streaming.configured_status import ConfiguredKeyRows
+from storage.lake.commits import FencedError
+from storage.lake.delta_lake import DeltaLake
+from storage.lake.writer_lease import WriterLease
+from storage.upkeep.compaction import Compaction
+from streaming.checkpoint.checkpoint_identity import (
+    StreamIdentity,
+    check_checkpoint,
+    claim_checkpoint,
+)
+from streaming.checkpoint.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
 from streaming.hooks import NO_FAULTS, FaultHook
 from streaming.kafka.deferral import Deferral
 from streaming.kafka.group_offsets import GroupOffsets
-from streaming.metrics import StreamMetrics
 from streaming.notify.notifier import Notifier
-from streaming.progress import BatchProgress, LastBatchFile, ProgressListener
-from streaming.quarantine_log import QuarantineLog
-from streaming.query import start_query
-from streaming.session import build_spark
-from streaming.sink import MicroBatchSink
+from streaming.observe.batch_progress import BatchProgress, LastBatchFile, ProgressListener
+from streaming.observe.stream_metrics import StreamMetrics
+from streaming.pipeline.batch_sink import MicroBatchSink
+from streaming.pipeline.compaction_schedule import CompactionSchedule
+from streaming.pipeline.spark_session import build_spark
+from streaming.pipeline.stream_plan import start_query
+from streaming.records.quarantine_log import QuarantineLog
+from streaming.state.bucket_state import STATE_LAYOUT
+from streaming.state.configured_status import ConfiguredKeyRows
 from tenants.config_store import ConfigSnapshots, ConfigWatcher
 from tenants.settings import AppSettings
 

@@ -23,7 +23,7 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
-    from streaming.session import build_spark
+    from streaming.pipeline.spark_session import build_spark
 
     session = build_spark("tenant-windows-tests", master="local[2]", shuffle_partitions=4)
     yield session

@@ -16,7 +16,7 @@ from typing import IO, Any
 
 import pandas as pd
 
-from storage.tables import ALL_TABLES
+from storage.lake.tables import ALL_TABLES
 from tests.harness import Pipeline
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -61,7 +61,7 @@ class PauseAt(_AtPoint):
 
 
 def main(argv: list[str]) -> int:
-    from infra.cli import main as cli_main
+    from infra.cli.main import main as cli_main
 
     parser = argparse.ArgumentParser(prog="python -m tests.fault_hooks")
     where = parser.add_mutually_exclusive_group(required=True)

@@ -16,8 +16,8 @@ from deltalake import DeltaTable
 from kafka import KafkaProducer, TopicPartition
 
 from infra.dev.load_generator import SampleRecord
-from storage.delta_lake import DeltaLake
-from storage.tables import ALL_TABLES
+from storage.lake.delta_lake import DeltaLake
+from storage.lake.tables import ALL_TABLES
 from streaming.app import StreamApp
 from streaming.kafka.client import KafkaSecurity, kafka_python_consumer, kafka_python_producer
 from tenants.registry import TenantRegistry, load_registry

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-QUARANTINE_LOGGER = "streaming.quarantine_log"
+QUARANTINE_LOGGER = "streaming.records.quarantine_log"
 EXAMPLE_PREFIX = "quarantined: "
 _SUMMARY = re.compile(
     r"^batch(?:es)? (?P<first>\d+)(?:-(?P<last>\d+))?: (?P<records>\d+) records quarantined; "

@@ -1,6 +1,6 @@
 """A deliberately simple reference model of per-key event-time windowing (SPEC §2, §3, §4).
 
-It is written from SPEC.md alone, not from `streaming/windowing.py`, so that the property tests
+It is written from SPEC.md alone, not from `streaming/windowing/key_windows.py`, so that the property tests
 compare two independent readings of the spec. It handles one key's records in arrival order in
 a single pass: no micro-batches, no panes, no state serialisation. It only answers what SPEC §4
 says must not depend on batch boundaries: how each record is classified per window, which

@@ -1,4 +1,4 @@
-"""Admission (`streaming.admission`): quotas, fair shares and the order deferred records keep."""
+"""Admission (`streaming.kafka.admission`): quotas, fair shares and the order deferred records keep."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streaming.admission import Ledger, admit, fair_shares
+from streaming.kafka.admission import Ledger, admit, fair_shares
 from tenants.models import Quota
 
 NO_QUOTA: Callable[[str], Quota | None] = lambda tenant: None  # noqa: E731

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.cli import main
+from infra.cli.main import main
 from tenants.api_keys import (
     ApiKeyError,
     Caller,

@@ -7,8 +7,9 @@ from dataclasses import asdict, replace
 
 import pyarrow as pa
 
-from streaming.bucket_state import BucketState
-from streaming.windowing import KeyState, RecordInput, advance
+from streaming.state.bucket_state import BucketState
+from streaming.windowing.key_state import KeyState, RecordInput
+from streaming.windowing.key_windows import advance
 from tenants.models import WindowRules, rules_id
 
 RULES = WindowRules.model_validate(

@@ -1,7 +1,7 @@
 """Keys advanced together as columns agree with the record-by-record reference, bit for bit.
 
 Several keys with the same rules get random records, cut into the same random micro-batches.
-`bucket_windowing.advance_bucket` runs them all at once from the bucket's state (through its
+`columnar_windows.advance_bucket` runs them all at once from the bucket's state (through its
 bytes between batches, as Spark's state store keeps it); `windowing.advance` runs each key
 alone. Every batch must give each key the same placements, too-late records, panes (metrics to
 the last bit) and state.
@@ -18,16 +18,17 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streaming import bucket_windowing
-from streaming.bucket_state import BucketState
-from streaming.bucket_windowing import (
+from streaming.state.bucket_state import BucketState
+from streaming.windowing import columnar_windows
+from streaming.windowing.columnar_windows import (
     BucketAdvance,
     RecordColumns,
     advance_bucket,
     handles_window,
     metric_names,
 )
-from streaming.windowing import BatchResult, KeyState, RecordInput, advance
+from streaming.windowing.key_state import KeyState, RecordInput
+from streaming.windowing.key_windows import BatchResult, advance
 from tenants.models import WindowRules, rules_id
 from tests.test_windowing_properties import METRIC_CATALOG
 
@@ -189,7 +190,7 @@ def test_keys_advanced_together_match_the_reference_key_by_key(
 ) -> None:
     # Both ways of folding a window's values: a position at a time across windows (short
     # windows), and a window at a time (long ones, as at 10 tenants).
-    with patch.object(bucket_windowing._Fold, "by_window_only", fold_by_window):
+    with patch.object(columnar_windows._Fold, "by_window_only", fold_by_window):
         _check_against_the_reference(rules, streams, cut_seed)
 
 
@@ -300,4 +301,4 @@ def test_the_running_maximum_restarts_at_each_key_even_for_times_centuries_apart
     values = np.array([value for key in keys for value in key], dtype=np.int64)
     firsts = np.cumsum([0, *(len(key) for key in keys[:-1])])
     expected = [running for key in keys for running in itertools.accumulate(key, max)]
-    assert bucket_windowing._running_max_per_key(values, firsts).tolist() == expected
+    assert columnar_windows._running_max_per_key(values, firsts).tolist() == expected

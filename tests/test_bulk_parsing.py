@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streaming.bulk_parsing import RoutedColumns, parse_values
-from streaming.parsing import parse_value
+from streaming.records.bulk_parsing import RoutedColumns, parse_values
+from streaming.records.parsing import parse_value
 from tenants.registry import TenantRegistry, load_registry
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

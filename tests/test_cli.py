@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from infra.cli import main
+from infra.cli.main import main
 from tests.harness import Pipeline
 
 pytestmark = pytest.mark.integration

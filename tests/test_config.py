@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.cli import main
+from infra.cli.main import main
 from tenants.models import Accumulation
 from tenants.registry import ConfigError, load_registry
 from tenants.settings import load_settings

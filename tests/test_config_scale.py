@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from streaming.checkpoint_log import CheckpointLog
+from streaming.checkpoint.checkpoint_log import CheckpointLog
 from tenants.config_store import (
     ConfigSnapshots,
     ConfigWatcher,

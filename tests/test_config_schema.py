@@ -13,7 +13,7 @@ import pytest
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from infra.cli import main
+from infra.cli.main import main
 from tenants.json_schema import (
     APP_SCHEMA,
     SCHEMA_DIR,

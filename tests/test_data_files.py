@@ -10,15 +10,15 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.data_files import (
+from storage.lake.data_files import (
     BatchFiles,
     SettledFiles,
     WrittenFile,
     write_settled_files,
     write_task_files,
 )
-from storage.tables import STAGED, WINDOWS, rows_for_table
-from streaming.keyed_state import union_table
+from storage.lake.tables import STAGED, WINDOWS, rows_for_table
+from streaming.state.union_rows import union_table
 
 TENANTS = [f"t{number:03d}" for number in range(150)]
 T0_MS = 1_767_225_600_000

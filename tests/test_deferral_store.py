@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from streaming.admission import Ledger
+from streaming.kafka.admission import Ledger
 from streaming.kafka.deferral import (
     Deferral,
     DeferralStore,

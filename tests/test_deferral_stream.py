@@ -16,8 +16,8 @@ import pytest
 from infra.dev.load_generator import LoadSpec, generate
 from streaming.app import StreamApp
 from streaming.hooks import FaultPoint
-from streaming.progress import BatchProgress
-from streaming.status import deferred_section
+from streaming.observe.batch_progress import BatchProgress
+from streaming.observe.stream_status import deferred_section
 from tenants.registry import load_registry
 from tests.crash_helpers import assert_every_record_landed_once, crash_and_recover
 from tests.harness import Pipeline

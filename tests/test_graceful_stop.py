@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from infra.dev.load_generator import LoadSpec, generate
-from storage.tables import ALL_TABLES
-from streaming.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
+from storage.lake.tables import ALL_TABLES
+from streaming.checkpoint.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
 from streaming.hooks import FaultPoint
 from tenants.registry import load_registry
 from tests.crash_helpers import (

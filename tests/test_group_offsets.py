@@ -13,9 +13,9 @@ import pytest
 from kafka import KafkaAdminClient
 
 from infra.dev.local_stack import find_free_loopback_port
-from streaming.checkpoint_log import COMMITS_DIR, CheckpointLog
+from streaming.checkpoint.checkpoint_log import COMMITS_DIR, CheckpointLog
 from streaming.kafka.group_offsets import GroupOffsets
-from streaming.status import backlog_records, broker_end_offsets
+from streaming.observe.stream_status import backlog_records, broker_end_offsets
 from tenants.settings import load_settings
 from tests.harness import Pipeline, record
 

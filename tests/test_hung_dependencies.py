@@ -25,10 +25,10 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from infra.dev.load_generator import LoadSpec, SampleRecord, generate
 from infra.dev.local_stack import LocalKafka
-from storage.data_files import filesystem_of
-from storage.delta_lake import DeltaLake
-from storage.s3 import LakeUnavailableError, storage_options
-from storage.tables import EVENTS
+from storage.lake.data_files import filesystem_of
+from storage.lake.delta_lake import DeltaLake
+from storage.lake.s3_options import LakeUnavailableError, storage_options
+from storage.lake.tables import EVENTS
 from streaming.app import StreamApp
 from streaming.kafka.client import KafkaUnavailableError
 from streaming.kafka.options import KafkaSourceOptions

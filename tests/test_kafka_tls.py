@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from infra.cli import main
+from infra.cli.main import main
 from infra.dev.load_generator import LoadSpec, generate
 from streaming.app import StreamApp
 from streaming.hooks import FaultPoint

@@ -9,7 +9,8 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streaming.key_summary import (
+from streaming.state.bucket_processor import LatestSummaries, run_bucket
+from streaming.state.key_summary import (
     OTHER_TENANTS,
     BucketSummary,
     TenantWatermark,
@@ -17,7 +18,6 @@ from streaming.key_summary import (
     summarise_bucket,
     top_with_remainder,
 )
-from streaming.keyed_state import LatestSummaries, run_bucket
 from tests.test_keyed_state import T0_MS, _registry_with, _routed
 
 # A key: (tenant, bucket, watermark ms or None before its first record, delay ms, windows).

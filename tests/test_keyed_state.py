@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from streaming.bucket_state import BucketState
-from streaming.keyed_state import _Output, _process_bucket, sorted_batch, wake_up_after_ms
-from streaming.routing import route_frame
-from streaming.windowing import KeyState, RecordInput, advance
+from streaming.records.routing import route_frame
+from streaming.state.bucket_processor import _process_bucket, sorted_batch, wake_up_after_ms
+from streaming.state.bucket_state import BucketState
+from streaming.state.union_rows import UnionRows
+from streaming.windowing.key_state import KeyState, RecordInput
+from streaming.windowing.key_windows import advance
 from tenants.registry import TenantRegistry, load_registry
 from tests.test_bucket_state import _json_layout_blob
 
@@ -56,7 +58,7 @@ def _routed(rows: list[tuple[str | None, int, int, int]]) -> pd.DataFrame:
 def _run_bucket(
     batch: pd.DataFrame, keys: BucketState, registry: TenantRegistry, now_ms: int
 ) -> pd.DataFrame:
-    out = _Output(sorted_batch([batch]))
+    out = UnionRows(sorted_batch([batch]))
     _process_bucket(out.batch, keys, registry, now_ms, out)
     return out.frame()
 

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from storage.commits import FencedError
-from storage.data_files import (
+from storage.lake.commits import FencedError
+from storage.lake.data_files import (
     BatchFiles,
     SettledFiles,
     WrittenFile,
@@ -25,13 +25,13 @@ from storage.data_files import (
     write_settled_files,
     write_task_files,
 )
-from storage.delta_lake import DeltaLake
-from storage.snapshot_reader import read_newest_first
-from storage.tables import EVENTS, STAGED, TENANT_STATUS
-from storage.writer_lease import WriterLease
-from streaming.configured_status import status_rows
-from streaming.keyed_state import union_table
-from streaming.status import latest_per_key
+from storage.lake.delta_lake import DeltaLake
+from storage.lake.snapshot_reader import read_newest_first
+from storage.lake.tables import EVENTS, STAGED, TENANT_STATUS
+from storage.lake.writer_lease import WriterLease
+from streaming.observe.stream_status import latest_per_key
+from streaming.state.configured_status import status_rows
+from streaming.state.union_rows import union_table
 from tenants.settings import StreamSettings
 
 T0_MS = 1_767_225_600_000
@@ -71,7 +71,7 @@ def _commit_batch(
 
 
 def _settle(lake: DeltaLake, stream: str, epoch: int, version: int) -> bool:
-    """What `storage.compaction` does, in one process: read this stream's staged files, write
+    """What `storage.upkeep.compaction` does, in one process: read this stream's staged files, write
     their rows as settled files, commit the swap."""
     staged = lake.staged_files(EVENTS, stream)
     if not staged:

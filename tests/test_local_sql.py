@@ -1,4 +1,4 @@
-"""The in-process engine of the query service (`storage.local_sql`) gives Spark's answer or
+"""The in-process engine of the query service (`storage.query.local_sql`) gives Spark's answer or
 none: a corpus of statements runs on both engines over a lake written by the real stream, and
 every statement it takes must match Spark's rows, column names and types."""
 
@@ -16,11 +16,17 @@ import sqlglot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage.local_sql import DUCKDB_CONFIG, LocalSql, StatementTimeout, _fetch, local_statement
-from storage.scoped_sql import TenantSql
-from storage.sql_guard import check_query
-from storage.tables import ALL_TABLES
-from storage.views import TENANT_VIEW_NAMES
+from storage.lake.tables import ALL_TABLES
+from storage.query.local_sql import (
+    DUCKDB_CONFIG,
+    LocalSql,
+    StatementTimeout,
+    _fetch,
+    local_statement,
+)
+from storage.query.scoped_sql import TenantSql
+from storage.query.sql_guard import check_query
+from storage.query.sql_views import TENANT_VIEW_NAMES
 from tests.harness import Pipeline, record
 from tests.test_sql_scoped import ESCAPES_SEEING_ONLY_THE_TENANT, PASSWD_MARK
 

@@ -15,9 +15,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from infra.dev.load_generator import LoadSpec, generate
-from infra.query_metrics import QueryMetrics
+from infra.service.query_metrics import QueryMetrics
 from streaming.app import StreamApp
-from streaming.checkpoint_log import COMMITS_DIR, CheckpointLog
+from streaming.checkpoint.checkpoint_log import COMMITS_DIR, CheckpointLog
 from tenants.registry import load_registry
 from tests.harness import Pipeline
 

@@ -19,15 +19,15 @@ from typing import Any
 
 import pytest
 
-from infra.cli import main as cli_main
+from infra.cli.main import main as cli_main
 from infra.dev.load_generator import LoadSpec, generate
-from storage.deliveries import DeliveryOutbox, dead_letter_summary
-from storage.tables import DELIVERIES, WINDOWS
+from storage.lake.delivery_outbox import DeliveryOutbox, dead_letter_summary
+from storage.lake.tables import DELIVERIES, WINDOWS
 from streaming.app import StreamApp
 from streaming.hooks import FaultPoint
 from streaming.notify.notifier import notify_targets
 from streaming.notify.payloads import Pane, body_for, idempotency_key, qualifies
-from streaming.status import DEAD_LETTERS, NOTIFICATIONS, gather_status
+from streaming.observe.stream_status import DEAD_LETTERS, NOTIFICATIONS, gather_status
 from tenants.registry import load_registry
 from tests.crash_helpers import run_process
 from tests.harness import Pipeline

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from storage.deliveries import AttemptRow, Outcome
+from storage.lake.delivery_outbox import AttemptRow, Outcome
 from streaming.hooks import NO_FAULTS
 from streaming.notify.delivery import Delivery, EndpointScheduler, backoff_ceiling_ms, backoff_ms
 from streaming.notify.endpoints import post, resolve_endpoint

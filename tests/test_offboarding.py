@@ -19,11 +19,11 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from infra.cli import main
-from storage.delta_lake import DeltaLake
-from storage.tables import TENANT_STATUS, rows_for_table
+from infra.cli.main import main
+from storage.lake.delta_lake import DeltaLake
+from storage.lake.tables import TENANT_STATUS, rows_for_table
 from streaming.app import StreamApp
-from streaming.configured_status import newly_configured_keys, status_rows
+from streaming.state.configured_status import newly_configured_keys, status_rows
 from tenants.config_store import registry_from_snapshot, snapshot_bytes
 from tenants.registry import load_registry
 from tests.harness import Pipeline, record

@@ -23,7 +23,7 @@ from deltalake import DeltaTable
 
 from infra.dev.load_generator import LoadSpec, generate
 from infra.dev.local_process import process_state
-from storage.writer_lease import LEASE_TABLE
+from storage.lake.writer_lease import LEASE_TABLE
 from streaming.hooks import FaultPoint
 from tests.crash_helpers import (
     ROOT,

@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from infra.cli import main
-from streaming.bucket_state import STATE_LAYOUT
-from streaming.checkpoint_identity import (
+from infra.cli.main import main
+from streaming.checkpoint.checkpoint_identity import (
     IDENTITY_FILE,
     CheckpointMismatchError,
     StreamIdentity,
     claim_checkpoint,
 )
+from streaming.state.bucket_state import STATE_LAYOUT
 from tests.harness import Pipeline, record
 
 T0_MS = 1_767_225_600_000

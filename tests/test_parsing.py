@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from streaming.parsing import Accepted, QuarantineReason, Rejected, parse_value
+from streaming.records.parsing import Accepted, QuarantineReason, Rejected, parse_value
 from tenants.registry import TenantRegistry, load_registry
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

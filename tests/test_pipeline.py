@@ -12,12 +12,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from infra.dev.load_generator import LoadSpec, generate
-from storage.delta_lake import DeltaLake
-from storage.tables import ALL_TABLES
-from storage.writer_lease import WriterLease
+from storage.lake.delta_lake import DeltaLake
+from storage.lake.tables import ALL_TABLES
+from storage.lake.writer_lease import WriterLease
 from streaming.kafka.source import register as register_kafka_source
-from streaming.keyed_state import OUTPUT_SCHEMA, union_table
-from streaming.sink import MicroBatchSink
+from streaming.pipeline.batch_sink import MicroBatchSink
+from streaming.state.union_rows import OUTPUT_SCHEMA, union_table
 from tenants.registry import load_registry
 from tenants.settings import StreamSettings
 from tests.harness import Pipeline, record

@@ -27,7 +27,7 @@ import yaml
 from infra.dev.load_generator import LoadSpec, generate
 from infra.dev.local_process import LocalProcess
 from infra.dev.local_stack import find_free_loopback_port
-from streaming.checkpoint_log import COMMITS_DIR, CheckpointLog
+from streaming.checkpoint.checkpoint_log import COMMITS_DIR, CheckpointLog
 from tenants.registry import load_registry
 from tests.harness import ROOT, Pipeline
 from tests.prometheus_server import LocalPrometheus, debian_binary, wait_until

@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from infra.cli import main
+from infra.cli.main import main
 from infra.dev.load_generator import LoadSpec, generate
-from storage.tables import LAKE_TABLES
+from storage.lake.tables import LAKE_TABLES
 from streaming.app import StreamApp
 from tenants.registry import load_registry
 from tests.harness import Pipeline, record

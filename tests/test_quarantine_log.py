@@ -17,10 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from storage.data_files import WrittenFile
-from storage.delta_lake import DeltaLake
-from storage.tables import QUARANTINE
-from streaming.quarantine_log import (
+from storage.lake.data_files import WrittenFile
+from storage.lake.delta_lake import DeltaLake
+from storage.lake.tables import QUARANTINE
+from streaming.records.quarantine_log import (
     ERROR_MAX_CHARS,
     NO_TENANT,
     TENANT_READ_MAX_FILES,
@@ -51,7 +51,7 @@ class Clock:
 
 @pytest.fixture
 def lines(caplog: pytest.LogCaptureFixture) -> Iterator[list[str]]:
-    """The messages `streaming.quarantine_log` logs during the test, as they come."""
+    """The messages `streaming.records.quarantine_log` logs during the test, as they come."""
     caplog.set_level(logging.INFO, logger=QUARANTINE_LOGGER)
     messages: list[str] = []
 

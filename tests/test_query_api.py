@@ -21,11 +21,11 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
-from infra.query_api import KeyCheck, TenantLimits, create_app, resolved_operator_key
-from infra.query_metrics import OUTCOMES, QueryMetrics
-from storage.local_sql import LocalSql
-from storage.query_service import QueryService
-from streaming.status import tenant_key_status
+from infra.service.query_api import KeyCheck, TenantLimits, create_app, resolved_operator_key
+from infra.service.query_metrics import OUTCOMES, QueryMetrics
+from storage.query.local_sql import LocalSql
+from storage.query.query_service import QueryService
+from streaming.observe.stream_status import tenant_key_status
 from tenants.api_keys import issue_key, revoke_key
 from tenants.models import QueryLimits
 from tenants.registry import ConfigError, ConfReader

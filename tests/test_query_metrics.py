@@ -22,9 +22,9 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
-from infra.query_api import KeyCheck, create_app
-from infra.query_metrics import DURATION_BUCKETS_S, OUTCOMES, QueryMetrics
-from storage.query_service import QueryError, QueryResult
+from infra.service.query_api import KeyCheck, create_app
+from infra.service.query_metrics import DURATION_BUCKETS_S, OUTCOMES, QueryMetrics
+from storage.query.query_service import QueryError, QueryResult
 from tests.query_server import serving
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage.tables import EVENTS, LATE_EVENTS, TENANT_STATUS, WINDOWS, rows_for_table
-from streaming.keyed_state import OUTPUT_ARROW_SCHEMA, run_bucket, sorted_batch
-from streaming.replay import (
+from storage.lake.tables import EVENTS, LATE_EVENTS, TENANT_STATUS, WINDOWS, rows_for_table
+from streaming.records.routing import route_frame
+from streaming.repair.replay import (
     NO_TIME,
     REPLAYED_TABLES,
     KeyHistory,
@@ -23,7 +23,8 @@ from streaming.replay import (
     records_of,
     replay_key,
 )
-from streaming.routing import route_frame
+from streaming.state.bucket_processor import run_bucket, sorted_batch
+from streaming.state.union_rows import OUTPUT_ARROW_SCHEMA
 from tenants.registry import TenantRegistry
 from tests.test_keyed_state import T0_MS, _registry_with
 

@@ -16,11 +16,11 @@ import pandas as pd
 import pytest
 
 from infra.dev.load_generator import LoadSpec, generate
-from storage.delta_lake import DeltaLake
-from storage.tables import ALL_TABLES
+from storage.lake.delta_lake import DeltaLake
+from storage.lake.tables import ALL_TABLES
 from streaming.app import StreamApp
-from streaming.replay import NO_TIME
-from streaming.reprocess import (
+from streaming.repair.replay import NO_TIME
+from streaming.repair.reprocess import (
     ReprocessError,
     ReprocessReport,
     reprocess_app_id,

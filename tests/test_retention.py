@@ -14,9 +14,9 @@ import pyarrow.dataset as ds
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from infra.cli import main
+from infra.cli.main import main
 from infra.dev.load_generator import LoadSpec, generate
-from storage.retention import Cut, TenantRetention, plan_cuts
+from storage.upkeep.retention import Cut, TenantRetention, plan_cuts
 from tenants.registry import load_registry
 from tests.harness import Pipeline
 

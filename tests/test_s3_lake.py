@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from infra.cli import main
-from storage.delta_lake import DeltaLake
-from storage.s3 import storage_options
-from storage.tables import EVENTS
+from infra.cli.main import main
+from storage.lake.delta_lake import DeltaLake
+from storage.lake.s3_options import storage_options
+from storage.lake.tables import EVENTS
 from tenants.registry import ConfigError
 from tenants.settings import load_settings
 from tests.harness import Pipeline, record

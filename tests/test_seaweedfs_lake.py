@@ -17,8 +17,8 @@ from pydantic import SecretStr
 
 from infra.dev.load_generator import LoadSpec, SampleRecord, generate
 from infra.dev.seaweedfs import LocalSeaweedFS
-from storage.compaction import STAGED_TABLES
-from storage.tables import ALL_TABLES, EVENTS
+from storage.lake.tables import ALL_TABLES, EVENTS
+from storage.upkeep.compaction import STAGED_TABLES
 from streaming.hooks import FaultPoint
 from tenants.registry import load_registry
 from tests.crash_helpers import (

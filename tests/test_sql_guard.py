@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from storage.sql_guard import ALLOWED_FUNCTIONS, QueryRefused, check_query
-from storage.views import TENANT_VIEW_NAMES
+from storage.query.sql_guard import ALLOWED_FUNCTIONS, QueryRefused, check_query
+from storage.query.sql_views import TENANT_VIEW_NAMES
 
 ACCEPTED = [
     "SELECT tenant, count(*) AS n FROM events GROUP BY tenant ORDER BY tenant",

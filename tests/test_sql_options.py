@@ -6,8 +6,8 @@ import io
 
 import pytest
 
-from infra.sql_shell import SqlOptionError, parse_versions, run_prompt
-from storage.tables import ALL_TABLES
+from infra.cli.sql_shell import SqlOptionError, parse_versions, run_prompt
+from storage.lake.tables import ALL_TABLES
 
 TABLES = [spec.name for spec in ALL_TABLES]
 

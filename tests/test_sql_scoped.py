@@ -15,10 +15,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from infra.cli import main
-from storage.scoped_sql import TenantSql
-from storage.tables import ALL_TABLES
-from storage.views import register_views
+from infra.cli.main import main
+from storage.lake.tables import ALL_TABLES
+from storage.query.scoped_sql import TenantSql
+from storage.query.sql_views import register_views
 from tests.harness import Pipeline, record
 
 pytestmark = pytest.mark.integration

@@ -20,12 +20,12 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from infra.cli import main
-from storage.compaction import STAGED_TABLES
-from storage.delta_lake import DeltaLake, LakeLayoutError
-from storage.scoped_sql import TenantSql
-from storage.snapshot_reader import read_snapshot
-from storage.tables import EVENTS, LAKE_TABLES, STAGED, TableSpec
+from infra.cli.main import main
+from storage.lake.delta_lake import DeltaLake, LakeLayoutError
+from storage.lake.snapshot_reader import read_snapshot
+from storage.lake.tables import EVENTS, LAKE_TABLES, STAGED, TableSpec
+from storage.query.scoped_sql import TenantSql
+from storage.upkeep.compaction import STAGED_TABLES
 from streaming.app import StreamApp
 from tests.harness import Pipeline, record
 

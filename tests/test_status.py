@@ -23,19 +23,19 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.streaming.listener import StreamingQueryProgress
 
+from infra.cli.progress_bar import ProgressBar
+from infra.cli.status_view import render_json, render_table
 from infra.dev.load_generator import LoadSpec, generate
-from infra.progress_bar import ProgressBar
-from infra.status_view import render_json, render_table
 from streaming.app import StreamApp
-from streaming.checkpoint_log import COMMITS_DIR, CheckpointLog, parse_offsets_file
-from streaming.progress import (
+from streaming.checkpoint.checkpoint_log import COMMITS_DIR, CheckpointLog, parse_offsets_file
+from streaming.observe.batch_progress import (
     BatchOutcome,
     BatchProgress,
     LastBatchFile,
     batch_progress,
     kafka_lag,
 )
-from streaming.status import (
+from streaming.observe.stream_status import (
     DEFERRED,
     KAFKA_LAG,
     KEYS,

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from streaming.windowing import BatchResult, KeyState, Pane, RecordInput, Timing, windows_of
-from streaming.windowing import advance as advance_records
+from streaming.windowing.key_state import KeyState, RecordInput, Timing
+from streaming.windowing.key_windows import BatchResult, Pane, windows_of
+from streaming.windowing.key_windows import advance as advance_records
 from tenants.models import Accumulation, TumblingWindow, WindowRules
 
 

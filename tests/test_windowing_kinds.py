@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from streaming.windowing import KeyState, Pane, RecordInput, Timing, advance, windows_of
+from streaming.windowing.key_state import KeyState, RecordInput, Timing
+from streaming.windowing.key_windows import Pane, advance, windows_of
 from tenants.models import SlidingWindow, WindowRules
 
 MIN = 60_000

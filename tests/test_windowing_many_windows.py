@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 
-from streaming.windowing import KeyState, Merge, Pane, RecordInput, Timing, advance
+from streaming.windowing.key_state import KeyState, RecordInput, Timing
+from streaming.windowing.key_windows import Merge, Pane, advance
 from tenants.models import WindowRules
 
 UNITS = 7_000

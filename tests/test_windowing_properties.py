@@ -1,7 +1,7 @@
 """Property tests: streaming windowing, cut into random micro-batches, against a reference.
 
 Random multi-tenant streams (several keys interleaved, out-of-order, late and too-late records)
-go through `streaming.windowing.advance` with random micro-batch boundaries, one `KeyState` per
+go through `streaming.windowing.key_windows.advance` with random micro-batch boundaries, one `KeyState` per
 key, round-tripped through JSON between batches because Spark stores it as JSON. What SPEC §4
 says cannot depend on batch boundaries is compared with `tests/reference_windows.py`, a
 one-pass model written from SPEC.md alone: classifications, records per window, final panes and
@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from streaming.windowing import KeyState, Pane, RecordInput, Timing, advance
+from streaming.windowing.key_state import KeyState, RecordInput, Timing
+from streaming.windowing.key_windows import Pane, advance
 from tenants.models import Accumulation, Emit, MetricKind, SessionWindow, WindowRules
 from tests.reference_windows import (
     MetricValues,

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from storage.commits import FencedError, fence_app_id
-from storage.data_files import BatchFiles, WrittenFile, write_task_files
-from storage.delta_lake import DeltaLake
-from storage.tables import ALL_TABLES, QUARANTINE
-from storage.writer_lease import LEASE_TABLE, StreamLeaseHeldError, WriterLease
-from streaming.keyed_state import union_table
+from storage.lake.commits import FencedError, fence_app_id
+from storage.lake.data_files import BatchFiles, WrittenFile, write_task_files
+from storage.lake.delta_lake import DeltaLake
+from storage.lake.tables import ALL_TABLES, QUARANTINE
+from storage.lake.writer_lease import LEASE_TABLE, StreamLeaseHeldError, WriterLease
+from streaming.state.union_rows import union_table
 from tenants.settings import StreamSettings
 
 STREAM = "orders"
@@ -162,8 +162,8 @@ def test_the_claim_of_a_process_that_died_on_this_host_is_taken_over_at_once(
     lake = _lake(tmp_path)
     dies_holding = (
         "import os, signal, sys\n"
-        "from storage.delta_lake import DeltaLake\n"
-        "from storage.writer_lease import WriterLease\n"
+        "from storage.lake.delta_lake import DeltaLake\n"
+        "from storage.lake.writer_lease import WriterLease\n"
         "from tenants.settings import StreamSettings\n"
         f"WriterLease.for_stream(DeltaLake(sys.argv[1]), StreamSettings(name={STREAM!r})).acquire()\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"

@@ -34,4 +34,4 @@ export PATH="$venv_bin:$PATH"
 exec "$spark_submit" --master "$master" --deploy-mode client \
   --conf "spark.driver.host=$SPARK_LOCAL_IP" --conf "spark.driver.bindAddress=$SPARK_LOCAL_IP" \
   --driver-java-options -Xss16m \
-  "${ship_options[@]}" "${extra_options[@]}" infra/cli.py run "$@"
+  "${ship_options[@]}" "${extra_options[@]}" infra/cli/main.py run "$@"

@@ -10,14 +10,14 @@ import shutil
 import sys
 from pathlib import Path
 
+from infra.cli.progress_bar import ProgressBar
 from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_stack import LocalKafka
-from infra.progress_bar import ProgressBar
-from storage.delta_lake import DeltaLake
-from storage.views import register_views
+from storage.lake.delta_lake import DeltaLake
+from storage.query.sql_views import register_views
 from streaming.app import StreamApp
-from streaming.session import build_spark
-from streaming.status import backlog_records
+from streaming.observe.stream_status import backlog_records
+from streaming.pipeline.spark_session import build_spark
 from tenants.registry import load_registry
 from tenants.settings import load_settings
 

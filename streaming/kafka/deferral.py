@@ -34,8 +34,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs
 
-from storage.data_files import filesystem_of
-from streaming.admission import UNPARSED_TENANT, BatchCounts, Ledger, Release, admit
+from storage.lake.data_files import filesystem_of
+from streaming.kafka.admission import UNPARSED_TENANT, BatchCounts, Ledger, Release, admit
 from streaming.kafka.options import AT_MS_KEY
 from tenants.config_store import ConfigSnapshots
 from tenants.models import Quota

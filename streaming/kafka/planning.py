@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from streaming.admission import Ledger, fair_shares
+from streaming.kafka.admission import Ledger, fair_shares
 from streaming.kafka.deferral import Deferral, TaskAdmission, batch_key
 from streaming.kafka.offsets import OffsetPlanner, partition_ranges
 from streaming.kafka.options import AT_MS_KEY, KafkaSourceOptions, kafka_offsets

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from storage.deliveries import AttemptRow, Outcome
+from storage.lake.delivery_outbox import AttemptRow, Outcome
 from streaming.hooks import FaultHook, FaultPoint
 from streaming.notify.endpoints import Endpoint, SendResult
 from streaming.notify.payloads import Pane, iso_utc

@@ -25,11 +25,11 @@ from pathlib import Path
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
-from storage.deliveries import AttemptRow, DeliveryOutbox, Outcome, Progress
-from storage.delta_lake import DeltaLake
-from storage.snapshot_reader import batch_files, read_snapshot
-from storage.tables import WINDOWS
-from streaming.checkpoint_log import CheckpointLog
+from storage.lake.delivery_outbox import AttemptRow, DeliveryOutbox, Outcome, Progress
+from storage.lake.delta_lake import DeltaLake
+from storage.lake.snapshot_reader import batch_files, read_snapshot
+from storage.lake.tables import WINDOWS
+from streaming.checkpoint.checkpoint_log import CheckpointLog
 from streaming.hooks import NO_FAULTS, FaultHook
 from streaming.notify.delivery import Delivery, EndpointScheduler, Send
 from streaming.notify.endpoints import Endpoint, post, resolve_endpoint

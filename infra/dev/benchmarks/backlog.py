@@ -21,9 +21,9 @@ from pathlib import Path
 from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_process import rss_mib
 from infra.dev.local_stack import LocalKafka
-from storage.delta_lake import DeltaLake
+from storage.lake.delta_lake import DeltaLake
 from streaming.app import StreamApp
-from streaming.session import build_spark
+from streaming.pipeline.spark_session import build_spark
 from tenants.registry import load_registry
 from tenants.settings import load_settings
 

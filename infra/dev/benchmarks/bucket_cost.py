@@ -26,8 +26,8 @@ import pandas as pd
 
 from infra.dev.benchmarks.scale import PROJECT_CONF
 from infra.dev.load_generator import LoadSpec, generate
-from streaming.keyed_state import run_bucket, sorted_batch
-from streaming.routing import route_frame
+from streaming.records.routing import route_frame
+from streaming.state.bucket_processor import run_bucket, sorted_batch
 from tenants.registry import TenantRegistry, load_registry
 
 T0_MS = 1_767_225_600_000

@@ -41,13 +41,13 @@ from pyspark.sql.streaming.listener import (
 from infra.dev.benchmarks.read_ceiling import tree_cpu_seconds
 from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_stack import LocalKafka
-from storage.delta_lake import DeltaLake
+from storage.lake.delta_lake import DeltaLake
 from streaming.app import StreamApp
 from streaming.kafka.deferral import Deferral, DeferralStore, TaskAdmission, admit_partition
 from streaming.kafka.offsets import OffsetPlanner, partition_ranges
 from streaming.kafka.options import KafkaSourceOptions
 from streaming.kafka.reader import ARROW_SCHEMA, KafkaInputPartition, read_partition
-from streaming.session import build_spark
+from streaming.pipeline.spark_session import build_spark
 from tenants.config_store import ConfigSnapshots
 from tenants.models import Quota
 from tenants.registry import load_registry

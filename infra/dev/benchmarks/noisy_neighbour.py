@@ -43,11 +43,11 @@ from pyspark.sql import SparkSession
 
 from infra.dev.load_generator import set_event_time
 from infra.dev.local_stack import LocalKafka
-from storage.delta_lake import DeltaLake
-from storage.tables import EVENTS
+from storage.lake.delta_lake import DeltaLake
+from storage.lake.tables import EVENTS
 from streaming.app import StreamApp
 from streaming.kafka.client import KafkaSecurity, kafka_python_producer
-from streaming.session import build_spark
+from streaming.pipeline.spark_session import build_spark
 from tenants.models import EventTimeSpec
 from tenants.registry import load_registry
 from tenants.settings import AppSettings, load_settings

@@ -27,8 +27,8 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import CommitProperties, Transaction, write_deltalake
 
-from storage.delta_lake import DeltaLake
-from storage.tables import WINDOWS, with_layout
+from storage.lake.delta_lake import DeltaLake
+from storage.lake.tables import WINDOWS, with_layout
 from streaming.notify.notifier import Notifier
 from tenants.config_store import ConfigSnapshots
 from tenants.registry import load_registry

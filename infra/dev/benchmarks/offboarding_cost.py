@@ -27,10 +27,12 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from streaming.bucket_state import BucketState
-from streaming.configured_status import newly_configured_keys
-from streaming.keyed_state import _EMPTY_BATCH_COLUMNS, _Output, _process_bucket
-from streaming.windowing import KeyState, RecordInput, advance
+from streaming.state.bucket_processor import _EMPTY_BATCH_COLUMNS, _process_bucket
+from streaming.state.bucket_state import BucketState
+from streaming.state.configured_status import newly_configured_keys
+from streaming.state.union_rows import UnionRows
+from streaming.windowing.key_state import KeyState, RecordInput
+from streaming.windowing.key_windows import advance
 from tenants.config_store import registry_from_snapshot, snapshot_bytes
 from tenants.models import SourceConfig, TenantConfig
 from tenants.registry import TenantRegistry
@@ -70,7 +72,7 @@ def _bucket_blob(keys: list[str], registry: TenantRegistry) -> bytes:
 
 def _wake(blob: bytes, registry: TenantRegistry) -> int:
     keys = BucketState.from_bytes(blob)
-    out = _Output(pd.DataFrame(columns=_EMPTY_BATCH_COLUMNS))
+    out = UnionRows(pd.DataFrame(columns=_EMPTY_BATCH_COLUMNS))
     _process_bucket(out.batch, keys, registry, T0_MS + 5_000, out)
     keys.to_bytes()
     return len(out.frame())

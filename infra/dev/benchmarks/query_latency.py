@@ -10,7 +10,7 @@ as `serve` runs it), issues each tenant a key and then measures, over HTTP:
    once; p50 and p95 per request. The statement repeats, as a dashboard's does, so most answers
    are the service's remembered result for the tables' current versions;
 2. `distinct`: the same, but every statement differs, so none is a remembered result: the
-   in-process engine answers each (`storage.local_sql`);
+   in-process engine answers each (`storage.query.local_sql`);
 3. `distinct spark`: `distinct` with the in-process engine switched off (`query.local_engine:
    false`), so each statement is a Spark job: the baseline, measured in the same run;
 4. `beside heavy`: `distinct`, while the first tenant runs a self-join of all its records on
@@ -45,15 +45,15 @@ from pyspark.sql import SparkSession
 
 from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_stack import LocalKafka
-from infra.query_api import KeyCheck, TenantLimits, create_app
-from infra.query_metrics import QueryMetrics
-from storage.delta_lake import DeltaLake
-from storage.local_sql import LocalSql
-from storage.query_service import QueryService
-from storage.tables import WINDOWS
+from infra.service.query_api import KeyCheck, TenantLimits, create_app
+from infra.service.query_metrics import QueryMetrics
+from storage.lake.delta_lake import DeltaLake
+from storage.lake.tables import WINDOWS
+from storage.query.local_sql import LocalSql
+from storage.query.query_service import QueryService
 from streaming.app import StreamApp
-from streaming.session import build_spark
-from streaming.status import tenant_key_status
+from streaming.observe.stream_status import tenant_key_status
+from streaming.pipeline.spark_session import build_spark
 from tenants.api_keys import issue_key
 from tenants.models import EventTimeSpec, QueryLimits
 from tenants.registry import ConfReader, load_registry

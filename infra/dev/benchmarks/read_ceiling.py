@@ -48,7 +48,7 @@ from streaming.kafka.offsets import OffsetPlanner, partition_ranges
 from streaming.kafka.options import KafkaSourceOptions
 from streaming.kafka.reader import KafkaInputPartition, read_partition
 from streaming.kafka.source import register
-from streaming.session import build_spark
+from streaming.pipeline.spark_session import build_spark
 
 TOPIC = "read-ceiling"
 QUERY_TIMEOUT_S = 900

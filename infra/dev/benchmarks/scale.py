@@ -56,14 +56,15 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_process import descendants, rss_mib
 from infra.dev.local_stack import LocalKafka
-from storage.delta_lake import DeltaLake, compaction_app_id
-from storage.tables import ALL_TABLES, TENANT_STATUS, WINDOWS
-from storage.views import register_views
+from storage.lake.delta_lake import DeltaLake, compaction_app_id
+from storage.lake.tables import ALL_TABLES, TENANT_STATUS, WINDOWS
+from storage.query.sql_views import register_views
 from streaming.app import StreamApp
-from streaming.keyed_state import BUCKET_COLUMN, OUTPUT_SCHEMA, STATE_SCHEMA, bucket_expression
-from streaming.query import read_kafka, windowed_rows
-from streaming.routing import KAFKA_COLUMNS_SQL, ROUTED_SCHEMA, make_router
-from streaming.session import build_spark
+from streaming.pipeline.spark_session import build_spark
+from streaming.pipeline.stream_plan import read_kafka, windowed_rows
+from streaming.records.routing import KAFKA_COLUMNS_SQL, ROUTED_SCHEMA, make_router
+from streaming.state.bucket_processor import BUCKET_COLUMN, STATE_SCHEMA, bucket_expression
+from streaming.state.union_rows import OUTPUT_SCHEMA
 from tenants.registry import load_registry
 from tenants.settings import AppSettings, load_settings
 

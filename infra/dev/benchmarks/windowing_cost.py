@@ -1,4 +1,4 @@
-"""Cost of `streaming.windowing.advance` per record as the open windows of one key pile up.
+"""Cost of `key_windows.advance` per record as the open windows of one key pile up.
 
     .venv/bin/python -m infra.dev.benchmarks.windowing_cost [--sizes 1000,5000,10000,20000]
 
@@ -6,7 +6,8 @@ For tumbling (1 s), sliding (10 s every 1 s) and session (1 s gap) windows it fe
 mostly in event-time order and some late, into one key in micro-batches, with an allowed
 lateness of a day so that every window stays open: after N records about N windows are open.
 It prints microseconds per record for the current code and for a baseline, measured in the same
-process on the same records: the baseline is `streaming/windowing.py` as of `--baseline-ref`
+process on the same records: the baseline is
+`streaming/windowing.py` (one module then) as of `--baseline-ref`
 (by default the commit before the open-window index), written out with `git show` into a temp
 dir and imported from there. Both must emit the same panes, or the run stops. Times are this
 process's CPU time, so other jobs on a shared machine disturb them less than the wall clock,
@@ -14,7 +15,7 @@ and each run starts with the garbage collector's generations emptied and earlier
 frozen, so that no run pays for collecting what an earlier one left behind.
 
 A second table shows what a micro-batch costs when the state is kept as JSON between batches,
-as `keyed_state` does: loading and saving the state, and rebuilding the open-window index that
+as the stateful stage does: loading and saving the state, and rebuilding the open-window index that
 is not serialized (an empty `advance` on a freshly loaded state), all O(open windows).
 """
 
@@ -32,11 +33,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
-from streaming import windowing
+from streaming.windowing import key_state, key_windows
 from tenants.models import WindowRules
+
+# Today's code in the one-module shape the baseline has.
+CURRENT = SimpleNamespace(
+    KeyState=key_state.KeyState, RecordInput=key_state.RecordInput, advance=key_windows.advance
+)
 
 # The last commit before `_OpenWindowIndex`: its `advance` scans every open window.
 DEFAULT_BASELINE_REF = "f4114c53fd83f980ec3a823404e45b1268f3da28"
@@ -83,7 +89,7 @@ def event_times(kind: str, count: int, seed: int) -> list[int]:
 
 
 def feed(
-    module: ModuleType, rules: WindowRules, times: list[int], batch_size: int
+    module: ModuleType | SimpleNamespace, rules: WindowRules, times: list[int], batch_size: int
 ) -> tuple[Run, Any]:
     """All records into one fresh key, batch by batch, the state kept in memory."""
     gc.collect()
@@ -108,17 +114,17 @@ def timed_ms(action: Callable[[], object], repeat: int = 5) -> float:
     return best * 1000
 
 
-def json_batch_costs(state: windowing.KeyState, rules: WindowRules) -> tuple[float, float, float]:
+def json_batch_costs(state: key_state.KeyState, rules: WindowRules) -> tuple[float, float, float]:
     """Milliseconds to load the state from JSON, rebuild its index, and save it again."""
     text = json.dumps(state.to_json_dict(), separators=(",", ":"))
 
-    def load() -> windowing.KeyState:
-        return windowing.KeyState.from_json_dict(json.loads(text))
+    def load() -> key_state.KeyState:
+        return key_state.KeyState.from_json_dict(json.loads(text))
 
     def rebuild() -> None:
         loaded = load()
         started = time.process_time()
-        windowing.advance(loaded, [], rules)
+        key_windows.advance(loaded, [], rules)
         rebuild_seconds.append(time.process_time() - started)
 
     rebuild_seconds: list[float] = []
@@ -177,7 +183,7 @@ def main() -> None:
             rules = rules_for(kind)
             for size in sizes:
                 times = event_times(kind, size, args.seed)
-                current, state = feed(windowing, rules, times, args.batch_size)
+                current, state = feed(CURRENT, rules, times, args.batch_size)
                 json_costs.append((kind, size, json_batch_costs(state, rules)))
                 del state
                 baseline_cell, speed_up_cell = "-", "-"

@@ -1,0 +1,1 @@
+"""`tenant-windows`: the command line, one module per command group."""

@@ -1,0 +1,406 @@
+"""`tenant-windows serve`: tenants query their own output over HTTP (docs/querying.md).
+
+The door only: who is calling (a tenant's API key, or the operator's), what they asked, and how
+the answer or the failure is written. What a statement may do and use is `QueryService`'s.
+Every query request leaves one JSON audit line (tenant, key name, statement digest, outcome,
+rows, truncated, elapsed time; never the key) and is counted once in `QueryMetrics` by the same
+outcome: `QueryAccounting` writes both, whatever answered the request.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import hmac
+import io
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal, cast
+
+import orjson
+import pyarrow as pa
+from fastapi import FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from infra.service.query_metrics import Outcome, QueryMetrics
+from storage.query.query_service import OPERATOR, QueryError, QueryService
+from tenants.api_keys import Caller, verify_key
+from tenants.models import SECRET_FILE_PREFIX, QueryLimits
+from tenants.registry import ConfigError, ConfReader, TenantRegistry
+from tenants.settings import AppSettings
+
+log = logging.getLogger(__name__)
+audit_log = logging.getLogger("tenant_windows.audit")
+QUERY_PATH = "/v1/query"
+_AUDIT_STATE = "tenant_windows_query_audit"
+"""The key of a query request's `QueryAudit` in its ASGI scope's state."""
+
+
+class QueryRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sql: str = Field(description="One read-only query over the views (docs/querying.md).")
+    as_of_version: int | None = Field(
+        default=None, ge=0, description="Read every table at its own Delta version N."
+    )
+    format: Literal["json", "csv", "arrow"] = "json"
+
+
+@dataclass
+class KeyCheck:
+    """Verified keys remembered for `recheck_s`: a revoked key stops working within it, and a
+    request does not pay for scrypt each time."""
+
+    conf_dir: Path
+    operator_key: SecretStr | None
+    recheck_s: float
+    _verified: dict[bytes, tuple[Caller, float]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def caller(self, authorization: str | None) -> Caller | None:
+        """The caller a `Bearer` header proves; tenant None is the operator."""
+        scheme, _, presented = (authorization or "").partition(" ")
+        presented = presented.strip()
+        if scheme.lower() != "bearer" or not presented:
+            return None
+        operator = self.operator_key.get_secret_value() if self.operator_key else ""
+        if operator and hmac.compare_digest(presented.encode(), operator.encode()):
+            return Caller(tenant=None, key_name="operator")
+        digest = hashlib.sha256(presented.encode()).digest()
+        now = time.monotonic()
+        with self._lock:
+            remembered = self._verified.get(digest)
+        if remembered is not None and now - remembered[1] < self.recheck_s:
+            return remembered[0]
+        caller = verify_key(self.conf_dir, presented)
+        with self._lock:
+            if caller is None:
+                self._verified.pop(digest, None)
+            else:
+                self._verified[digest] = (caller, now)
+        return caller
+
+
+@dataclass
+class QueryAudit:
+    """What the handling of one query request learned, for its audit line and its metrics.
+
+    Whatever answers the request fills it in: the handler (`ok`, `unauthorized`, a
+    `QueryError`'s code, `internal`) or the body's validation (`bad_request`, before any key is
+    checked, so without a tenant). `QueryAccounting` writes it out once, after the answer.
+    """
+
+    tenant: str | None = None
+    key_name: str | None = None
+    statement_sha256: str | None = None
+    outcome: Outcome | None = None
+    rows: int = 0
+    truncated: bool = False
+
+
+class QueryAccounting:
+    """ASGI middleware: the one place each `POST /v1/query` is audited and counted.
+
+    It wraps everything that can answer the request, so a request is written exactly once with
+    the outcome its answer carried: the handler's, the validation's 400, or `internal` for an
+    exception nothing caught (the 500 of the server's last resort).
+    """
+
+    def __init__(self, app: ASGIApp, metrics: QueryMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != QUERY_PATH:
+            await self.app(scope, receive, send)
+            return
+        audit = QueryAudit()
+        scope.setdefault("state", {})[_AUDIT_STATE] = audit
+        started = time.monotonic()
+        written = False
+        self.metrics.in_flight.inc()
+
+        def write_once() -> None:
+            nonlocal written
+            if not written:
+                written = True
+                self.metrics.in_flight.dec()
+                # No outcome: the request was cancelled before any answer; counted all the same.
+                self._write(audit, audit.outcome or "internal", time.monotonic() - started)
+
+        async def send_when_written(message: Message) -> None:
+            # Written before the answer leaves: a caller holding its answer finds it counted.
+            if message["type"] == "http.response.start":
+                write_once()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_when_written)
+        except Exception:
+            if not written:
+                audit.outcome = "internal"
+            raise
+        finally:
+            write_once()
+
+    def _write(self, audit: QueryAudit, outcome: Outcome, elapsed_s: float) -> None:
+        # A result whose answer then failed (`internal`) reached no one: no rows to count.
+        rows = audit.rows if outcome == "ok" else 0
+        truncated = audit.truncated and outcome == "ok"
+        audit_log.info(
+            json.dumps(
+                {
+                    "tenant": audit.tenant,
+                    "key_name": audit.key_name,
+                    "statement_sha256": audit.statement_sha256,
+                    "outcome": outcome,
+                    "rows": rows,
+                    "truncated": truncated,
+                    "elapsed_ms": int(elapsed_s * 1000),
+                }
+            )
+        )
+        self.metrics.record(outcome, elapsed_s, rows, truncated)
+
+
+def query_audit(request: Request) -> QueryAudit | None:
+    """The `QueryAudit` of a query request (None for any other request)."""
+    return cast(QueryAudit | None, request.scope.get("state", {}).get(_AUDIT_STATE))
+
+
+def create_app(
+    service: QueryService,
+    keys: KeyCheck,
+    key_status: Callable[[str], list[dict[str, Any]]],
+    metrics: QueryMetrics,
+) -> FastAPI:
+    """The API; each query request is audited and counted into `metrics` (`QueryAccounting`),
+    which the caller serves on a port of its own, if at all."""
+    app = FastAPI(
+        title="tenant-windows query service",
+        version="1",
+        description="Each tenant queries its own windows, events and status with its API key.",
+    )
+    app.add_middleware(QueryAccounting, metrics=metrics)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, error: RequestValidationError) -> JSONResponse:
+        audit = query_audit(request)
+        if audit is not None:
+            audit.outcome = "bad_request"
+        first = error.errors()[0] if error.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+        return _error(400, "bad_request", f"{where or 'body'}: {first.get('msg', 'invalid')}")
+
+    @app.get("/", include_in_schema=False)
+    def console() -> HTMLResponse:
+        return HTMLResponse(CONSOLE_PAGE.read_text(encoding="utf-8"), headers=_CONSOLE_HEADERS)
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post(QUERY_PATH, response_model=None)
+    def query(
+        body: QueryRequest,
+        request: Request,
+        authorization: Annotated[str | None, Header()] = None,
+    ) -> Response:
+        audit = query_audit(request)
+        assert audit is not None  # `QueryAccounting` wraps every query request
+        caller = keys.caller(authorization)
+        audit.statement_sha256 = hashlib.sha256(body.sql.encode()).hexdigest()
+        if caller is None:
+            audit.outcome = "unauthorized"
+            return _error(401, "unauthorized", "a valid API key is required (Bearer)")
+        audit.tenant, audit.key_name = caller.tenant, caller.key_name
+        try:
+            result = service.run(
+                OPERATOR if caller.tenant is None else caller.tenant,
+                body.sql,
+                body.as_of_version,
+            )
+        except QueryError as failure:
+            audit.outcome = failure.code
+            return _error(failure.status, failure.code, failure.message, failure.retry_after_s)
+        except Exception:
+            # A caller sees one line; the operator's log has the trace (never the key).
+            log.exception("statement of %s failed unexpectedly", caller.tenant or "operator")
+            audit.outcome = "internal"
+            return _error(500, "internal", "the statement failed inside the service")
+        audit.outcome = "ok"
+        audit.rows, audit.truncated = result.table.num_rows, result.truncated
+        if body.format == "arrow":
+            return Response(_arrow_bytes(result.table), media_type=ARROW_STREAM)
+        if body.format == "csv":
+            return Response(_csv_text(result.table), media_type="text/csv")
+        return Response(
+            orjson.dumps(
+                {
+                    "columns": [
+                        {"name": column.name, "type": str(column.type)}
+                        for column in result.table.schema
+                    ],
+                    "rows": [list(row.values()) for row in result.table.to_pylist()],
+                    "truncated": result.truncated,
+                    "elapsed_ms": result.elapsed_ms,
+                },
+                default=str,
+            ),
+            media_type="application/json",
+            headers={"X-Truncated": "true" if result.truncated else "false"},
+        )
+
+    @app.get("/v1/status", response_model=None)
+    def status(authorization: Annotated[str | None, Header()] = None) -> Response:
+        caller = keys.caller(authorization)
+        if caller is None:
+            return _error(401, "unauthorized", "a valid API key is required (Bearer)")
+        if caller.tenant is None:
+            return _error(400, "no_tenant", "the operator key has no keys of its own")
+        return Response(
+            orjson.dumps({"tenant": caller.tenant, "keys": key_status(caller.tenant)}),
+            media_type="application/json",
+        )
+
+    return app
+
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+CONSOLE_PAGE = Path(__file__).with_name("console.html")
+# The page talks to this server only, and keeps nothing: no cookie is ever set, and its script
+# keeps the key in a variable.
+_CONSOLE_HEADERS = {
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
+    "style-src 'unsafe-inline'; connect-src 'self'; img-src 'self'",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def _error(status: int, code: str, message: str, retry_after_s: int | None = None) -> JSONResponse:
+    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
+    return JSONResponse(
+        {"error": {"code": code, "message": message}}, status_code=status, headers=headers
+    )
+
+
+def _arrow_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue())
+
+
+def _csv_text(table: pa.Table) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(table.column_names)
+    for row in table.to_pylist():
+        writer.writerow(["" if value is None else _csv_value(value) for value in row.values()])
+    return out.getvalue()
+
+
+def _csv_value(value: Any) -> str:
+    if isinstance(value, dict | list):
+        return orjson.dumps(value, default=str).decode()
+    return str(value)
+
+
+@dataclass
+class TenantLimits:
+    """Each tenant's `QueryLimits`: the app's, with its own file's `query:` overrides. The tenant
+    config is read again at most every `recheck_s` (only changed files), so an edit takes effect
+    without a restart; an invalid edit keeps the last good config."""
+
+    defaults: QueryLimits
+    reader: ConfReader
+    recheck_s: float
+    _registry: TenantRegistry | None = None
+    _read_at: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, tenant: str | None) -> QueryLimits:
+        if tenant is None:
+            return self.defaults
+        config = self._current().tenants.get(tenant)
+        return self.defaults.with_overrides(config.query) if config is not None else self.defaults
+
+    def _current(self) -> TenantRegistry:
+        with self._lock:
+            now = time.monotonic()
+            if self._registry is None or now - self._read_at >= self.recheck_s:
+                try:
+                    self._registry = self.reader.load()
+                except ConfigError as error:
+                    if self._registry is None:
+                        raise
+                    log.warning("tenant config refused, keeping the last good one: %s", error)
+                self._read_at = now
+            return self._registry
+
+
+def resolved_operator_key(settings: AppSettings) -> SecretStr | None:
+    """`query.operator_key` as given, or read from `secret:FILE` (relative to the conf dir)."""
+    key = settings.query.operator_key
+    text = key.get_secret_value().strip() if key is not None else ""
+    if not text.startswith(SECRET_FILE_PREFIX):
+        return SecretStr(text) if text else None
+    path = settings.conf_dir / text[len(SECRET_FILE_PREFIX) :].strip()
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(path, [("query.operator_key", f"cannot be read: {error}")]) from None
+    if not text:
+        raise ConfigError(path, [("query.operator_key", "the secret file is empty")])
+    return SecretStr(text)
+
+
+def serve(settings: AppSettings, host: str, port: int, master: str | None) -> None:
+    """Run the query service until interrupted: one warm Spark session for every tenant."""
+    import uvicorn
+
+    from storage.lake.delta_lake import DeltaLake
+    from storage.query.local_sql import LocalSql
+    from streaming.observe.stream_status import tenant_key_status
+    from streaming.pipeline.spark_session import build_spark
+
+    spark = build_spark(
+        "tenant-windows-serve",
+        master,
+        settings.stream.shuffle_partitions,
+        # Each tenant's jobs in a pool of their own, shared fairly (`QueryService._collect`).
+        extra_conf={"spark.scheduler.mode": "FAIR"},
+    )
+    lake = DeltaLake.from_settings(settings.lake)
+    recheck_s = settings.stream.config_recheck_interval_ms / 1000
+    limits = TenantLimits(
+        settings.query.with_overrides({}), ConfReader(settings.conf_dir), recheck_s
+    )
+    metrics = QueryMetrics()
+    local = (
+        LocalSql(lake, settings.query.local_max_tenant_bytes, settings.query.local_cache_bytes)
+        if settings.query.local_engine
+        else None
+    )
+    app = create_app(
+        QueryService(spark, lake, limits, local),
+        KeyCheck(settings.conf_dir, resolved_operator_key(settings), recheck_s),
+        lambda tenant: tenant_key_status(lake, tenant),
+        metrics,
+    )
+    if settings.query.metrics_port is not None:
+        metrics.serve(settings.query.metrics_host, settings.query.metrics_port)
+    log.info("query service on http://%s:%d (OpenAPI at /openapi.json)", host, port)
+    try:
+        uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)
+    finally:
+        metrics.close()

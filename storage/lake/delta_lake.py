@@ -1,0 +1,455 @@
+"""The Delta tables under one lake root, written with delta-rs (no JVM, no Delta jars).
+
+Each append carries the Delta transaction id (app_id = stream name, version = batch id) in the
+same atomic commit as its data, so "was batch N committed to table T?" has an exact answer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+from deltalake import DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.schema import Field as DeltaField
+from deltalake.transaction import AddAction, RemoveAction
+
+from storage.lake.commits import check_fence, commit_without_conflict, conditional
+from storage.lake.data_files import WrittenFile, filesystem_of, partition_text, stream_of_batch_file
+from storage.lake.s3_options import reaching, storage_options
+from storage.lake.snapshot_reader import (
+    current_paths,
+    filesystem_path,
+    partition_columns,
+    read_newest_first,
+    read_snapshot,
+    tenant_file_actions,
+    tenant_files,
+)
+from storage.lake.tables import LAKE_TABLES, STAGED, TableSpec, with_layout
+from tenants.settings import LakeSettings
+
+
+@dataclass(frozen=True)
+class TableMaintenance:
+    files_removed: int
+    files_added: int
+    version: int
+
+
+DELETE_ATTEMPTS = 5
+
+
+class DeltaLake:
+    def __init__(self, root: str, storage_options: dict[str, str] | None = None) -> None:
+        self.root = root.rstrip("/")
+        self.storage_options = storage_options
+
+    def __repr__(self) -> str:
+        # storage_options may hold S3 keys: never print them.
+        return f"DeltaLake({self.root!r})"
+
+    @classmethod
+    def from_settings(cls, lake: LakeSettings) -> DeltaLake:
+        return cls(lake.root, storage_options(lake))
+
+    @property
+    def is_local(self) -> bool:
+        return "://" not in self.root or self.root.startswith("file://")
+
+    def table_uri(self, spec: TableSpec) -> str:
+        return f"{self.root}/{spec.name}"
+
+    def ensure_tables(self) -> None:
+        """Create every table that does not exist yet, so readers always find all of them, and
+        add the columns a table created by an older release lacks.
+
+        Raises `LakeLayoutError` if a table is partitioned otherwise than this release writes
+        (a lake from before the staged layout): `tenant-windows migrate-layout` converts it.
+        """
+        outdated = []
+        for spec in LAKE_TABLES:
+            with reaching(self.root, self.storage_options, f"creating table {spec.name}"):
+                table = DeltaTable.create(
+                    self.table_uri(spec),
+                    spec.storage_schema,
+                    mode="ignore",
+                    partition_by=list(spec.partition_by),
+                    storage_options=self.storage_options,
+                )
+                if tuple(table.metadata().partition_columns) != spec.partition_by:
+                    outdated.append(spec.name)
+                    continue
+                _add_missing_columns(table, spec)
+        if outdated:
+            raise LakeLayoutError(
+                f"the tables {', '.join(outdated)} under {self.root} are partitioned by tenant "
+                "(the layout before staged writes); run `tenant-windows migrate-layout` once, "
+                "with the stream stopped, to convert them (docs/operations.md#upgrade)"
+            )
+
+    def outdated_tables(self) -> list[TableSpec]:
+        """The existing tables whose partitioning is not the one this release writes."""
+        outdated = []
+        for spec in LAKE_TABLES:
+            try:
+                table = self.open(spec)
+            except TableNotFoundError:
+                continue
+            if tuple(table.metadata().partition_columns) != spec.partition_by:
+                outdated.append(spec)
+        return outdated
+
+    def migrate_layout(self, spec: TableSpec) -> int:
+        """Rewrite a table partitioned by `tenant` (the layout before staged writes) into this
+        release's layout, every row settled in its tenant's partition, in one commit; returns
+        the new version.
+
+        The rows stream through in record batches (never the whole table in memory). The
+        overwrite keeps the table's transaction ids (batch ids and writer fence), so a stream
+        resumes exactly where it stopped.
+        """
+        table = self.open(spec)
+        version = table.version()
+        source = ds.dataset(
+            [filesystem_path(uri) for uri in table.file_uris()],
+            schema=pa.schema(
+                [
+                    *spec.schema,
+                    *(f for f in partition_columns(table) if f.name not in spec.schema.names),
+                ]
+            ),
+            format="parquet",
+            filesystem=filesystem_of(self.root, self.storage_options)[0],
+            partitioning=ds.partitioning(partition_columns(table), flavor="hive"),
+            partition_base_dir=filesystem_path(table.table_uri).rstrip("/"),
+        )
+        batches = (
+            with_layout(pa.Table.from_batches([batch]), spec, settled=True).to_batches()
+            for batch in source.to_batches(columns=spec.schema.names)
+            if batch.num_rows > 0
+        )
+        reader = pa.RecordBatchReader.from_batches(
+            spec.storage_schema, (batch for group in batches for batch in group)
+        )
+        with reaching(self.root, self.storage_options, f"migrating table {spec.name}"):
+            write_deltalake(
+                table,
+                reader,
+                mode="overwrite",
+                schema_mode="overwrite",
+                partition_by=list(spec.partition_by),
+                storage_options=self.storage_options,
+                commit_properties=conditional(),
+            )
+        migrated = self.open(spec)
+        if migrated.version() != version + 1:
+            raise RuntimeError(f"{spec.name}: another commit landed during the migration")
+        return migrated.version()
+
+    def open(self, spec: TableSpec) -> DeltaTable:
+        with reaching(self.root, self.storage_options, f"opening table {spec.name}"):
+            return DeltaTable(self.table_uri(spec), storage_options=self.storage_options)
+
+    def read_arrow(
+        self,
+        spec: TableSpec,
+        columns: list[str] | None = None,
+        row_filter: ds.Expression | None = None,
+        tenant: str | None = None,
+    ) -> pa.Table:
+        """The table's current rows (`columns` of those matching `row_filter`), read by pyarrow
+        from the snapshot's files (`storage.lake.snapshot_reader` says why not by delta-rs); with
+        `tenant`, only from the files that may hold its rows (the caller still filters)."""
+        with reaching(self.root, self.storage_options, f"reading table {spec.name}"):
+            table = self.open(spec)
+            return read_snapshot(
+                table,
+                spec.schema,
+                self.storage_options,
+                columns,
+                row_filter,
+                files=None if tenant is None else tenant_files(table, tenant),
+            )
+
+    def read_newest(
+        self, spec: TableSpec, columns: list[str], enough: Callable[[pa.Table], bool]
+    ) -> pa.Table:
+        """The table's rows from its newest batches back, until `enough` of them are read
+        (`storage.lake.snapshot_reader.read_newest_first`)."""
+        with reaching(self.root, self.storage_options, f"reading table {spec.name}"):
+            return read_newest_first(
+                self.open(spec), spec.schema, self.storage_options, columns, enough
+            )
+
+    def delete_rows(self, spec: TableSpec, predicate: str) -> int:
+        """Delete the rows matching `predicate` (SQL) in one commit; rows deleted. A concurrent
+        commit (a running stream's) makes delta-rs refuse it: it is tried again on the newer
+        version, a few times."""
+        attempts = 1
+        while True:
+            try:
+                with reaching(self.root, self.storage_options, f"deleting from {spec.name}"):
+                    metrics = self.open(spec).delete(predicate=predicate)
+                return int(metrics.get("num_deleted_rows") or 0)
+            except CommitFailedError:
+                if attempts == DELETE_ATTEMPTS:
+                    raise
+                attempts += 1
+
+    def committed_batch(self, spec: TableSpec, app_id: str) -> int | None:
+        """The highest batch id `app_id` has committed to the table, if any."""
+        return self.open(spec).transaction_version(app_id)
+
+    def vacuum(self, retention_ms: int, dry_run: bool) -> dict[str, list[str]]:
+        """Delete files no table version within `retention_ms` references, per table.
+
+        That covers the files a crashed attempt wrote but never committed, and the files of
+        old versions; committed data of the current version is never touched. delta-rs counts
+        retention in hours, so it is rounded up to whole hours.
+        """
+        return {
+            spec.name: self.open(spec).vacuum(
+                retention_hours=-(-retention_ms // 3_600_000),
+                dry_run=dry_run,
+                # The retention check refuses less than a week; the operator chose the window.
+                enforce_retention_duration=False,
+                # Also files no commit ever referenced, not only those removed by a commit.
+                full=True,
+            )
+            for spec in LAKE_TABLES
+        }
+
+    def optimize(self, target_file_bytes: int | None = None) -> dict[str, TableMaintenance]:
+        """Compact each table's small files and write a log checkpoint, per table.
+
+        Executors write a file per partition and task each batch, so at thousands of tenants a
+        table gathers thousands of small files; readers then pay per file. Compaction rewrites
+        them into files of about `target_file_bytes` (delta-rs's default when None); the
+        checkpoint keeps opening a table fast as its log grows. Data is unchanged: the commits
+        carry `dataChange = false`, and the stream's own commits retry around them.
+        """
+        done = {}
+        for spec in LAKE_TABLES:
+            with reaching(self.root, self.storage_options, f"optimizing table {spec.name}"):
+                table = self.open(spec)
+                # Staged files are the stream's to settle: merged here, they would settle only
+                # as files of no stream (`storage.upkeep.compaction` still takes them, later).
+                metrics = table.optimize.compact(
+                    partition_filters=(
+                        [(spec.partition_by[0], "!=", STAGED)] if spec.staged else None
+                    ),
+                    target_size=target_file_bytes,
+                )
+                table.create_checkpoint()
+            done[spec.name] = TableMaintenance(
+                files_removed=int(metrics.get("numFilesRemoved", 0)),
+                files_added=int(metrics.get("numFilesAdded", 0)),
+                version=table.version(),
+            )
+        return done
+
+    def commit_files(
+        self,
+        spec: TableSpec,
+        files: list[WrittenFile],
+        app_id: str,
+        batch_id: int,
+        writer_epoch: int,
+        before_commit: Callable[[], None] = lambda: None,
+    ) -> bool:
+        """Commit `files` (written by executors) as batch `batch_id` of `app_id`, in one commit,
+        unless the table already holds that batch.
+
+        Only while the table is fenced with `writer_epoch` (see `writer_lease`): the check
+        and the commit use one snapshot, and the commit fails if anything landed after it, so a
+        newer instance's fence can never be slipped past. `before_commit` runs after those checks,
+        right before the commit. Returns whether it committed.
+        """
+        actions: list[AddAction | RemoveAction] = [
+            AddAction(
+                path=file.path,
+                size=file.size,
+                partition_values=file.partition_values,
+                modification_time=file.modification_time,
+                data_change=True,
+                stats=file.stats,
+            )
+            for file in files
+        ]
+
+        def attempt() -> bool:
+            table = self.open(spec)
+            check_fence(table, app_id, writer_epoch)
+            committed = table.transaction_version(app_id)
+            if committed is not None and committed >= batch_id:
+                return False
+            before_commit()
+            doing = f"committing batch {batch_id} to table {spec.name}"
+            with reaching(self.root, self.storage_options, doing):
+                table.create_write_transaction(
+                    actions,
+                    mode="append",
+                    schema=spec.storage_schema,
+                    partition_by=list(spec.partition_by) or None,
+                    commit_properties=conditional(Transaction(app_id=app_id, version=batch_id)),
+                )
+            return True
+
+        return commit_without_conflict(f"{self.table_uri(spec)}, batch {batch_id}", attempt)
+
+    def settle(
+        self,
+        spec: TableSpec,
+        staged: list[LakeFile],
+        settled: list[WrittenFile],
+        app_id: str,
+        compaction_version: int,
+        writer_epoch: int,
+        before_commit: Callable[[], None] = lambda: None,
+    ) -> bool:
+        """Replace `staged` files by the `settled` ones holding the same rows, in one commit
+        (SPEC §5: at every version each row is visible exactly once), with the transaction id
+        (`<app_id>/compaction`, `compaction_version`) and `dataChange = false`: readers that
+        follow the table see no new data.
+
+        Fenced like a batch's commit. Returns False, committing nothing, if one of the staged
+        files is gone from the table (another compaction or an `optimize` took it): the caller
+        lists the staged files again.
+        """
+        return self.replace_files(
+            spec,
+            staged,
+            settled,
+            Transaction(app_id=compaction_app_id(app_id), version=compaction_version),
+            fence=(app_id, writer_epoch),
+            data_change=False,
+            before_commit=before_commit,
+        )
+
+    def replace_files(
+        self,
+        spec: TableSpec,
+        removed: list[LakeFile],
+        added: list[WrittenFile],
+        transaction: Transaction,
+        fence: tuple[str, int],
+        data_change: bool,
+        before_commit: Callable[[], None] = lambda: None,
+    ) -> bool:
+        """Remove `removed` and add `added` in one commit carrying `transaction`, on a snapshot
+        fenced with `fence` (writer, epoch: `commits.check_fence`). Returns False, committing
+        nothing, if one of `removed` is gone from the table already."""
+        now_ms = int(time.time() * 1000)
+        actions: list[AddAction | RemoveAction] = [
+            RemoveAction(
+                path=file.path,
+                data_change=data_change,
+                deletion_timestamp=now_ms,
+                size=file.size,
+                partition_values=file.partition_values,
+            )
+            for file in removed
+        ]
+        actions += [
+            AddAction(
+                path=file.path,
+                size=file.size,
+                partition_values=file.partition_values,
+                modification_time=file.modification_time,
+                data_change=data_change,
+                stats=file.stats,
+            )
+            for file in added
+        ]
+
+        def attempt() -> bool:
+            table = self.open(spec)
+            check_fence(table, *fence)
+            present = current_paths(table)
+            if any(unquote(file.path) not in present for file in removed):
+                return False
+            before_commit()
+            doing = f"replacing {len(removed)} files of table {spec.name}"
+            with reaching(self.root, self.storage_options, doing):
+                table.create_write_transaction(
+                    actions,
+                    mode="append",
+                    schema=spec.storage_schema,
+                    partition_by=list(spec.partition_by),
+                    commit_properties=conditional(transaction),
+                )
+            return True
+
+        return commit_without_conflict(f"{self.table_uri(spec)}, {transaction.app_id}", attempt)
+
+    def tenant_files(self, spec: TableSpec, tenant: str) -> list[LakeFile]:
+        """The current version's files that may hold rows of `tenant`: its partitions' and the
+        staged ones its statistics do not rule out (`snapshot_reader.tenant_files`)."""
+        actions = tenant_file_actions(self.open(spec), tenant)
+        partitions = [c for c in actions.column_names if c.startswith("partition.")]
+        return [
+            LakeFile(
+                path=row["path"],
+                size=row["size_bytes"],
+                partition_values={
+                    column.removeprefix("partition."): partition_text(row[column])
+                    for column in partitions
+                },
+            )
+            for row in actions.select(["path", "size_bytes", *partitions]).to_pylist()
+        ]
+
+    def staged_files(self, spec: TableSpec, stream: str | None = None) -> list[LakeFile]:
+        """The staged files of the table's current version, by path; with `stream`, those it
+        wrote and those no stream's name marks (an outside `OPTIMIZE` merged staged files)."""
+        table = self.open(spec)
+        actions = pa.table(table.get_add_actions(flatten=True))
+        column = f"partition.{spec.partition_by[0]}"
+        if actions.num_rows == 0 or column not in actions.column_names:
+            return []
+        rows = actions.filter(pc.equal(actions[column], STAGED)).to_pylist()
+        files = [
+            LakeFile(
+                path=row["path"],
+                size=row["size_bytes"],
+                partition_values={name: row[f"partition.{name}"] for name in spec.partition_by},
+            )
+            for row in rows
+            if stream is None or stream_of_batch_file(row["path"]) in (stream, None)
+        ]
+        return sorted(files, key=lambda file: file.path)
+
+
+@dataclass(frozen=True)
+class LakeFile:
+    """A data file of a table's current version, as a commit removes it."""
+
+    path: str
+    size: int
+    partition_values: dict[str, str | None]
+
+
+class LakeLayoutError(RuntimeError):
+    """A table of the lake is laid out as an older release wrote it."""
+
+
+def compaction_app_id(stream: str) -> str:
+    return f"{stream}/compaction"
+
+
+def _add_missing_columns(table: DeltaTable, spec: TableSpec) -> None:
+    """Schema evolution for a table created before `spec` gained nullable columns at its end.
+
+    Old rows read the new columns as null. Only added nullable columns are evolved; any other
+    difference is left for the commit to refuse.
+    """
+    present = set(table.schema().to_arrow().names)
+    missing = [field for field in spec.schema if field.name not in present and field.nullable]
+    if missing:
+        table.alter.add_columns([DeltaField.from_arrow(field) for field in missing])

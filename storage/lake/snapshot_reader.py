@@ -1,0 +1,198 @@
+"""Read a Delta table's snapshot into Arrow with pyarrow, from the file list delta-rs gives.
+
+delta-rs's own readers (`to_pyarrow_table`, `to_pyarrow_dataset`, `to_pandas`) read through a
+filesystem handler whose threads make a short-lived process abort at exit ("terminate called
+without an active exception", exit code 134): 2 of 3 runs of `tenant-windows status` here. The
+driver-side reads (status, offboarding, the notification outbox, the writer lease) therefore
+take only the file list from delta-rs and read the files with pyarrow's own filesystem, the one
+the executors write with.
+
+The partition columns come from the table's own metadata, not from this release's spec: a lake
+written before the staged layout (partitioned by `tenant` itself) reads the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+from deltalake import DeltaTable
+
+from storage.lake.data_files import filesystem_of
+from storage.lake.tables import LAYOUT_PREFIX, STAGED
+
+PartitionFilter = list[tuple[str, str, str | None]]
+"""delta-rs partition filters, e.g. `[("tenant", "=", "acme")]`: whole files are skipped."""
+
+
+def read_snapshot(
+    table: DeltaTable,
+    schema: pa.Schema,
+    storage_options: Mapping[str, str] | None,
+    columns: Sequence[str] | None = None,
+    row_filter: ds.Expression | None = None,
+    partitions: PartitionFilter | None = None,
+    files: Sequence[str] | None = None,
+) -> pa.Table:
+    """The rows of `table`'s loaded version, in `schema` (a column a file lacks reads as null);
+    `files` (URIs of the version) reads only those."""
+    filesystem, _ = filesystem_of(table.table_uri, storage_options)
+    if files is None:
+        files = table.file_uris(file_pruning_predicate=partitions)
+    partition_schema = partition_columns(table)
+    dataset = ds.dataset(
+        [filesystem_path(uri) for uri in files],
+        schema=pa.schema([*schema, *(f for f in partition_schema if f.name not in schema.names)]),
+        format="parquet",
+        filesystem=filesystem,
+        partitioning=ds.partitioning(partition_schema, flavor="hive"),
+        partition_base_dir=filesystem_path(table.table_uri).rstrip("/"),
+    )
+    wanted = list(schema.names if columns is None else columns)
+    try:
+        return dataset.to_table(columns=wanted, filter=row_filter)
+    except pa.ArrowNotImplementedError:
+        if row_filter is None:
+            raise
+        # Files delta-rs rewrote (`tenants purge` deletes rows with it) hold strings as
+        # string_view, and pyarrow compares the filter's strings with them before it casts to
+        # `schema`: read the rows cast, then filter.
+        named = _fields_of(row_filter, dataset.schema)
+        read = dataset.to_table(columns=sorted(set(wanted) | named))
+        return read.filter(row_filter).select(wanted)
+
+
+def _fields_of(row_filter: ds.Expression, schema: pa.Schema) -> set[str]:
+    """The columns of `schema` whose names appear in `row_filter`'s text: every column it
+    reads, and perhaps a few more (a name inside another), which only costs their read."""
+    text = str(row_filter)
+    return {name for name in schema.names if name in text}
+
+
+def partition_columns(table: DeltaTable) -> pa.Schema:
+    """The partition columns of the table as its metadata declares them, with their types."""
+    stored = pa.schema(table.schema().to_arrow())
+    return pa.schema([stored.field(name) for name in table.metadata().partition_columns])
+
+
+def filesystem_path(uri: str) -> str:
+    """What pyarrow's filesystems take: a local path, or `bucket/key` for S3."""
+    for scheme in ("file://", "s3://", "s3a://"):
+        if uri.startswith(scheme):
+            return uri.removeprefix(scheme)
+    return uri
+
+
+def current_paths(table: DeltaTable) -> set[str]:
+    """The loaded version's data files, relative to the table, as the file system names them
+    (Delta's log percent-encodes special characters)."""
+    return {unquote(path) for path in pa.table(table.get_add_actions())["path"].to_pylist()}
+
+
+def tenant_files(table: DeltaTable, tenant: str) -> list[str]:
+    """URIs of the loaded version's files that may hold rows of `tenant`: in a table partitioned
+    by tenant, its own partition's files; in the staged layout, those plus the staged files; in
+    either, minus every file whose `tenant` statistics rule the tenant out."""
+    return list(tenant_file_sizes(table, tenant))
+
+
+def tenant_file_sizes(table: DeltaTable, tenant: str) -> dict[str, int]:
+    """`tenant_files`, each with its size in bytes as stored."""
+    actions = tenant_file_actions(table, tenant)
+    if actions.num_rows == 0:
+        return {}
+    sizes = dict(
+        zip(
+            (unquote(path) for path in actions["path"].to_pylist()),
+            actions["size_bytes"].to_pylist(),
+            strict=True,
+        )
+    )
+    return {
+        uri: sizes[relative]
+        for uri in table.file_uris()
+        if (relative := _relative(uri, table.table_uri)) in sizes
+    }
+
+
+def tenant_file_actions(table: DeltaTable, tenant: str) -> pa.Table:
+    """The add actions (flattened) of the files `tenant_files` names."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return actions
+    keep = pa.array([True] * actions.num_rows)
+    for column, allowed in (("tenant", [tenant]), (f"{LAYOUT_PREFIX}tenant", [tenant, STAGED])):
+        if f"partition.{column}" in actions.column_names:
+            keep = pc.and_(keep, pc.is_in(actions[f"partition.{column}"], pa.array(allowed)))
+    if "min.tenant" in actions.column_names:
+        within = pc.and_(
+            pc.less_equal(actions["min.tenant"], tenant),
+            pc.greater_equal(actions["max.tenant"], tenant),
+        )
+        keep = pc.and_(keep, _or_unknown(within))
+    return actions.filter(keep)
+
+
+def batch_files(table: DeltaTable, after: int, through: int) -> list[str]:
+    """URIs of the loaded version's files that may hold rows of batches (after, through], by
+    their `batch_id` statistics: a poll for new rows opens the newest files, not all of them."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return []
+    if "min.batch_id" not in actions.column_names:
+        return table.file_uris()
+    overlaps = pc.and_(
+        pc.greater(actions["max.batch_id"], after),
+        pc.less_equal(actions["min.batch_id"], through),
+    )
+    return _uris(table, actions, _or_unknown(overlaps))
+
+
+def read_newest_first(
+    table: DeltaTable,
+    schema: pa.Schema,
+    storage_options: Mapping[str, str] | None,
+    columns: Sequence[str],
+    enough: Callable[[pa.Table], bool],
+    files_per_read: int = 64,
+) -> pa.Table:
+    """The rows of the loaded version's newest files (by their `batch_id` statistics), read a
+    group of files at a time until `enough` says the rows read so far suffice, or all are read.
+
+    For "the latest row per key" in an append-only history: once every key has been seen, older
+    files cannot hold a later row of any of them, so the read stops at the history's recent end.
+    """
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return read_snapshot(table, schema, storage_options, columns, files=[])
+    if "max.batch_id" in actions.column_names:
+        actions = actions.sort_by([("max.batch_id", "descending")])  # no statistics: last
+    by_path = {_relative(uri, table.table_uri): uri for uri in table.file_uris()}
+    uris = [by_path[unquote(path)] for path in actions["path"].to_pylist()]
+    parts = []
+    for first in range(0, len(uris), files_per_read):
+        chunk = uris[first : first + files_per_read]
+        parts.append(read_snapshot(table, schema, storage_options, columns, files=chunk))
+        rows = pa.concat_tables(parts)
+        if enough(rows):
+            return rows
+    return pa.concat_tables(parts)
+
+
+def _or_unknown(condition: pa.ChunkedArray) -> pa.ChunkedArray:
+    # A file without statistics may hold anything: it is kept.
+    return pc.fill_null(condition, True)
+
+
+def _uris(table: DeltaTable, actions: pa.Table, keep: pa.ChunkedArray | pa.Array) -> list[str]:
+    kept = {unquote(path) for path in actions.filter(keep)["path"].to_pylist()}
+    return [uri for uri in table.file_uris() if _relative(uri, table.table_uri) in kept]
+
+
+def _relative(uri: str, table_uri: str) -> str:
+    return unquote(filesystem_path(uri)).removeprefix(
+        unquote(filesystem_path(table_uri)).rstrip("/") + "/"
+    )

@@ -1,0 +1,285 @@
+"""The output tables' schemas and partitioning (SPEC §5), and how a batch's rows become them.
+
+The stateful stage emits one union row per output row, tagged with `kind`; `rows_for_table`
+selects one table's rows and derives its typed columns (UTC timestamps, partition dates).
+
+Staged, then settled. A table whose rows settle in per-tenant partitions (`events`, `windows`,
+`late_events`) is partitioned by layout columns, not by `tenant` itself: `layout_tenant`,
+`layout_source` (and `layout_window_date`) hold the row's own tenant, source (and window date)
+once it has settled, and `layout_tenant = '_staged'` (the others null) while it waits for
+compaction. A micro-batch therefore writes one staged file per write task whatever the number
+of tenants, and compaction moves staged rows to their tenant's partition in one Delta commit
+that removes the staged files and adds the settled ones: at every version each row is in
+exactly one file. The logical columns (`tenant`, `source`, `window_date`) are stored in the data
+files, so they read the same wherever the row is. No tenant id starts with `_`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+METRICS = pa.map_(pa.string(), pa.float64())
+
+
+STAGED = "_staged"
+"""`layout_tenant` of rows that have not settled in their tenant's partition yet."""
+LAYOUT_PREFIX = "layout_"
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str
+    schema: pa.Schema
+    """The rows as readers see them."""
+    partition_by: tuple[str, ...]
+    """The Delta partition columns."""
+    settles_by: tuple[str, ...] = ()
+    """Columns of `schema` whose values name the partition a row settles in; `partition_by` is
+    then their layout columns. Empty: rows are written straight to their partition."""
+    sort_by: tuple[str, ...] = ()
+    """A total order of the rows within a settled file, so compaction is deterministic."""
+    counted_by: str | None = None
+    """A column whose values every written file counts (`WrittenFile.value_counts`): the
+    stream's metrics, without reading a row back on the driver."""
+
+    @property
+    def staged(self) -> bool:
+        return bool(self.settles_by)
+
+    @property
+    def storage_schema(self) -> pa.Schema:
+        """The Delta table's schema: the rows plus the layout columns."""
+        if not self.staged:
+            return self.schema
+        layout = [
+            pa.field(name, self.schema.field(settled).type)
+            for name, settled in zip(self.partition_by, self.settles_by, strict=True)
+        ]
+        return pa.schema([*self.schema, *layout])
+
+
+def _settled(*columns: str) -> dict[str, Any]:
+    return {
+        "partition_by": tuple(f"{LAYOUT_PREFIX}{column}" for column in columns),
+        "settles_by": columns,
+    }
+
+
+_KAFKA_COORDINATES = [
+    pa.field("topic", pa.string()),
+    pa.field("partition", pa.int32()),
+    pa.field("offset", pa.int64()),
+    pa.field("kafka_timestamp", TIMESTAMP),
+]
+_KEY = [pa.field("tenant", pa.string()), pa.field("source", pa.string())]
+_WINDOW = [
+    pa.field("window_id", pa.string()),
+    pa.field("window_start", TIMESTAMP),
+    pa.field("window_end", TIMESTAMP),
+    pa.field("window_date", pa.date32()),
+]
+
+EVENTS = TableSpec(
+    "events",
+    pa.schema(
+        [
+            *_KEY,
+            *_WINDOW,
+            pa.field("pane_index", pa.int32()),
+            pa.field("timing", pa.string()),
+            pa.field("event_time", TIMESTAMP),
+            pa.field("event_id", pa.string()),
+            *_KAFKA_COORDINATES,
+            pa.field("payload", pa.string()),
+            pa.field("batch_id", pa.int64()),
+        ]
+    ),
+    **_settled("tenant", "source", "window_date"),
+    sort_by=(
+        "tenant",
+        "source",
+        "window_start",
+        "window_id",
+        "topic",
+        "partition",
+        "offset",
+        "pane_index",
+        "batch_id",
+    ),
+    counted_by="timing",
+)
+WINDOWS = TableSpec(
+    "windows",
+    pa.schema(
+        [
+            *_KEY,
+            *_WINDOW,
+            pa.field("pane_index", pa.int32()),
+            pa.field("timing", pa.string()),
+            pa.field("is_final", pa.bool_()),
+            pa.field("count", pa.int64()),
+            pa.field("metrics", METRICS),
+            pa.field("merged_window_ids", pa.list_(pa.string())),
+            pa.field("watermark", TIMESTAMP),
+            pa.field("batch_id", pa.int64()),
+        ]
+    ),
+    **_settled("tenant", "source", "window_date"),
+    sort_by=("tenant", "source", "window_start", "window_id", "pane_index", "batch_id"),
+)
+LATE_EVENTS = TableSpec(
+    "late_events",
+    pa.schema(
+        [
+            *_KEY,
+            *_WINDOW,
+            pa.field("event_time", TIMESTAMP),
+            pa.field("lateness_ms", pa.int64()),
+            pa.field("watermark", TIMESTAMP),
+            pa.field("event_id", pa.string()),
+            *_KAFKA_COORDINATES,
+            pa.field("key", pa.binary()),
+            pa.field("value", pa.binary()),
+            pa.field("batch_id", pa.int64()),
+        ]
+    ),
+    **_settled("tenant", "source"),
+    sort_by=("tenant", "source", "topic", "partition", "offset", "window_start", "batch_id"),
+)
+QUARANTINE = TableSpec(
+    "quarantine",
+    pa.schema(
+        [
+            pa.field("reason", pa.string()),
+            pa.field("ingest_date", pa.date32()),
+            pa.field("error", pa.string()),
+            *_KEY,
+            *_KAFKA_COORDINATES,
+            pa.field("key", pa.binary()),
+            pa.field("value", pa.binary()),
+            pa.field("batch_id", pa.int64()),
+        ]
+    ),
+    ("reason", "ingest_date"),
+)
+TENANT_STATUS = TableSpec(
+    "tenant_status",
+    pa.schema(
+        [
+            *_KEY,
+            pa.field("watermark", TIMESTAMP),
+            pa.field("max_event_time", TIMESTAMP),
+            pa.field("open_windows", pa.int32()),
+            pa.field("last_record_processing_time", TIMESTAMP),
+            pa.field("processing_time", TIMESTAMP),
+            pa.field("on_time_records", pa.int64()),
+            pa.field("late_records", pa.int64()),
+            pa.field("too_late_records", pa.int64()),
+            pa.field("quarantined_records", pa.int64()),
+            pa.field("batch_id", pa.int64()),
+            # `configured`, `active` or `offboarded` (streaming.state.union_rows.Lifecycle); added
+            # after the table's first release, so null in rows written before it.
+            pa.field("lifecycle", pa.string()),
+        ]
+    ),
+    (),
+)
+ALL_TABLES = (EVENTS, WINDOWS, LATE_EVENTS, QUARANTINE, TENANT_STATUS)
+"""The stream's output: every micro-batch commits to each of these (`pipeline.batch_sink`)."""
+
+# Notification deliveries (`delivery_outbox`): one row per attempt to tell an endpoint about
+# a committed pane. Written by the notifier, never by a micro-batch, so not in ALL_TABLES.
+DELIVERIES = TableSpec(
+    "deliveries",
+    pa.schema(
+        [
+            pa.field("stream", pa.string()),
+            pa.field("idempotency_key", pa.string()),
+            *_KEY,
+            pa.field("window_start", TIMESTAMP),
+            pa.field("pane_index", pa.int32()),
+            pa.field("windows_batch_id", pa.int64()),
+            pa.field("endpoint_id", pa.string()),
+            pa.field("endpoint", pa.string()),
+            pa.field("kind", pa.string()),
+            pa.field("attempt", pa.int32()),
+            pa.field("status_code", pa.int32()),
+            pa.field("error", pa.string()),
+            pa.field("outcome", pa.string()),
+            pa.field("attempted_at", TIMESTAMP),
+            pa.field("succeeded_at", TIMESTAMP),
+            pa.field("body", pa.string()),
+        ]
+    ),
+    (),
+)
+REPROCESS_PLANS_DIR = "_reprocess"
+"""Under the lake root: `<stream>/<tenant>/run-<N>.json`, each `tenants reprocess` run's plan
+(`streaming.repair.reprocess`)."""
+LAKE_TABLES = (*ALL_TABLES, DELIVERIES)
+"""Every table under the lake root: what is created, vacuumed and optimized."""
+
+
+def rows_for_table(batch: pa.Table, spec: TableSpec, batch_id: int) -> pa.Table:
+    """The rows of `batch` (union rows from the stateful stage) that belong to `spec`."""
+    rows = batch.filter(pc.equal(batch["kind"], spec.name))
+    derived: dict[str, pa.ChunkedArray | pa.Array] = {
+        "window_start": _timestamp(rows["window_start_ms"]),
+        "window_end": _timestamp(rows["window_end_ms"]),
+        "event_time": _timestamp(rows["event_time_ms"]),
+        "watermark": _timestamp(rows["watermark_ms"]),
+        "kafka_timestamp": _timestamp(rows["kafka_timestamp_ms"]),
+        "max_event_time": _timestamp(rows["max_event_time_ms"]),
+        "last_record_processing_time": _timestamp(rows["last_record_processing_ms"]),
+        "processing_time": _timestamp(rows["processing_time_ms"]),
+        "merged_window_ids": pa.array(
+            [
+                None if text is None else json.loads(text)
+                for text in rows["merged_window_ids_json"].to_pylist()
+            ],
+            pa.list_(pa.string()),
+        ),
+        "metrics": pa.array(
+            [
+                None if text is None else sorted(json.loads(text).items())
+                for text in rows["metrics_json"].to_pylist()
+            ],
+            METRICS,
+        ),
+        "batch_id": pa.array([batch_id] * rows.num_rows, pa.int64()),
+    }
+    derived["window_date"] = pc.cast(derived["window_start"], pa.date32())
+    # Ingest date comes from the Kafka timestamp, not the clock, so a replay lands identically.
+    derived["ingest_date"] = pc.cast(derived["kafka_timestamp"], pa.date32())
+    if spec.name == EVENTS.name:
+        # Accepted values were decoded as UTF-8 JSON objects upstream, so this cast cannot fail.
+        derived["payload"] = pc.cast(rows["value"], pa.string())
+    columns = [
+        derived[field.name] if field.name in derived else rows[field.name].cast(field.type)
+        for field in spec.schema
+    ]
+    return pa.Table.from_arrays(columns, schema=spec.schema)
+
+
+def with_layout(rows: pa.Table, spec: TableSpec, settled: bool) -> pa.Table:
+    """`rows` (in `spec.schema`) with the layout columns: staged, or settled in their own
+    tenant's partition."""
+    columns = list(rows.columns)
+    for name, settles_by in zip(spec.partition_by, spec.settles_by, strict=True):
+        if settled:
+            columns.append(rows[settles_by])
+        else:
+            staged_value = STAGED if name == spec.partition_by[0] else None
+            field_type = spec.schema.field(settles_by).type
+            columns.append(pa.array([staged_value] * rows.num_rows, field_type))
+    return pa.Table.from_arrays(columns, schema=spec.storage_schema)
+
+
+def _timestamp(epoch_ms: pa.ChunkedArray) -> pa.ChunkedArray:
+    return pc.cast(pc.cast(epoch_ms, pa.timestamp("ms", tz="UTC")), TIMESTAMP)

@@ -1,0 +1,1 @@
+"""Watching the stream: each batch's progress, `status`, Prometheus metrics and their endpoint."""

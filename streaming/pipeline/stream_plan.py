@@ -1,0 +1,110 @@
+"""The streaming query: Kafka -> route -> per-key windows (applyInPandasWithState) -> sink.
+
+Spark is the thin shell here; the semantics live in `parsing` and `windowing`, the wiring in
+`app`.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql.streaming.state import GroupStateTimeout
+
+from streaming.hooks import NO_FAULTS, FaultHook
+from streaming.kafka.client import KafkaSecurity
+from streaming.kafka.deferral import Deferral
+from streaming.kafka.source import register as register_tw_kafka
+from streaming.pipeline.batch_sink import MicroBatchSink
+from streaming.records.routing import KAFKA_COLUMNS_SQL, ROUTED_SCHEMA, make_router
+from streaming.state.bucket_processor import (
+    BUCKET_COLUMN,
+    STATE_SCHEMA,
+    KeySummaries,
+    bucket_expression,
+    make_bucket_processor,
+)
+from streaming.state.union_rows import OUTPUT_SCHEMA
+from tenants.config_store import ConfigSnapshots
+from tenants.settings import AppSettings
+
+
+def read_kafka(
+    spark: SparkSession,
+    settings: AppSettings,
+    fault_hook: FaultHook = NO_FAULTS,
+    deferral: Deferral | None = None,
+) -> DataFrame:
+    """The topic's records; with `deferral` (`tw_kafka` only), those admitted by quota and fair
+    share, and the deferred ones released."""
+    kafka = settings.kafka
+    security = KafkaSecurity.of(kafka)
+    if kafka.source_format == "tw_kafka":
+        register_tw_kafka(spark, fault_hook, deferral, security)
+    reader = (
+        spark.readStream.format(kafka.source_format)
+        .options(**(security.spark_options() if kafka.source_format == "kafka" else {}))
+        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+        .option("subscribe", kafka.topic)
+        .option("startingOffsets", kafka.starting_offsets)
+        # Executors: the longest read without progress; the driver: the longest offset lookup.
+        .option("pollTimeoutMs", str(kafka.broker_timeout_ms))
+        .option("fetchOffset.timeoutMs", str(kafka.broker_timeout_ms))
+    )
+    if kafka.max_offsets_per_trigger is not None:
+        reader = reader.option("maxOffsetsPerTrigger", str(kafka.max_offsets_per_trigger))
+    return reader.load()
+
+
+def windowed_rows(
+    kafka_records: DataFrame,
+    snapshots: ConfigSnapshots,
+    settings: AppSettings,
+    fault_hook: FaultHook = NO_FAULTS,
+    key_summaries: KeySummaries | None = None,
+) -> DataFrame:
+    """The union rows of every output table, for one micro-batch of Kafka records; each bucket
+    reports its keys to `key_summaries`, if given (the metrics)."""
+    routed = kafka_records.selectExpr(*KAFKA_COLUMNS_SQL).mapInPandas(
+        make_router(snapshots, settings.stream.max_record_bytes), ROUTED_SCHEMA
+    )
+    bucketed = routed.selectExpr("*", bucket_expression(settings.stream.state_buckets))
+    return bucketed.groupBy(BUCKET_COLUMN).applyInPandasWithState(
+        make_bucket_processor(
+            snapshots, settings.stream.config_recheck_interval_ms, fault_hook, key_summaries
+        ),
+        outputStructType=OUTPUT_SCHEMA,
+        stateStructType=STATE_SCHEMA,
+        outputMode="append",
+        # A bucket is called back when its first idle key's `idle_timeout` passes, or to look
+        # for offboarded keys (`config_recheck_interval`).
+        timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
+    )
+
+
+def start_query(
+    spark: SparkSession,
+    settings: AppSettings,
+    snapshots: ConfigSnapshots,
+    sink: MicroBatchSink,
+    available_now: bool,
+    fault_hook: FaultHook = NO_FAULTS,
+    deferral: Deferral | None = None,
+    key_summaries: KeySummaries | None = None,
+) -> StreamingQuery:
+    records = read_kafka(spark, settings, fault_hook, deferral)
+    rows = windowed_rows(records, snapshots, settings, fault_hook, key_summaries)
+    # Idle timeouts need batches without data, but AvailableNow would then never end: with it,
+    # timeouts fire only in batches that have data.
+    spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", str(not available_now).lower())
+    writer = (
+        rows.writeStream.queryName(settings.stream.name)
+        .option("checkpointLocation", settings.stream.checkpoint_dir)
+        .foreachBatch(sink)
+    )
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(
+            processingTime=f"{settings.stream.trigger_interval_ms} milliseconds"
+        )
+    return writer.start()

@@ -1,0 +1,2 @@
+"""Operator repairs of one tenant's output: replaying its records with its current rules
+(`tenants reprocess`)."""

@@ -1,0 +1,499 @@
+"""Spark stage 2: `applyInPandasWithState` per hash bucket of keys, around `windowing.advance`.
+
+Spark pays a fixed cost for every group it hands to Python, so grouping by (tenant, source)
+made 10,000 tenants many times slower than 10. The stream therefore groups by
+`bucket = pmod(xxhash64(tenant, source), state_buckets)`, and each group call does, for all the
+keys of its bucket at once:
+
+1. sort the bucket's records by (tenant, source, partition, offset): SPEC §2's per-key order;
+2. when the tenant config changed since the bucket last looked, close the keys whose config
+   is gone (offboarding): each open window gets its final pane, and the key's state is dropped;
+3. quarantine what cannot be accepted (unknown key, clock too far ahead), as whole columns;
+4. run the windowing for the keys with records and the idle keys (`idle_timeout`): the keys
+   with fixed windows, by rule set, all at once as columns (`bucket_windowing`); sessions and
+   keys whose open windows were opened with older rules record by record (`windowing.advance`);
+5. emit one union row per output row, tagged with the table it belongs to (`kind`), built
+   column-wise once per bucket. The sink splits them by `kind`.
+
+The per-key watermark is untouched by bucketing: each key keeps its own watermark and windows in
+the bucket's state (`bucket_state`), whichever way it is advanced.
+
+A bucket runs only when it has records or its processing-time timeout fires, so a bucket with
+state always sets one: its first idle deadline or `config_recheck_interval` from now, whichever
+comes first. Otherwise an offboarded key with no records and no idle timeout would never close.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+import pyarrow as pa
+from pyspark.accumulators import Accumulator, AccumulatorParam
+from pyspark.sql.streaming.state import GroupState
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    StructField,
+    StructType,
+)
+
+from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
+from streaming.records.parsing import QuarantineReason
+from streaming.state.bucket_state import STATE_LAYOUT, BucketState, Key, StoredKey
+from streaming.state.key_summary import BucketSummary, summarise_bucket
+from streaming.state.union_rows import (
+    Lifecycle,
+    UnionRows,
+)
+from streaming.windowing.closing import close_all_windows
+from streaming.windowing.columnar_windows import (
+    RecordColumns,
+    advance_bucket,
+    handles_window,
+    metric_names,
+)
+from streaming.windowing.key_state import RecordInput
+from streaming.windowing.key_windows import advance
+from tenants.config_store import ConfigSnapshots
+from tenants.models import WindowRules
+from tenants.registry import ResolvedSource, TenantRegistry
+
+BUCKET_COLUMN = "bucket"
+
+
+def bucket_expression(state_buckets: int) -> str:
+    """The SQL that buckets a routed record; frozen once a checkpoint exists."""
+    return f"pmod(xxhash64(tenant, source), {state_buckets}) AS {BUCKET_COLUMN}"
+
+
+# pyspark 4.2 lower-cases nested state schemas on the worker: keep the state flat.
+STATE_SCHEMA = StructType(
+    [StructField("layout", IntegerType()), StructField("keys_arrow", BinaryType())]
+)
+
+
+_EMPTY_BATCH_COLUMNS = ["tenant", "source", "partition", "offset", "reason", "error"]
+
+BucketProcessor = Callable[[Any, Iterable[pd.DataFrame], GroupState], Iterator[pd.DataFrame]]
+
+
+class LatestSummaries(AccumulatorParam[dict[int, BucketSummary]]):
+    """A Spark accumulator of each bucket's latest `BucketSummary`, by bucket.
+
+    The driver merges each task's updates in its accumulator server's thread while the metrics
+    read the value in theirs, so a merge builds a new dict instead of changing the one read."""
+
+    def zero(self, value: dict[int, BucketSummary]) -> dict[int, BucketSummary]:
+        return {}
+
+    def addInPlace(  # noqa: N802 (Spark's name)
+        self, value1: dict[int, BucketSummary], value2: dict[int, BucketSummary]
+    ) -> dict[int, BucketSummary]:
+        merged = dict(value1)
+        for bucket, summary in value2.items():
+            held = merged.get(bucket)
+            if held is None or held.processing_time_ms <= summary.processing_time_ms:
+                merged[bucket] = summary
+        return merged
+
+
+@dataclass(frozen=True)
+class KeySummaries:
+    """Where the buckets report their keys for the metrics (`key_summary`); picklable."""
+
+    accumulator: Accumulator[dict[int, BucketSummary]]
+    top_tenants: int | None
+    """Tenants each bucket lists, those with the oldest watermarks; None: all of them."""
+
+    def report(self, bucket: int, keys: pa.Table, processing_time_ms: int) -> None:
+        summary = summarise_bucket(keys, processing_time_ms, self.top_tenants)
+        self.accumulator.add({bucket: summary})
+
+
+def make_bucket_processor(
+    snapshots: ConfigSnapshots,
+    config_recheck_interval_ms: int,
+    fault_hook: FaultHook = NO_FAULTS,
+    key_summaries: KeySummaries | None = None,
+) -> BucketProcessor:
+    def process(
+        bucket: Any, frames: Iterable[pd.DataFrame], state: GroupState
+    ) -> Iterator[pd.DataFrame]:
+        # The batch timestamp, the same in a replay: never the wall clock.
+        processing_time_ms = int(state.getCurrentProcessingTimeMs())
+        registry = snapshots.registry_at(processing_time_ms)
+        batch = sorted_batch(list(frames))
+        if not batch.empty:
+            offsets = batch["offset"]
+            fault_hook.reached(FaultPoint.STATE_FUNCTION, int(offsets.min()), int(offsets.max()))
+        result = run_bucket(_stored_blob(state), batch, registry, processing_time_ms)
+        _save(state, result, processing_time_ms, config_recheck_interval_ms)
+        if key_summaries is not None:
+            key_summaries.report(int(bucket[0]), result.keys, processing_time_ms)
+        yield result.rows
+
+    return process
+
+
+@dataclass(frozen=True)
+class BucketRun:
+    rows: pd.DataFrame
+    """The union rows of the bucket's batch."""
+    blob: bytes | None
+    """The bucket's new state; None: no key left."""
+    next_idle_deadline_ms: int | None
+    keys: pa.Table
+    """Every key's state in `blob`, a row each (`bucket_state`'s columns)."""
+
+
+def run_bucket(
+    blob: bytes | None, batch: pd.DataFrame, registry: TenantRegistry, processing_time_ms: int
+) -> BucketRun:
+    """One bucket's batch, from its stored state to its rows and new state, free of Spark."""
+    with cyclic_gc_paused():
+        # A function of its own, so the decoded keys are freed before the collector resumes:
+        # left alive, the collection that follows walks every one of them.
+        return _run_bucket(blob, batch, registry, processing_time_ms)
+
+
+def _run_bucket(
+    blob: bytes | None, batch: pd.DataFrame, registry: TenantRegistry, processing_time_ms: int
+) -> BucketRun:
+    keys = BucketState.from_bytes(blob)
+    out = UnionRows(batch)
+    _process_bucket(batch, keys, registry, processing_time_ms, out)
+    rows = keys.rows()
+    return BucketRun(
+        out.frame(),
+        keys.to_bytes(rows) if rows.num_rows else None,
+        keys.next_idle_deadline_ms(),
+        rows,
+    )
+
+
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Python's cycle collector off for one bucket call.
+
+    A call decodes thousands of keys' state into short-lived containers; each collection then
+    walks every tracked object of the worker, the loaded tenant config included. At 10,000
+    tenants that was a third of the bucket's CPU (`infra/dev/benchmarks/bucket_cost`).
+    Reference counting still frees almost everything; the few cycles go at the next collection.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def sorted_batch(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """A bucket's routed records in one frame, in the order `run_bucket` needs."""
+    if not frames:
+        return pd.DataFrame(columns=_EMPTY_BATCH_COLUMNS)
+    batch = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    # SPEC §2: a key's records are handled in (partition, offset) order. Malformed records have
+    # no key; they sort last and only go to quarantine.
+    return batch.sort_values(
+        ["tenant", "source", "partition", "offset"], kind="stable", na_position="last"
+    ).reset_index(drop=True)
+
+
+def _process_bucket(
+    batch: pd.DataFrame,
+    keys: BucketState,
+    registry: TenantRegistry,
+    processing_time_ms: int,
+    out: UnionRows,
+) -> None:
+    reasons: list[str | None] = batch["reason"].tolist()
+    errors: list[str | None] = batch["error"].tolist()
+    tenants = _strings(batch["tenant"])
+    sources = _strings(batch["source"])
+    event_times = _event_times(batch)
+    metric_values: list[str | None] = (
+        batch["metric_values_json"].tolist() if "metric_values_json" in batch else []
+    )
+    if keys.checked_fingerprint != registry.fingerprint:
+        _offboard_gone_keys(keys, registry, processing_time_ms, out)
+    runs = list(_key_runs(tenants, sources))
+    routes = [
+        registry.resolve(tenant, source)
+        if (tenant := tenants[first]) and (source := sources[first])
+        else None
+        for first, _ in runs
+    ]
+    # Every record's fate in a few passes over the bucket, not a loop per key: a key of a
+    # 100,000-tenant stream has one or two records a batch.
+    run_lengths = [last - first for first, last in runs]
+    known = np.repeat([route is not None for route in routes], run_lengths).astype(bool)
+    # One bad clock must not move the key's watermark and close its windows early.
+    latest_ms = processing_time_ms + np.repeat(
+        [route.rules.max_future_skew_ms if route else 0 for route in routes], run_lengths
+    ).astype(np.int64)
+    unrejected = batch["reason"].isna().to_numpy()
+    skewed = unrejected & known & (event_times > latest_ms)
+    accepted = unrejected & known & ~skewed
+    for index in np.flatnonzero(unrejected & ~known).tolist():
+        # Routing quarantines these already with the same config; this keeps the reasons
+        # right should the two ever disagree.
+        reasons[index], errors[index] = _unknown_key(registry, tenants[index], sources[index])
+    for index in np.flatnonzero(skewed).tolist():
+        reasons[index] = QuarantineReason.FUTURE_SKEW.value
+        errors[index] = _future_skew_error(
+            int(event_times[index]), processing_time_ms, int(latest_ms[index]) - processing_time_ms
+        )
+    accepted_rows = np.flatnonzero(accepted)
+    bounds = np.searchsorted(accepted_rows, [first for first, _ in runs] + [len(tenants)]).tolist()
+    # Idle keys are found before any key is read out, as the stored rows say.
+    idle = keys.idle_keys(processing_time_ms)
+    work: list[_KeyWork] = []
+    for number, ((first, last), resolved) in enumerate(zip(runs, routes, strict=True)):
+        tenant, source = tenants[first], sources[first]
+        if resolved is None or tenant is None or source is None:
+            continue
+        rows = accepted_rows[bounds[number] : bounds[number + 1]]
+        work.append(_KeyWork((tenant, source), resolved, rows, (last - first) - len(rows)))
+    with_records = {item.key for item in work}
+    for key in idle:
+        resolved = registry.resolve(*key)
+        # None is not reached: `_offboard_gone_keys` dropped the keys whose config is gone.
+        if key not in with_records and resolved is not None:
+            work.append(_KeyWork(key, resolved, _NO_ROWS, 0))
+    records = _Records(event_times, metric_values)
+    groups, by_object = _column_groups(work, keys)
+    keys.decode([item.key for item in by_object])
+    for group, positions in groups:
+        _advance_columns(group, positions, keys, records, processing_time_ms, out)
+    for item in by_object:
+        stored = keys.get(item.key)
+        stored.quarantined_records += item.quarantined
+        _advance_key(item, stored, records, processing_time_ms, out)
+    out.set_quarantine(reasons, errors)
+
+
+_NO_ROWS = np.zeros(0, np.int64)
+
+
+@dataclass(frozen=True)
+class _KeyWork:
+    """A key the batch runs: its rules, its accepted records' rows, how many it quarantined."""
+
+    key: Key
+    resolved: ResolvedSource
+    rows: np.ndarray
+    quarantined: int
+
+
+def _column_groups(
+    work: list[_KeyWork], keys: BucketState
+) -> tuple[list[tuple[list[_KeyWork], np.ndarray]], list[_KeyWork]]:
+    """The keys `bucket_windowing` can advance, by rule set, each group with its keys' stored
+    rows: fixed windows, and every open window opened with the key's current rules. Then the
+    others, which go record by record."""
+    fixed = [number for number, item in enumerate(work) if handles_window(item.resolved.rules)]
+    if not fixed:
+        return [], work
+    usable, positions = keys.column_keys(
+        [work[number].key for number in fixed], [work[number].resolved.rules_id for number in fixed]
+    )
+    by_rules: dict[str, list[int]] = {}
+    for number in np.flatnonzero(usable).tolist():
+        by_rules.setdefault(work[fixed[number]].resolved.rules_id, []).append(number)
+    groups = [
+        ([work[fixed[number]] for number in numbers], positions[numbers])
+        for numbers in by_rules.values()
+    ]
+    by_columns = np.zeros(len(work), bool)
+    by_columns[np.array(fixed)[usable]] = True
+    return groups, [item for item, column in zip(work, by_columns, strict=True) if not column]
+
+
+@dataclass(frozen=True)
+class _Records:
+    """The batch's event times and metric inputs, for the keys' rows to pick from."""
+
+    event_times_ms: np.ndarray
+    metric_values_json: list[str | None]
+    """As the router wrote them: a JSON array per record, in the source's metric order."""
+
+    def metric_matrix(self, rows: np.ndarray, rules: WindowRules) -> np.ndarray:
+        """A row per record, a column per metric in `metric_names` order; NaN: no value."""
+        names = list(rules.metrics)
+        if not names or not len(rows):
+            return np.zeros((len(rows), len(names)), np.float64)
+        # One parse for all the rows: each is a JSON array of the source's metrics.
+        texts = [self._values_json(row, len(names)) for row in rows.tolist()]
+        values = np.array(orjson.loads("[" + ",".join(texts) + "]"), dtype=np.float64)
+        stored_order = [names.index(name) for name in metric_names(rules)]
+        return values.reshape(len(rows), len(names))[:, stored_order]
+
+    def inputs(self, rows: np.ndarray, rules: WindowRules) -> list[RecordInput]:
+        names = list(rules.metrics)
+        return [
+            RecordInput(
+                int(self.event_times_ms[row]),
+                dict(zip(names, orjson.loads(self._values_json(row, len(names))), strict=True))
+                if names
+                else {},
+            )
+            for row in rows.tolist()
+        ]
+
+    def _values_json(self, row: int, metrics: int) -> str:
+        text = self.metric_values_json[row] if self.metric_values_json else None
+        return text or "[" + ",".join(["null"] * metrics) + "]"
+
+
+def _advance_columns(
+    group: list[_KeyWork],
+    positions: np.ndarray,
+    keys: BucketState,
+    records: _Records,
+    processing_time_ms: int,
+    out: UnionRows,
+) -> None:
+    """Advance a group of keys with the same rules together (`bucket_windowing`)."""
+    resolved = group[0].resolved
+    rules = resolved.rules
+    columns = keys.take_columns([item.key for item in group], positions, len(rules.metrics))
+    columns.quarantined_records += np.array([item.quarantined for item in group], np.int64)
+    rows = np.concatenate([item.rows for item in group])
+    record_key = np.repeat(np.arange(len(group)), [len(item.rows) for item in group])
+    result = advance_bucket(
+        columns,
+        RecordColumns(record_key, records.event_times_ms[rows], records.metric_matrix(rows, rules)),
+        rules,
+        processing_time_ms,
+    )
+    keys.put_columns(result.keys, resolved.rules_id, rules.model_dump(mode="json"))
+    out.add_columns(result, rows, record_key, metric_names(rules), processing_time_ms)
+
+
+def _offboard_gone_keys(
+    keys: BucketState, registry: TenantRegistry, processing_time_ms: int, out: UnionRows
+) -> None:
+    """Close and drop every key of the bucket that `registry` no longer configures.
+
+    Called only when the config changed since the bucket last looked, so a bucket of many keys
+    does not resolve each of them in every batch.
+    """
+    for key in sorted(keys.keys()):
+        if registry.configures(*key):
+            continue
+        stored = keys.get(key)
+        out.panes += [(key, pane) for pane in close_all_windows(stored.key_state)]
+        out.add_status(key, stored, processing_time_ms, Lifecycle.OFFBOARDED)
+        keys.drop(key)
+    keys.checked_fingerprint = registry.fingerprint
+
+
+def _unknown_key(
+    registry: TenantRegistry, tenant: str | None, source: str | None
+) -> tuple[str, str]:
+    if tenant is None or not registry.knows_tenant(tenant):
+        return QuarantineReason.UNKNOWN_TENANT.value, f"tenant {tenant!r} is not configured"
+    return (
+        QuarantineReason.UNKNOWN_SOURCE.value,
+        f"source {source!r} is not configured for tenant {tenant!r}",
+    )
+
+
+def _advance_key(
+    item: _KeyWork,
+    stored: StoredKey,
+    records: _Records,
+    processing_time_ms: int,
+    out: UnionRows,
+) -> None:
+    """Run one key's batch (or its idle timeout, with no records) record by record."""
+    rules, state = item.resolved.rules, stored.key_state
+    inputs = records.inputs(item.rows, rules)
+    result = advance(state, inputs, rules, processing_time_ms, item.resolved.rules_id)
+    out.add_result(item.key, item.rows.tolist(), result)
+    # Call this key again when it has been idle that long, to advance its watermark.
+    stored.idle_deadline_ms = (
+        processing_time_ms + rules.idle_timeout_ms
+        if rules.idle_timeout_ms is not None and state.windows
+        else None
+    )
+    out.add_status(item.key, stored, processing_time_ms, Lifecycle.ACTIVE)
+
+
+def _event_times(batch: pd.DataFrame) -> np.ndarray:
+    """Event times as int64 (-1 where a record has none: those are quarantined already)."""
+    if "event_time_ms" not in batch:
+        return np.zeros(len(batch), dtype=np.int64)
+    times: np.ndarray = batch["event_time_ms"].to_numpy(dtype=np.float64, na_value=-1.0)
+    return times.astype(np.int64)
+
+
+def _strings(column: pd.Series) -> list[str | None]:
+    # Nulls may arrive as None or NaN; both mean "no key".
+    return [value if isinstance(value, str) else None for value in column.tolist()]
+
+
+def _key_runs(tenants: list[str | None], sources: list[str | None]) -> Iterator[tuple[int, int]]:
+    """[first, last) index ranges of equal (tenant, source) in a sorted batch."""
+    if not tenants:
+        return
+    tenant_column = np.array(tenants, dtype=object)
+    source_column = np.array(sources, dtype=object)
+    changes = (tenant_column[1:] != tenant_column[:-1]) | (source_column[1:] != source_column[:-1])
+    bounds = [0, *(np.flatnonzero(changes) + 1).tolist(), len(tenants)]
+    yield from itertools.pairwise(bounds)
+
+
+def _future_skew_error(event_time_ms: int, processing_time_ms: int, max_skew_ms: int) -> str:
+    return (
+        f"event time {event_time_ms} is {event_time_ms - processing_time_ms} ms ahead of "
+        f"processing time {processing_time_ms}; max_future_skew is {max_skew_ms} ms"
+    )
+
+
+def _stored_blob(state: GroupState) -> bytes | None:
+    if not state.exists:
+        return None
+    layout, blob = state.get
+    if layout != STATE_LAYOUT:
+        # `checkpoint_identity` refuses such checkpoints before the query starts.
+        raise RuntimeError(
+            f"state layout {layout} in the checkpoint; this code reads layout {STATE_LAYOUT}"
+        )
+    stored: bytes = blob
+    return stored
+
+
+def _save(
+    state: GroupState, result: BucketRun, processing_time_ms: int, config_recheck_interval_ms: int
+) -> None:
+    if result.blob is None:
+        if state.exists:
+            state.remove()
+        return
+    state.update((STATE_LAYOUT, result.blob))
+    state.setTimeoutDuration(
+        wake_up_after_ms(
+            result.next_idle_deadline_ms, processing_time_ms, config_recheck_interval_ms
+        )
+    )
+
+
+def wake_up_after_ms(
+    idle_deadline_ms: int | None, processing_time_ms: int, config_recheck_interval_ms: int
+) -> int:
+    """How long until a bucket with state must run again: its first idle deadline, or the next
+    look at the config, so the keys of an offboarded tenant close even if nothing arrives."""
+    recheck_at_ms = processing_time_ms + config_recheck_interval_ms
+    wake_at_ms = recheck_at_ms if idle_deadline_ms is None else min(idle_deadline_ms, recheck_at_ms)
+    return max(1, wake_at_ms - processing_time_ms)

@@ -1,0 +1,368 @@
+"""The stateful stage's output: one union row per output row, tagged with its table (`kind`).
+
+A bucket call emits rows for five tables through one pandas frame, so they share one schema,
+`OUTPUT_SCHEMA`: every table's columns, null where a table has none. `UnionRows` gathers a
+bucket call's rows, from keys advanced as columns and keys advanced record by record, and builds
+the frame once; the sink splits it by `kind` (`storage.lake.tables.rows_for_table`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    DataType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from storage.lake.tables import EVENTS, LATE_EVENTS, QUARANTINE, TENANT_STATUS, WINDOWS
+from streaming.state.bucket_state import Key, StoredKey
+from streaming.windowing.columnar_windows import BucketAdvance, optional_times, window_ids
+from streaming.windowing.key_state import Timing
+from streaming.windowing.key_windows import Assignment, BatchResult, Pane, TooLate
+
+_OUTPUT_FIELDS: list[tuple[str, DataType]] = [
+    ("kind", StringType()),
+    ("tenant", StringType()),
+    ("source", StringType()),
+    ("window_id", StringType()),
+    ("window_start_ms", LongType()),
+    ("window_end_ms", LongType()),
+    ("pane_index", IntegerType()),
+    ("timing", StringType()),
+    ("is_final", BooleanType()),
+    ("count", LongType()),
+    ("metrics_json", StringType()),
+    ("merged_window_ids_json", StringType()),
+    ("event_time_ms", LongType()),
+    ("lateness_ms", LongType()),
+    ("watermark_ms", LongType()),
+    ("topic", StringType()),
+    ("partition", IntegerType()),
+    ("offset", LongType()),
+    ("kafka_timestamp_ms", LongType()),
+    ("event_id", StringType()),
+    ("key", BinaryType()),
+    ("value", BinaryType()),
+    ("reason", StringType()),
+    ("error", StringType()),
+    # tenant_status only
+    ("max_event_time_ms", LongType()),
+    ("open_windows", IntegerType()),
+    ("last_record_processing_ms", LongType()),
+    ("processing_time_ms", LongType()),
+    ("on_time_records", LongType()),
+    ("late_records", LongType()),
+    ("too_late_records", LongType()),
+    ("quarantined_records", LongType()),
+    ("lifecycle", StringType()),
+]
+OUTPUT_SCHEMA = StructType([StructField(name, data_type) for name, data_type in _OUTPUT_FIELDS])
+OUTPUT_ARROW_SCHEMA = to_arrow_schema(OUTPUT_SCHEMA)
+_NULLABLE_PANDAS_TYPES = {
+    pa.int64(): pd.Int64Dtype(),
+    pa.int32(): pd.Int32Dtype(),
+    pa.bool_(): pd.BooleanDtype(),
+}
+_RECORD_COLUMNS = ["topic", "partition", "offset", "kafka_timestamp_ms", "key", "value"]
+
+
+class Lifecycle(StrEnum):
+    """Where a key stands, as its `tenant_status` rows say."""
+
+    CONFIGURED = "configured"
+    """Its config appeared in this batch; no record has been processed yet."""
+    ACTIVE = "active"
+    OFFBOARDED = "offboarded"
+    """Its config is gone: its windows got their final panes and its state was dropped."""
+
+
+@dataclass
+class UnionRows:
+    """The union rows of one bucket call, gathered per table and built into one frame.
+
+    Keys advanced as columns give their rows as Arrow tables at once. Keys that went record by
+    record give windowing objects, turned into columns once per bucket, one list comprehension
+    per column. The union is assembled in Arrow, where a column another table does not have
+    costs one null array, and converted to pandas once.
+    """
+
+    batch: pd.DataFrame
+    tables: list[pa.Table] = field(default_factory=list)
+    """Rows of the keys advanced as columns."""
+    assignments: list[tuple[Key, int, Assignment]] = field(default_factory=list)
+    too_late: list[tuple[Key, int, TooLate]] = field(default_factory=list)
+    panes: list[tuple[Key, Pane]] = field(default_factory=list)
+    statuses: list[tuple[Key, StoredKey, int, Lifecycle]] = field(default_factory=list)
+    quarantine_mask: np.ndarray | None = None
+
+    def add_columns(
+        self,
+        result: BucketAdvance,
+        rows: np.ndarray,
+        record_key: np.ndarray,
+        names: list[str],
+        processing_time_ms: int,
+    ) -> None:
+        """The rows of keys advanced together: `rows[i]` is record i's row in the batch,
+        `record_key[i]` its key in `result.keys`."""
+        keys, panes = result.keys, result.panes
+        placed, rejected = result.placements, result.rejections
+
+        def record_columns(kind: str, record: np.ndarray) -> dict[str, Any]:
+            key = record_key[record]
+            return self._record_columns(kind, rows[record], keys.tenant[key], keys.source[key])
+
+        if len(placed.record_index):
+            record = placed.record_index
+            self.tables.append(
+                union_table(
+                    {
+                        **record_columns(EVENTS.name, record),
+                        "window_id": window_ids(placed.window_start_ms, placed.window_end_ms),
+                        "window_start_ms": placed.window_start_ms,
+                        "window_end_ms": placed.window_end_ms,
+                        "pane_index": placed.pane_index,
+                        "timing": np.where(placed.late, Timing.LATE.value, Timing.ON_TIME.value),
+                    },
+                    len(record),
+                )
+            )
+        if len(rejected.record_index):
+            record = rejected.record_index
+            self.tables.append(
+                union_table(
+                    {
+                        **record_columns(LATE_EVENTS.name, record),
+                        "window_start_ms": rejected.window_start_ms,
+                        "window_end_ms": rejected.window_end_ms,
+                        "lateness_ms": rejected.watermark_ms - rejected.window_end_ms,
+                        "watermark_ms": rejected.watermark_ms,
+                    },
+                    len(record),
+                )
+            )
+        if len(panes.key):
+            self.tables.append(
+                union_table(
+                    {
+                        "kind": [WINDOWS.name] * len(panes.key),
+                        "tenant": keys.tenant[panes.key],
+                        "source": keys.source[panes.key],
+                        "window_id": window_ids(panes.window_start_ms, panes.window_end_ms),
+                        "window_start_ms": panes.window_start_ms,
+                        "window_end_ms": panes.window_end_ms,
+                        "pane_index": panes.pane_index,
+                        "timing": np.where(panes.late, Timing.LATE.value, Timing.ON_TIME.value),
+                        "is_final": panes.is_final,
+                        "count": panes.count,
+                        "metrics_json": panes.metrics_json(names),
+                        "merged_window_ids_json": ["[]"] * len(panes.key),
+                        "watermark_ms": optional_times(panes.watermark_ms),
+                    },
+                    len(panes.key),
+                )
+            )
+        count = len(keys.tenant)
+        self.tables.append(
+            union_table(
+                {
+                    "kind": [TENANT_STATUS.name] * count,
+                    "tenant": keys.tenant,
+                    "source": keys.source,
+                    "watermark_ms": optional_times(keys.watermark_ms),
+                    "max_event_time_ms": optional_times(keys.max_event_time_ms),
+                    "open_windows": np.bincount(keys.windows.key, minlength=count),
+                    "last_record_processing_ms": optional_times(keys.last_record_processing_ms),
+                    "processing_time_ms": np.full(count, processing_time_ms, np.int64),
+                    "on_time_records": keys.on_time_records,
+                    "late_records": keys.late_records,
+                    "too_late_records": keys.too_late_records,
+                    "quarantined_records": keys.quarantined_records,
+                    "lifecycle": [Lifecycle.ACTIVE.value] * count,
+                },
+                count,
+            )
+        )
+
+    def add_result(self, key: Key, rows: list[int], result: BatchResult) -> None:
+        self.assignments += [(key, rows[a.record_index], a) for a in result.assignments]
+        self.too_late += [(key, rows[t.record_index], t) for t in result.too_late]
+        self.panes += [(key, pane) for pane in result.panes]
+
+    def add_status(
+        self, key: Key, stored: StoredKey, processing_time_ms: int, lifecycle: Lifecycle
+    ) -> None:
+        self.statuses.append((key, stored, processing_time_ms, lifecycle))
+
+    def set_quarantine(self, reasons: list[str | None], errors: list[str | None]) -> None:
+        if not reasons:
+            return
+        self.batch["reason"] = reasons
+        self.batch["error"] = errors
+        self.quarantine_mask = self.batch["reason"].notna().to_numpy()
+
+    def frame(self) -> pd.DataFrame:
+        parts = [
+            part
+            for part in (
+                *self.tables,
+                self._event_rows(),
+                self._late_rows(),
+                self._pane_rows(),
+                self._status_rows(),
+                self._quarantine_rows(),
+            )
+            if part is not None
+        ]
+        table = pa.concat_tables(parts) if parts else OUTPUT_ARROW_SCHEMA.empty_table()
+        return table.to_pandas(types_mapper=_NULLABLE_PANDAS_TYPES.get)
+
+    def _event_rows(self) -> pa.Table | None:
+        if not self.assignments:
+            return None
+        objects = [assignment for _, _, assignment in self.assignments]
+        return union_table(
+            {
+                **self._object_record_columns(EVENTS.name, self.assignments),
+                "window_id": [a.window_id for a in objects],
+                "window_start_ms": [a.window_start_ms for a in objects],
+                "window_end_ms": [a.window_end_ms for a in objects],
+                "pane_index": [a.pane_index for a in objects],
+                "timing": [a.timing.value for a in objects],
+            },
+            len(objects),
+        )
+
+    def _late_rows(self) -> pa.Table | None:
+        if not self.too_late:
+            return None
+        objects = [too_late for _, _, too_late in self.too_late]
+        return union_table(
+            {
+                **self._object_record_columns(LATE_EVENTS.name, self.too_late),
+                "window_start_ms": [t.window_start_ms for t in objects],
+                "window_end_ms": [t.window_end_ms for t in objects],
+                "lateness_ms": [t.lateness_ms for t in objects],
+                "watermark_ms": [t.watermark_ms for t in objects],
+            },
+            len(objects),
+        )
+
+    def _object_record_columns(
+        self, kind: str, objects: list[tuple[Key, int, Assignment]] | list[tuple[Key, int, TooLate]]
+    ) -> dict[str, Any]:
+        return self._record_columns(
+            kind,
+            np.array([row for _, row, _ in objects], dtype=np.int64),
+            [key[0] for key, _, _ in objects],
+            [key[1] for key, _, _ in objects],
+        )
+
+    def _record_columns(
+        self, kind: str, rows: np.ndarray, tenants: Any, sources: Any
+    ) -> dict[str, Any]:
+        """The batch's columns of these records, and their keys."""
+        return {
+            **self._batch_columns(rows, [*_RECORD_COLUMNS, "event_time_ms", "event_id"]),
+            "kind": [kind] * len(rows),
+            "tenant": tenants,
+            "source": sources,
+        }
+
+    def _quarantine_rows(self) -> pa.Table | None:
+        if self.quarantine_mask is None or not self.quarantine_mask.any():
+            return None
+        indexes = np.flatnonzero(self.quarantine_mask)
+        columns = ["tenant", "source", *_RECORD_COLUMNS, "event_id", "reason", "error"]
+        return union_table(
+            {**self._batch_columns(indexes, columns), "kind": [QUARANTINE.name] * len(indexes)},
+            len(indexes),
+        )
+
+    def _batch_columns(self, indexes: np.ndarray, names: list[str]) -> dict[str, Any]:
+        """The batch's rows at `indexes`, in the given columns."""
+        return {name: self.batch[name].take(indexes) for name in names}
+
+    def _pane_rows(self) -> pa.Table | None:
+        if not self.panes:
+            return None
+        panes = [pane for _, pane in self.panes]
+        return union_table(
+            {
+                "kind": [WINDOWS.name] * len(panes),
+                "tenant": [key[0] for key, _ in self.panes],
+                "source": [key[1] for key, _ in self.panes],
+                "window_id": [p.window_id for p in panes],
+                "window_start_ms": [p.window_start_ms for p in panes],
+                "window_end_ms": [p.window_end_ms for p in panes],
+                "pane_index": [p.pane_index for p in panes],
+                "timing": [p.timing.value for p in panes],
+                "is_final": [p.is_final for p in panes],
+                "count": [p.count for p in panes],
+                "metrics_json": [json.dumps(p.metrics, sort_keys=True) for p in panes],
+                "merged_window_ids_json": [json.dumps(list(p.merged_window_ids)) for p in panes],
+                "watermark_ms": [p.watermark_ms for p in panes],
+            },
+            len(panes),
+        )
+
+    def _status_rows(self) -> pa.Table | None:
+        if not self.statuses:
+            return None
+        stored_keys = [stored for _, stored, _, _ in self.statuses]
+        states = [stored.key_state for stored in stored_keys]
+        return union_table(
+            {
+                "kind": [TENANT_STATUS.name] * len(states),
+                "tenant": [key[0] for key, _, _, _ in self.statuses],
+                "source": [key[1] for key, _, _, _ in self.statuses],
+                "watermark_ms": [state.watermark_ms for state in states],
+                "max_event_time_ms": [state.max_event_time_ms for state in states],
+                "open_windows": [len(state.windows) for state in states],
+                "last_record_processing_ms": [state.last_record_processing_ms for state in states],
+                "processing_time_ms": [now_ms for _, _, now_ms, _ in self.statuses],
+                "on_time_records": [state.on_time_records for state in states],
+                "late_records": [state.late_records for state in states],
+                "too_late_records": [state.too_late_records for state in states],
+                "quarantined_records": [stored.quarantined_records for stored in stored_keys],
+                "lifecycle": [lifecycle.value for _, _, _, lifecycle in self.statuses],
+            },
+            len(states),
+        )
+
+
+def union_table(columns: dict[str, Any], rows: int) -> pa.Table:
+    """A table of the union schema: `columns` as given, every other column null.
+
+    A column is a list of values, a NumPy array or a column of the batch (a pandas Series).
+    """
+    arrays = [
+        _arrow_column(columns[field.name], field.type)
+        if field.name in columns
+        else pa.nulls(rows, field.type)
+        for field in OUTPUT_ARROW_SCHEMA
+    ]
+    return pa.Table.from_arrays(arrays, schema=OUTPUT_ARROW_SCHEMA)
+
+
+def _arrow_column(values: Any, arrow_type: pa.DataType) -> pa.Array:
+    if isinstance(values, pa.Array):
+        return values if values.type == arrow_type else values.cast(arrow_type)
+    if isinstance(values, pd.Series):
+        # A column of the batch: pandas' missing values (None, NaN or NA) become nulls.
+        return pa.Array.from_pandas(values, type=arrow_type)
+    return pa.array(values, arrow_type)
