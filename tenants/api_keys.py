@@ -1,4 +1,4 @@
-"""Tenants' API keys for the query service: issued, revoked and verified (issue 19, SPEC §6).
+"""Tenants' API keys for the query service: issued, revoked and verified (issue 19, contract §6).
 
 A key reads `tw.<tenant>.<key id>.<secret>`. The tenant and the key id are not secret: they name
 the file and the entry to check, so verifying a key costs one file read and one scrypt, never a

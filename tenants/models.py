@@ -1,4 +1,4 @@
-"""Frozen config models for sources, tenants and their window rules (SPEC §3, §6).
+"""Frozen config models for sources, tenants and their window rules (contract §3, §6).
 
 A source defines where its event time lives and its default window rules; a tenant enables
 sources and may override the rules per source. `EffectiveRules` is what the windowing code sees.

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.streaming.listener import StreamingQueryProgress
 
-from infra.cli.progress_bar import ProgressBar
+from infra.progress_bar import ProgressBar
 from infra.cli.status_view import render_json, render_table
 from infra.dev.load_generator import LoadSpec, generate
 from streaming.app import StreamApp

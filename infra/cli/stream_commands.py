@@ -21,7 +21,7 @@ from tenants.registry import load_registry
 from tenants.settings import AppSettings
 
 if TYPE_CHECKING:
-    from infra.cli.progress_bar import ProgressBar
+    from infra.progress_bar import ProgressBar
 
 log = logging.getLogger("tenant_windows")
 
@@ -97,7 +97,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _progress_bar(settings: AppSettings) -> ProgressBar | None:
-    from infra.cli.progress_bar import ProgressBar
+    from infra.progress_bar import ProgressBar
     from streaming.observe.stream_status import backlog_records
 
     try:

@@ -10,7 +10,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from infra.cli.progress_bar import ProgressBar
+from infra.progress_bar import ProgressBar
 from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_stack import LocalKafka
 from storage.lake.delta_lake import DeltaLake

@@ -314,7 +314,7 @@ class DeltaLake:
         before_commit: Callable[[], None] = lambda: None,
     ) -> bool:
         """Replace `staged` files by the `settled` ones holding the same rows, in one commit
-        (SPEC §5: at every version each row is visible exactly once), with the transaction id
+        (contract §5: at every version each row is visible exactly once), with the transaction id
         (`<app_id>/compaction`, `compaction_version`) and `dataChange = false`: readers that
         follow the table see no new data.
 

@@ -1,4 +1,4 @@
-"""The output tables' schemas and partitioning (SPEC §5), and how a batch's rows become them.
+"""The output tables' schemas and partitioning (contract §5), and how a batch's rows become them.
 
 The stateful stage emits one union row per output row, tagged with `kind`; `rows_for_table`
 selects one table's rows and derives its typed columns (UTC timestamps, partition dates).

@@ -1,5 +1,5 @@
 """Tenant-scoped Spark SQL: a session that can reach one tenant's rows only, and the checks every
-statement passes before it runs (SPEC §6: a security boundary, not a convenience filter).
+statement passes before it runs (contract §6: a security boundary, not a convenience filter).
 
 Defence in depth, each layer on its own enough for the escapes we know:
 1. `storage.query.sql_guard` accepts one read-only query over the views, with allow-listed parts.

@@ -1,4 +1,4 @@
-"""The allow-list a tenant-scoped SQL statement must pass before Spark sees it (SPEC §6).
+"""The allow-list a tenant-scoped SQL statement must pass before Spark sees it (contract §6).
 
 `tenant-windows sql --tenant T` is a security boundary: whatever the statement, it may read
 only T's rows. Spark SQL can reach much more than the registered views (file relations such as

@@ -123,7 +123,7 @@ def read_table(
 def window_contents(windows: DataFrame, events: DataFrame) -> DataFrame:
     """Each emitted pane with the records it counts, one row per (pane, record).
 
-    Panes count cumulatively from the window's first record (SPEC §4): an `events` row carries
+    Panes count cumulatively from the window's first record (contract §4): an `events` row carries
     the pane it was first counted in, so pane P of a window holds the window's records with
     `pane_index <= P`. A session that absorbed others (`merged_window_ids`) also holds their
     records, which keep their own `window_id` and pane numbering. For a discarding window the

@@ -1,4 +1,4 @@
-"""Compaction: a stream's staged rows move to their tenant's partitions (SPEC §5).
+"""Compaction: a stream's staged rows move to their tenant's partitions (contract §5).
 
 A micro-batch writes one staged file per write task and table (`storage.lake.tables` says why).
 Compaction reads this stream's staged files, regroups their rows by (tenant, source) across

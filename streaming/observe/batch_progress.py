@@ -82,7 +82,7 @@ class BatchProgress(BaseModel):
     """Per partition, as `max_kafka_lag`; empty when unknown."""
     record_windows: dict[str, int] = {}
     """(record, window) pairs by outcome: `on_time` and `late` (accepted, `events`),
-    `too_late` (`late_events`); SPEC §4."""
+    `too_late` (`late_events`); contract §4."""
     quarantined: dict[str, int] = {}
     """Quarantined records by reason."""
     backlog: int = 0

@@ -5,7 +5,7 @@ made 10,000 tenants many times slower than 10. The stream therefore groups by
 `bucket = pmod(xxhash64(tenant, source), state_buckets)`, and each group call does, for all the
 keys of its bucket at once:
 
-1. sort the bucket's records by (tenant, source, partition, offset): SPEC §2's per-key order;
+1. sort the bucket's records by (tenant, source, partition, offset): contract §2's per-key order;
 2. when the tenant config changed since the bucket last looked, close the keys whose config
    is gone (offboarding): each open window gets its final pane, and the key's state is dropped;
 3. quarantine what cannot be accepted (unknown key, clock too far ahead), as whole columns;
@@ -202,7 +202,7 @@ def sorted_batch(frames: list[pd.DataFrame]) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame(columns=_EMPTY_BATCH_COLUMNS)
     batch = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    # SPEC §2: a key's records are handled in (partition, offset) order. Malformed records have
+    # contract §2: a key's records are handled in (partition, offset) order. Malformed records have
     # no key; they sort last and only go to quarantine.
     return batch.sort_values(
         ["tenant", "source", "partition", "offset"], kind="stable", na_position="last"

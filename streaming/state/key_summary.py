@@ -8,7 +8,7 @@ and `merge` turns them into the exported gauges: totals, the top N tenants, and 
 A tenant's watermark is its slowest key's; its watermark delay (the newest event time minus W)
 its largest key's. Tenants are ranked by watermark, oldest first: that is the order of how far
 their results trail the clock (`time() - watermark`). Ranking by the delay would rank them by
-their sources' `out_of_orderness`, which bounds it (SPEC §2: W = newest - out_of_orderness, or
+their sources' `out_of_orderness`, which bounds it (contract §2: W = newest - out_of_orderness, or
 later once idle).
 
 A tenant's keys may sit in different buckets; each bucket lists its own top N tenants, so a

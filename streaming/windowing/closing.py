@@ -1,4 +1,4 @@
-"""Closing a key whose config is gone: every open window gets its final pane now (SPEC §6).
+"""Closing a key whose config is gone: every open window gets its final pane now (contract §6).
 
 Pure, no Spark. The key's rules are gone from the tenant config by then, but each open window
 kept the rules it was opened with (`KeyState.rules`), which is all a final pane needs: the

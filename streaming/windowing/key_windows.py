@@ -1,4 +1,4 @@
-"""Event-time windowing of one (tenant, source) key: watermark, panes, lateness (SPEC §2-§4).
+"""Event-time windowing of one (tenant, source) key: watermark, panes, lateness (contract §2-§4).
 
 Pure Python and free of Spark, so the semantics can be tested on their own. `KeyState` is the
 whole per-key state; `advance` feeds it one micro-batch of the key's records in (partition,
