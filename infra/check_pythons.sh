@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Keep in step with requires-python in pyproject.toml (tests/test_wheel.py checks it).
+# Keep in step with requires-python in pyproject.toml (tests/integration/operations/test_wheel.py
+# checks it).
 VERSIONS=(3.11 3.12 3.13)
 
 find_python() {
@@ -36,6 +37,9 @@ check_version() {
     touch "$venv/$stamp_name"
   fi
   installed=$SECONDS
+  # The unit tests: every test that starts neither the broker nor Spark (tests/conftest.py marks
+  # the others integration), i.e. tests/unit/ and the few in tests/integration/ that need neither
+  # (the wheel, the docs' skip reasons, what the cluster run ships, the lake without Spark).
   # Bytecode of what the tests import is kept inside the venv even where the environment says
   # PYTHONDONTWRITEBYTECODE: without it every run compiles pyspark and pandas again (2-3 s a
   # process).

@@ -484,8 +484,8 @@ def _render_header() -> list[str]:
         "",
         "Generated from the config models in `tenants/models.py` and `tenants/settings.py` by "
         f"`{REGENERATE_COMMAND}`: edit a model's `description=` (or the prose in "
-        "`infra/config_reference.py`) and regenerate. `tests/test_config_reference.py` fails "
-        "when this file is stale.",
+        "`infra/config_reference.py`) and regenerate. "
+        "`tests/unit/infra/test_config_reference.py` fails when this file is stale.",
         "",
         "| File | Holds | Top-level model |",
         "| --- | --- | --- |",

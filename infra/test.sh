@@ -9,8 +9,9 @@ export SPARK_LOCAL_IP=127.0.0.1
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 # Real clients from Debian: the query console's test drives Chromium headless
-# (tests/test_query_api.py), and a real Prometheus scrapes the stream and the query service and
-# loads the alert rules (tests/test_prometheus_scrape.py; promtool comes with it).
+# (tests/integration/query/test_query_api.py), and a real Prometheus scrapes the stream and the
+# query service and loads the alert rules (tests/integration/query/test_prometheus_scrape.py;
+# promtool comes with it).
 if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ] \
   || [ ! -x /usr/bin/prometheus ] || [ ! -x /usr/bin/promtool ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+from tests.support.sample_conf import SAMPLE_CONF
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +32,7 @@ def spark() -> Iterator[object]:
 
 @pytest.fixture(scope="session")
 def conf_dir() -> Path:
-    return PROJECT_ROOT / "conf"
+    return SAMPLE_CONF
 
 
 # A test that starts the broker or Spark is an integration test whether or not its module says

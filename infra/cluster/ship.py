@@ -37,7 +37,8 @@ EXECUTOR_PACKAGES = ("tenants", "streaming", "storage")
 # checked in pure Python, several times slower), confluent-kafka (the reader; its wheel bundles
 # librdkafka), sortedcontainers (the windowing's index of
 # open sessions), orjson (key state), pydantic and pyyaml;
-# tests/test_cluster_ship.py checks it against the installed requirement metadata.
+# tests/integration/cluster/test_cluster_ship.py checks it against the installed requirement
+# metadata.
 EXECUTOR_DISTRIBUTIONS = (
     "kafka-python",
     "crc32c",

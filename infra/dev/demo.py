@@ -10,9 +10,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from infra.progress_bar import ProgressBar
 from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_stack import LocalKafka
+from infra.progress_bar import ProgressBar
 from storage.lake.delta_lake import DeltaLake
 from storage.query.sql_views import register_views
 from streaming.app import StreamApp

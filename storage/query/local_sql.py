@@ -14,7 +14,8 @@ thousand rows; those the query service answers here, in milliseconds:
   engines runs here (`local_statement`): a small set of clauses, operators and functions, with
   comparisons whose operand types agree, and Spark's names for unaliased aggregates. Anything
   else, any DuckDB error, and a tenant whose rows pass `max_tenant_bytes`, goes to Spark: its
-  refusals, errors and odd cases stay Spark's own. `tests/test_local_sql.py` runs a corpus of
+  refusals, errors and odd cases stay Spark's own. `tests/integration/query/test_local_sql.py` runs
+  a corpus of
   statements on both engines and compares rows, names and types.
 - **Two parsers still agree:** the guard (`sql_guard.check_query`) has accepted the statement.
   DuckDB never reads the tenant's text, only what sqlglot generates from the accepted tree,

@@ -1,7 +1,7 @@
 """The one place that builds Kafka clients: kafka-python on the driver (offset lookups,
 `status`, `produce`), librdkafka (confluent-kafka) on executors (reading ranges). Every client
 gets the same security (`KafkaSecurity`: TLS, SASL) from here;
-`tests/test_kafka_clients.py` checks that no other module constructs a Kafka client.
+`tests/unit/streaming/kafka/test_client.py` checks that no other module constructs a Kafka client.
 
 Both sides bound every wait and fail with `KafkaUnavailableError`, so a broker outage stops the
 query instead of hanging it. That includes a broker that accepts connections and never answers:

@@ -5,7 +5,8 @@ object whose tenant and source are strings, whose event time and metric fields h
 their source expects) is decoded with orjson and routed once per key; the records of all keys
 that read their fields the same way (most keys of a source) are then read in one pass per field.
 Any other record goes through `parse_value` itself, so the two never disagree on an outcome, a
-reason or a message (`tests/test_bulk_parsing.py` checks it on random records). At 10 tenants
+reason or a message (`tests/unit/streaming/records/test_bulk_parsing.py` checks it on random
+records). At 10 tenants
 this took routing from about 29 to a few µs per record (`infra/dev/benchmarks/windowing_cost`).
 """
 

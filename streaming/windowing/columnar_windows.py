@@ -21,7 +21,8 @@ window (`WindowColumns`), and nothing loops over keys or records in Python.
   order), so they match the reference to the last bit.
 
 Keys whose open windows were opened with other rules, and session windows, go through `advance`.
-`tests/test_bucket_windowing.py` holds this to the reference on random keys, rules and batches.
+`tests/unit/streaming/windowing/test_columnar_windows.py` holds this to the reference on random
+keys, rules and batches.
 """
 
 from __future__ import annotations

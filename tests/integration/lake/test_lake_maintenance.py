@@ -1,0 +1,282 @@
+"""The lake at scale without Spark: staged files, settling, optimize, log checkpoints, streams
+sharing a lake, and all of them at once.
+
+Files are written by the executor-side code (`write_task_files`, `write_settled_files`) and
+committed by the driver's (`commit_files`, `settle`), exactly as a micro-batch and a compaction
+do, only called directly (a compaction's Spark job only moves the same rows between tasks).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from storage.lake.commits import FencedError
+from storage.lake.data_files import (
+    BatchFiles,
+    SettledFiles,
+    WrittenFile,
+    read_staged_files,
+    write_settled_files,
+    write_task_files,
+)
+from storage.lake.delta_lake import DeltaLake
+from storage.lake.snapshot_reader import read_newest_first
+from storage.lake.tables import EVENTS, STAGED, TENANT_STATUS
+from storage.lake.writer_lease import WriterLease
+from streaming.observe.stream_status import latest_per_key
+from streaming.state.configured_status import status_rows
+from streaming.state.union_rows import union_table
+from tenants.settings import StreamSettings
+from tests.support.timestamps import T0_MS
+
+
+def _event_rows(tenants: list[str], batch_id: int) -> pa.Table:
+    count = len(tenants)
+    return union_table(
+        {
+            "kind": ["events"] * count,
+            "tenant": tenants,
+            "source": ["web"] * count,
+            "window_id": ["w"] * count,
+            "window_start_ms": [T0_MS] * count,
+            "window_end_ms": [T0_MS + 60_000] * count,
+            "pane_index": [0] * count,
+            "timing": ["ON_TIME"] * count,
+            "event_time_ms": [T0_MS + batch_id] * count,
+            "partition": [0] * count,
+            "offset": list(range(batch_id * count, (batch_id + 1) * count)),
+            "kafka_timestamp_ms": [T0_MS] * count,
+            "value": [b"{}"] * count,
+        },
+        count,
+    )
+
+
+def _commit_batch(
+    lake: DeltaLake, stream: str, epoch: int, batch_id: int, tenants: list[str], task: int = 0
+) -> bool:
+    target = BatchFiles(lake.root, None, stream, epoch, batch_id, (EVENTS.name,))
+    batches = write_task_files(target, lambda: task)(
+        iter(_event_rows(tenants, batch_id).to_batches())
+    )
+    files = [WrittenFile.from_row(row) for batch in batches for row in batch.to_pylist()]
+    return lake.commit_files(EVENTS, files, stream, batch_id, epoch)
+
+
+def _settle(lake: DeltaLake, stream: str, epoch: int, version: int) -> bool:
+    """What `storage.upkeep.compaction` does, in one process: read this stream's staged files, write
+    their rows as settled files, commit the swap."""
+    staged = lake.staged_files(EVENTS, stream)
+    if not staged:
+        return False
+    paths = pa.RecordBatch.from_pylist([{"path": file.path} for file in staged])
+    rows = list(read_staged_files(lake.root, None, EVENTS.name)(iter([paths])))
+    target = SettledFiles(lake.root, None, stream, epoch, f"v{version}", EVENTS.name)
+    written = write_settled_files(target)(iter(rows))
+    settled = [WrittenFile.from_row(row) for batch in written for row in batch.to_pylist()]
+    return lake.settle(EVENTS, staged, settled, stream, version, epoch)
+
+
+def _paths(lake: DeltaLake) -> list[str]:
+    """The data files of the current version, relative to the table."""
+    actions = DeltaTable(lake.table_uri(EVENTS)).get_add_actions(flatten=True)
+    return sorted(str(path) for path in actions.column("path").to_pylist())
+
+
+def _lake(tmp_path: Path) -> DeltaLake:
+    lake = DeltaLake(str(tmp_path / "lake"))
+    lake.ensure_tables()
+    return lake
+
+
+def test_a_task_stages_one_file_named_by_stream_epoch_and_batch_then_it_settles_per_tenant(
+    tmp_path: Path,
+) -> None:
+    lake = _lake(tmp_path)
+    epoch = WriterLease.for_stream(lake, StreamSettings(name="orders")).acquire()
+    assert _commit_batch(lake, "orders", epoch, 0, ["acme", "acme", "globex"], task=3)
+
+    [staged] = _paths(lake)  # one file, whatever the tenants
+    assert staged.startswith(f"layout_tenant={STAGED}/")
+    assert f"part-orders-e{epoch}-b0000000000-t00003-" in staged
+
+    assert _settle(lake, "orders", epoch, version=0)
+    settled = _paths(lake)
+    assert len(settled) == 2  # one per tenant partition
+    for path in settled:
+        assert path.startswith(
+            (
+                "layout_tenant=acme/layout_source=web/layout_window_date=2026-01-01/",
+                "layout_tenant=globex/",
+            )
+        )
+    rows = DeltaTable(lake.table_uri(EVENTS)).to_pandas()
+    assert sorted(rows["tenant"]) == ["acme", "acme", "globex"]
+    assert not _settle(lake, "orders", epoch, version=1)  # nothing staged any more
+
+
+def test_a_zombie_instance_cannot_settle_staged_rows(tmp_path: Path) -> None:
+    lake = _lake(tmp_path)
+    zombie = WriterLease.for_stream(lake, StreamSettings(name="orders", lease_ttl="1s"))
+    old_epoch = zombie.acquire()
+    assert _commit_batch(lake, "orders", old_epoch, 0, ["acme"])
+    successor = WriterLease.for_stream(lake, StreamSettings(name="orders", lease_ttl="1s"))
+    later_ms = zombie.clock_ms() + 1_001
+    successor.clock_ms = lambda: later_ms  # the zombie went silent for longer than its lease
+    new_epoch = successor.acquire()
+    assert new_epoch > old_epoch
+    with pytest.raises(FencedError):
+        _settle(lake, "orders", old_epoch, version=0)
+    assert _paths(lake)[0].startswith(f"layout_tenant={STAGED}/")
+    assert _settle(lake, "orders", new_epoch, version=0)
+
+
+def test_a_retried_batch_writes_the_same_file_names(tmp_path: Path) -> None:
+    lake = _lake(tmp_path)
+    target = BatchFiles(lake.root, None, "orders", 1, 7, (EVENTS.name,))
+    names = []
+    for _attempt in range(2):
+        written = write_task_files(target, lambda: 0)(iter(_event_rows(["acme"], 7).to_batches()))
+        names.append([row["path"] for batch in written for row in batch.to_pylist()])
+    assert names[0] == names[1]
+
+
+def test_optimize_compacts_small_files_keeps_every_row_and_checkpoints_the_log(
+    tmp_path: Path,
+) -> None:
+    lake = _lake(tmp_path)
+    epoch = WriterLease.for_stream(lake, StreamSettings(name="orders")).acquire()
+    tenants = [f"t{i}" for i in range(5)]
+    for batch_id in range(6):
+        assert _commit_batch(lake, "orders", epoch, batch_id, tenants)
+        assert _settle(lake, "orders", epoch, batch_id)
+    assert _commit_batch(lake, "orders", epoch, 6, tenants)  # staged: the stream's to settle
+    before = DeltaTable(lake.table_uri(EVENTS))
+    rows_before = before.to_pandas().sort_values("offset").reset_index(drop=True)
+    assert len(_paths(lake)) == 31
+
+    done = lake.optimize()
+
+    after = DeltaTable(lake.table_uri(EVENTS))
+    assert done["events"].files_removed == 30
+    assert len(_paths(lake)) == 6  # one file per tenant partition, and the staged one
+    rows_after = after.to_pandas().sort_values("offset").reset_index(drop=True)
+    pd.testing.assert_frame_equal(rows_after, rows_before)
+    checkpoints = list((tmp_path / "lake" / "events" / "_delta_log").glob("*.checkpoint.parquet"))
+    assert checkpoints, "no log checkpoint was written"
+    # The stream goes on committing and settling after an optimize, exactly once.
+    assert _commit_batch(lake, "orders", epoch, 7, tenants)
+    assert not _commit_batch(lake, "orders", epoch, 7, tenants)
+    assert _settle(lake, "orders", epoch, 7)
+    assert len(DeltaTable(lake.table_uri(EVENTS)).to_pandas()) == 40
+
+
+def test_four_streams_commit_into_one_lake_at_once_and_every_batch_lands(tmp_path: Path) -> None:
+    lake = _lake(tmp_path)
+    streams = [f"stream-{n}" for n in range(4)]
+    epochs = {
+        stream: WriterLease.for_stream(lake, StreamSettings(name=stream)).acquire()
+        for stream in streams
+    }
+    failures: list[BaseException] = []
+
+    def run(stream: str) -> None:
+        try:
+            for batch_id in range(8):
+                assert _commit_batch(lake, stream, epochs[stream], batch_id, [stream])
+        except BaseException as error:  # reported by the main thread
+            failures.append(error)
+
+    threads = [threading.Thread(target=run, args=(stream,)) for stream in streams]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not failures, failures
+    table = DeltaTable(lake.table_uri(EVENTS))
+    for stream in streams:
+        assert table.transaction_version(stream) == 7
+    assert table.to_pandas().groupby("tenant").size().to_dict() == dict.fromkeys(streams, 8)
+    # Each stream settles its own staged rows, and only those.
+    assert _settle(lake, "stream-0", epochs["stream-0"], 7)
+    rows = DeltaTable(lake.table_uri(EVENTS)).to_pandas()
+    settled = rows[rows["layout_tenant"] != STAGED]
+    assert set(settled["tenant"]) == {"stream-0"} and len(settled) == 8
+    others = [file.path for stream in streams[1:] for file in lake.staged_files(EVENTS, stream)]
+    assert sorted(others) == [file.path for file in lake.staged_files(EVENTS)]
+
+
+def test_batches_settling_optimize_and_vacuum_at_once_lose_and_duplicate_nothing(
+    tmp_path: Path,
+) -> None:
+    lake = _lake(tmp_path)
+    epoch = WriterLease.for_stream(lake, StreamSettings(name="orders")).acquire()
+    tenants = [f"t{i}" for i in range(6)]
+    batches = 12
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def stream() -> None:
+        try:
+            for batch_id in range(batches):
+                assert _commit_batch(lake, "orders", epoch, batch_id, tenants)
+                if batch_id % 3 == 2:
+                    _settle(lake, "orders", epoch, batch_id)
+        except BaseException as error:  # reported by the main thread
+            failures.append(error)
+        finally:
+            done.set()
+
+    def maintenance() -> None:
+        try:
+            for _ in range(20):  # bounded; usually ends with the stream
+                if done.is_set():
+                    return
+                lake.optimize()
+                lake.vacuum(retention_ms=3_600_000, dry_run=False)
+        except BaseException as error:
+            failures.append(error)
+
+    threads = [threading.Thread(target=stream), threading.Thread(target=maintenance)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=180)
+    assert not failures, failures
+    _settle(lake, "orders", epoch, batches)
+    rows = DeltaTable(lake.table_uri(EVENTS)).to_pandas()
+    assert len(rows) == batches * len(tenants)
+    assert not rows.duplicated(["partition", "offset"]).any()
+    assert not any(path.startswith(f"layout_tenant={STAGED}/") for path in _paths(lake))
+
+
+def test_the_latest_row_per_key_is_read_from_the_newest_batches_only(tmp_path: Path) -> None:
+    lake = _lake(tmp_path)
+    epoch = WriterLease.for_stream(lake, StreamSettings(name="orders")).acquire()
+    keys = [("acme", "web"), ("acme", "billing"), ("globex", "web")]
+    for batch_id in range(30):
+        # Every key until batch 24; then only acme/web has records.
+        active = keys if batch_id <= 24 else keys[:1]
+        target = BatchFiles(lake.root, None, "orders", epoch, batch_id, (TENANT_STATUS.name,))
+        rows = status_rows(active, T0_MS + batch_id)
+        written = write_task_files(target, lambda: 0)(iter(rows.to_batches()))
+        files = [WrittenFile.from_row(row) for batch in written for row in batch.to_pylist()]
+        assert lake.commit_files(TENANT_STATUS, files, "orders", batch_id, epoch)
+
+    def every_key_seen(rows: pa.Table) -> bool:
+        seen = zip(rows["tenant"].to_pylist(), rows["source"].to_pylist(), strict=True)
+        return set(keys) <= set(seen)
+
+    columns = TENANT_STATUS.schema.names
+    read = read_newest_first(
+        lake.open(TENANT_STATUS), TENANT_STATUS.schema, None, columns, every_key_seen, 2
+    )
+    assert min(read["batch_id"].to_pylist()) >= 24  # 6 of 30 files, in 3 reads of 2
+    everything = lake.read_arrow(TENANT_STATUS, columns=columns)
+    assert latest_per_key(read).equals(latest_per_key(everything))

@@ -1,0 +1,100 @@
+"""The lake on S3: a real S3 endpoint (moto server on 127.0.0.1), keys kept secret."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.cli.main import main
+from storage.lake.delta_lake import DeltaLake
+from storage.lake.s3_options import storage_options
+from storage.lake.tables import EVENTS
+from tenants.registry import ConfigError
+from tenants.settings import load_settings
+from tests.support.pipeline_harness import Pipeline, record
+from tests.support.s3_endpoint import moto_s3, s3_environ
+from tests.support.timestamps import T0_MS
+
+pytestmark = pytest.mark.integration
+
+ACCESS_KEY = "AKIATENANTWINDOWS"
+SECRET_KEY = "s3cr3t-never-in-logs-6f1d"
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    with moto_s3(ACCESS_KEY, SECRET_KEY) as endpoint:
+        yield f"http://{endpoint}"
+
+
+def test_the_stream_writes_and_sql_reads_a_lake_on_s3_without_leaking_keys(
+    kafka: Any,
+    spark: Any,
+    conf_dir: Path,
+    tmp_path: Path,
+    s3_endpoint: str,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    environ = s3_environ(s3_endpoint, ACCESS_KEY, SECRET_KEY)
+    pipeline = Pipeline.create(
+        kafka, tmp_path, conf_dir, lake_root="s3://lake/tenant-windows", environ=environ
+    )
+    pipeline.produce([record("acme", "web", T0_MS + i * 20_000) for i in range(6)] + [b"{"])
+
+    pipeline.run_available_now(spark)
+    pipeline.run_available_now(spark)  # a restart on S3 writes nothing twice
+
+    assert len(pipeline.table("events")) == 6
+    assert pipeline.table("quarantine")["reason"].tolist() == ["malformed_json"]
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    code = main(
+        ["sql", "--lake-root", "s3://lake/tenant-windows", "--format", "json",
+         "SELECT tenant, count(*) AS n FROM events GROUP BY tenant"]
+    )  # fmt: skip
+    assert code == 0
+    out, err = capsys.readouterr()
+    assert '{"tenant":"acme","n":6}' in out
+    everything_printed = out + err + caplog.text + repr(pipeline.settings) + repr(pipeline.lake)
+    assert SECRET_KEY not in everything_printed
+
+
+def test_keys_can_come_from_a_secrets_file(tmp_path: Path, s3_endpoint: str) -> None:
+    secrets = tmp_path / "s3.yaml"
+    secrets.write_text(f"access_key_id: {ACCESS_KEY}\nsecret_access_key: {SECRET_KEY}\n")
+    settings = load_settings(
+        None,
+        environ={},
+        overrides={
+            "lake.root": "s3://lake/from-secrets-file",
+            "lake.s3.endpoint_url": s3_endpoint,
+            "lake.s3.allow_http": True,
+            "lake.s3.secrets_file": str(secrets),
+        },
+    )
+    options = storage_options(settings.lake)
+    assert options is not None and options["AWS_SECRET_ACCESS_KEY"] == SECRET_KEY
+    lake = DeltaLake.from_settings(settings.lake)
+    lake.ensure_tables()
+    assert lake.committed_batch(EVENTS, "any") is None
+    assert SECRET_KEY not in repr(settings) + repr(lake)
+
+
+def test_a_bad_secrets_file_names_the_file_not_its_content(tmp_path: Path) -> None:
+    secrets = tmp_path / "s3.yaml"
+    secrets.write_text(f"access_key_id: {ACCESS_KEY}\nsecret: {SECRET_KEY}\n")
+    settings = load_settings(
+        None,
+        environ={},
+        overrides={"lake.root": "s3://lake/x", "lake.s3.secrets_file": str(secrets)},
+    )
+    with pytest.raises(ConfigError, match="secret_access_key: missing") as refused:
+        storage_options(settings.lake)
+    assert str(secrets) in str(refused.value) and SECRET_KEY not in str(refused.value)

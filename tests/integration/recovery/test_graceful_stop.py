@@ -1,0 +1,146 @@
+"""SIGTERM finishes the batch in progress, exits 0, and a restart goes on where it stopped.
+
+A real `tenant-windows run --available-now` is held mid-batch by the pause hook (after its
+first table's Delta commit of batch 1), gets SIGTERM while held, and is let go on. A batch that
+outlasts `stream.stop_grace` is cut short instead; its replay on restart loses nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.dev.load_generator import LoadSpec
+from infra.dev.local_process import process_state
+from storage.lake.tables import ALL_TABLES
+from streaming.checkpoint.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
+from streaming.hooks import FaultPoint
+from tenants.registry import load_registry
+from tests.support.datasets import clean_run, sample_records
+from tests.support.pipeline_harness import Pipeline
+from tests.support.stream_process import start_process, wait_or_kill
+from tests.support.table_snapshots import (
+    assert_every_record_landed_once,
+    assert_same_tables,
+    snapshot,
+)
+
+pytestmark = pytest.mark.integration
+
+BATCH_SIZE = 150
+RECORDS = 600  # four batches
+PAUSED_BATCH = 1
+# This 2-core machine is shared: a batch has taken 40 s here.
+WAIT_FOR_PAUSE_S = 300
+RUN_TIMEOUT_S = 300
+
+
+def test_sigterm_mid_batch_commits_that_batch_exits_0_and_a_restart_matches_a_clean_run(
+    kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
+) -> None:
+    stopped = _producing_pipeline(kafka, conf_dir, tmp_path)
+
+    code, output = _sigterm_while_paused(stopped, tmp_path / "stopped-run.log", hold_s=0)
+
+    assert code == 0, output[-3000:]
+    assert "stopping between batches" in output, output[-3000:]
+    assert f"batch {PAUSED_BATCH}: " in output, "the paused batch's commits were not finished"
+    # Nothing half done: the last batch Spark planned is committed, in the checkpoint and in
+    # every table; the stop came before the topic was drained.
+    checkpoint = CheckpointLog(stopped.settings.stream.checkpoint_dir)
+    committed = checkpoint.latest_batch(COMMITS_DIR)
+    assert committed is not None and PAUSED_BATCH <= committed < RECORDS // BATCH_SIZE - 1
+    # Spark may have planned the next batch in the moment before the query stopped; then it
+    # wrote nothing of it (the table check below), and the restart runs it.
+    assert checkpoint.latest_batch(OFFSETS_DIR) in (committed, committed + 1)
+    lake = stopped.lake
+    assert {spec.name: lake.committed_batch(spec, stopped.stream_name) for spec in ALL_TABLES} == {
+        spec.name: committed for spec in ALL_TABLES
+    }
+    _assert_a_restart_matches_a_clean_run(stopped, kafka, spark, conf_dir, tmp_path)
+
+
+def test_a_batch_outlasting_the_grace_period_is_cut_short_and_a_restart_matches_a_clean_run(
+    kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
+) -> None:
+    stopped = _producing_pipeline(
+        kafka, conf_dir, tmp_path, environ={"TW_STREAM__STOP_GRACE": "1s"}
+    )
+
+    # Each table commit of the batch is held longer than the whole grace period.
+    code, output = _sigterm_while_paused(stopped, tmp_path / "stopped-run.log", hold_s=3)
+
+    assert code == 0, output[-3000:]
+    assert f"batch {PAUSED_BATCH} did not finish within the grace period" in output, output[-3000:]
+    _assert_a_restart_matches_a_clean_run(stopped, kafka, spark, conf_dir, tmp_path)
+
+
+def _producing_pipeline(
+    kafka: Any, conf_dir: Path, tmp_path: Path, environ: dict[str, str] | None = None
+) -> Pipeline:
+    registry = load_registry(conf_dir)
+    spec = LoadSpec(count=RECORDS, late_share=0.1, malformed_share=0.05, jitter=30_000, seed=3)
+    samples = sample_records(registry, spec)
+    pipeline = Pipeline.create(
+        kafka,
+        tmp_path / "stopped",
+        conf_dir,
+        partitions=2,
+        max_offsets_per_trigger=BATCH_SIZE,
+        environ=dict(environ or {}),
+    )
+    pipeline.produce_samples(samples)
+    return pipeline
+
+
+def _sigterm_while_paused(pipeline: Pipeline, log_path: Path, hold_s: float) -> tuple[int, str]:
+    """Run the stream held at each table commit of `PAUSED_BATCH` (`hold_s` each time), send
+    SIGTERM at the first hold; the exit code and the output."""
+    with log_path.open("wb") as log:
+        process = start_process(
+            pipeline,
+            log,
+            fault=["--pause-at", f"{FaultPoint.BETWEEN_TABLE_COMMITS}@{PAUSED_BATCH}"],
+        )
+        try:
+            _wait_until_paused(process.pid, log_path)
+            # Delivered when the driver runs again: mid-way through the batch's commits.
+            os.kill(process.pid, signal.SIGTERM)
+            deadline = time.monotonic() + RUN_TIMEOUT_S
+            while process.poll() is None and time.monotonic() < deadline:
+                if process_state(process.pid) == "T":
+                    time.sleep(hold_s)
+                    os.kill(process.pid, signal.SIGCONT)
+                time.sleep(0.2)
+            code = wait_or_kill(process, timeout_s=1)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    return code, log_path.read_text()
+
+
+def _assert_a_restart_matches_a_clean_run(
+    stopped: Pipeline, kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
+) -> None:
+    stopped.run_available_now(spark)
+    clean = clean_run(kafka, spark, conf_dir, tmp_path / "clean", stopped.topic, BATCH_SIZE)
+    assert_same_tables(snapshot(stopped), clean)
+    assert_every_record_landed_once(stopped)
+
+
+def _wait_until_paused(pid: int, log_path: Path) -> None:
+    """Until the pause hook has SIGSTOPped the driver (state T), bounded."""
+    deadline = time.monotonic() + WAIT_FOR_PAUSE_S
+    while time.monotonic() < deadline:
+        state = process_state(pid)
+        if state == "T":
+            return
+        if state == "Z":
+            pytest.fail(f"the stream exited before the pause:\n{log_path.read_text()[-3000:]}")
+        time.sleep(0.2)
+    pytest.fail(f"the stream did not reach the pause point:\n{log_path.read_text()[-3000:]}")

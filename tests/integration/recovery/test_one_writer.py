@@ -1,0 +1,147 @@
+"""One writer per stream, with the real stream: a second instance and a zombie instance.
+
+Each instance is a real `tenant-windows run` process. The zombie is paused with SIGSTOP by the
+fault hook just before a Delta commit, as a long GC pause or a frozen VM would, and resumed
+after a newer instance has taken the stream over and finished.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from subprocess import Popen
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from infra.dev.load_generator import LoadSpec
+from infra.dev.local_process import process_state
+from storage.lake.writer_lease import LEASE_TABLE
+from streaming.hooks import FaultPoint
+from tests.support.datasets import sample_records
+from tests.support.paths import ROOT
+from tests.support.pipeline_harness import Pipeline, record
+from tests.support.stream_process import start_process
+from tests.support.table_snapshots import assert_every_record_landed_once, table_versions
+from tests.support.timestamps import T0_MS
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+LEASE_TTL = {"TW_STREAM__LEASE_TTL": "3s"}
+
+
+@contextmanager
+def _instance(
+    pipeline: Pipeline, available_now: bool, fault: Sequence[str] = ()
+) -> Iterator[Popen[bytes]]:
+    """A `tenant-windows run` process, killed on the way out if it is still running."""
+    log_path = pipeline.workdir / f"instance-{time.monotonic_ns()}.log"
+    with log_path.open("wb") as log:
+        process = start_process(pipeline, log, available_now=available_now, fault=fault)
+        process.log_path = log_path  # type: ignore[attr-defined]
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)  # its own group: driver and JVM
+                process.wait(timeout=30)
+
+
+def _log(process: Popen[bytes]) -> str:
+    path: Path = process.log_path  # type: ignore[attr-defined]
+    return path.read_text(errors="replace")
+
+
+def _wait_while_alive(
+    what: str, done: Callable[[], bool], process: Popen[bytes], timeout_s: float
+) -> None:
+    def running() -> None:
+        if process.poll() is not None:
+            raise AssertionError(
+                f"the instance exited ({process.returncode}):\n{_log(process)[-3000:]}"
+            )
+
+    wait_until(done, timeout_s, what, alive=running, interval_s=0.3)
+
+
+def test_a_second_instance_of_a_running_stream_fails_fast_and_writes_nothing(
+    kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
+) -> None:
+    pipeline = Pipeline.create(kafka, tmp_path, conf_dir, trigger_interval="500ms")
+    produced = [record("acme", "web", T0_MS + i * 1_000) for i in range(20)]
+    pipeline.produce(produced)
+    with _instance(pipeline, available_now=False) as first:
+        _wait_while_alive(
+            "the first instance's events",
+            lambda: (
+                (tmp_path / "lake" / "events").exists()
+                and len(pipeline.table("events")) == len(produced)
+            ),
+            first,
+            timeout_s=180,
+        )
+        second_checkpoint = tmp_path / "second-checkpoint"
+        second = subprocess.run(
+            pipeline.cli_run("--checkpoint-dir", str(second_checkpoint)),
+            cwd=ROOT,
+            capture_output=True,
+            env=pipeline.process_environ(),
+            timeout=180,
+            check=False,
+        )
+        stderr = second.stderr.decode()
+        assert second.returncode == 2, stderr[-3000:]
+        assert "stream 'test-stream' is already running" in stderr
+        assert f"pid {first.pid}" in stderr
+        assert not second_checkpoint.exists(), "the refused instance wrote a checkpoint"
+        claims = DeltaTable(str(tmp_path / "lake" / LEASE_TABLE)).to_pandas()
+        assert list(claims["pid"]) == [first.pid], "the refused instance recorded a claim"
+
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=120) == 0, _log(first)[-3000:]
+
+    # A clean stop released the stream: the next instance starts at once and resumes.
+    pipeline.produce([record("acme", "web", T0_MS + 60_000)])
+    pipeline.run_available_now(spark)
+    assert len(pipeline.table("events")) == len(produced) + 1
+
+
+def test_a_zombie_instance_cannot_commit_after_a_newer_one_took_over(
+    kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
+) -> None:
+    pipeline = Pipeline.create(
+        kafka, tmp_path, conf_dir, partitions=2, max_offsets_per_trigger=60, environ=LEASE_TTL
+    )
+    registry = pipeline.registry()
+    spec = LoadSpec(count=240, late_share=0.1, malformed_share=0.05, jitter=30_000, seed=11)
+    pipeline.produce_samples(sample_records(registry, spec))
+
+    pause_at = ["--pause-at", f"{FaultPoint.BEFORE_DELTA_COMMIT}@1"]
+    with _instance(pipeline, available_now=True, fault=pause_at) as zombie:
+        _wait_while_alive(
+            "the pause before batch 1's commit",
+            lambda: process_state(zombie.pid) == "T",
+            zombie,
+            180,
+        )
+        time.sleep(3.5)  # silent for longer than the lease TTL: it may be taken over
+
+        pipeline.run_available_now(spark)
+        after_takeover = table_versions(pipeline)
+
+        zombie.send_signal(signal.SIGCONT)
+        code = zombie.wait(timeout=120)
+        zombie_log = _log(zombie)
+
+    assert code == 1, zombie_log[-3000:]
+    assert re.search(r"took (the stream|it) over", zombie_log), zombie_log[-3000:]
+    assert table_versions(pipeline) == after_takeover, "the zombie committed after the take-over"
+    assert_every_record_landed_once(pipeline)

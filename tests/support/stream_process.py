@@ -1,0 +1,98 @@
+"""Run a real `tenant-windows run` as a process of its own: start it, wait for its commits, kill
+it with the SIGKILL fault hook, restart it in the test's Spark session.
+
+Shared by the crash, stop, hang and outage tests on a local lake and on S3.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import pandas as pd
+
+from tests.support.paths import ROOT
+from tests.support.pipeline_harness import Pipeline
+from tests.support.table_snapshots import snapshot
+from tests.support.waiting import wait_until
+
+RUN_TIMEOUT_S = 240
+
+
+def wait_for_commit_log(
+    pipeline: Pipeline, batch_id: int, process: subprocess.Popen[bytes], deadline_s: float
+) -> None:
+    """Until Spark logged `batch_id` as done, i.e. after all of its Delta commits."""
+    marker = pipeline.workdir / "checkpoint" / "commits" / str(batch_id)
+
+    def running() -> None:
+        assert process.poll() is None, "the stream ended before it committed its first batches"
+
+    wait_until(
+        marker.exists, deadline_s, f"batch {batch_id} committed", alive=running, interval_s=0.2
+    )
+
+
+def start_process(
+    pipeline: Pipeline,
+    log: IO[bytes],
+    environ: dict[str, str] | None = None,
+    available_now: bool = True,
+    fault: Sequence[str] = (),
+) -> subprocess.Popen[bytes]:
+    """Start `tenant-windows run` in its own process group, output to `log`; `fault` installs
+    a fault hook (see `Pipeline.cli_run`)."""
+    extra = ["--available-now"] if available_now else []
+    return subprocess.Popen(
+        pipeline.cli_run(*extra, fault=fault),
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        # The pipeline's own TW_* settings (e.g. S3 keys) reach the process by environment.
+        env=pipeline.process_environ(**(environ or {})),
+        start_new_session=True,  # its own process group: the fault hook kills just that
+    )
+
+
+def wait_or_kill(process: subprocess.Popen[bytes], timeout_s: float) -> int:
+    """The exit code; past `timeout_s` the process group is killed and TimeoutExpired raised."""
+    try:
+        return process.wait(timeout=timeout_s)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+
+
+def run_process(
+    pipeline: Pipeline,
+    log_path: Path,
+    environ: dict[str, str] | None = None,
+    timeout_s: float = RUN_TIMEOUT_S,
+    fault: Sequence[str] = (),
+) -> int:
+    """Run `tenant-windows run --available-now` to its end; its exit code (-9: SIGKILL)."""
+    with log_path.open("wb") as log:
+        return wait_or_kill(start_process(pipeline, log, environ, fault=fault), timeout_s)
+
+
+def crash_and_recover(
+    pipeline: Pipeline,
+    spark: Any,
+    crash_at: str,
+    before_restart: Callable[[Pipeline], None] | None = None,
+) -> dict[str, pd.DataFrame]:
+    """Run until the fault hook kills the run at `crash_at`, restart in `spark`, snapshot."""
+    log_path = pipeline.workdir / "crashed-run.log"
+    code = run_process(pipeline, log_path, fault=["--crash-at", crash_at])
+    assert code == -signal.SIGKILL, (
+        f"expected a SIGKILL at {crash_at}, got exit code {code}:\n" + log_path.read_text()[-3000:]
+    )
+    if before_restart is not None:
+        before_restart(pipeline)
+    pipeline.run_available_now(spark)
+    return snapshot(pipeline)

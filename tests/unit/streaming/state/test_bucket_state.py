@@ -1,0 +1,162 @@
+"""The state of a bucket of keys: what goes in comes out, untouched keys keep their bytes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+
+import pyarrow as pa
+
+from streaming.state.bucket_state import BucketState
+from streaming.windowing.key_state import KeyState, RecordInput
+from streaming.windowing.key_windows import advance
+from tenants.models import WindowRules, rules_id
+from tests.support.bucket_inputs import json_layout_blob
+
+RULES = WindowRules.model_validate(
+    {"window": {"kind": "tumbling", "size": "1m"}, "out_of_orderness": "10s"}
+)
+
+
+def _state_with_records(*event_times_ms: int) -> KeyState:
+    state = KeyState()
+    advance(state, [RecordInput(t) for t in event_times_ms], RULES, processing_time_ms=1_000)
+    return state
+
+
+def test_keys_round_trip_through_bytes_with_their_counters_and_deadlines() -> None:
+    bucket = BucketState()
+    acme = bucket.get(("acme", "web"))
+    acme.key_state = _state_with_records(5_000, 80_000)
+    acme.quarantined_records = 3
+    acme.idle_deadline_ms = 9_000
+    bucket.get(("globex", "web")).key_state = _state_with_records(1_000)
+
+    restored = BucketState.from_bytes(bucket.to_bytes())
+
+    assert restored.keys() == {("acme", "web"), ("globex", "web")}
+    acme_again = restored.get(("acme", "web"))
+    assert acme_again.key_state == acme.key_state
+    assert acme_again.key_state.watermark_ms == 70_000
+    assert (acme_again.quarantined_records, acme_again.idle_deadline_ms) == (3, 9_000)
+    assert restored.get(("globex", "web")).idle_deadline_ms is None
+
+
+def test_only_due_keys_are_idle_and_the_next_deadline_is_the_earliest() -> None:
+    bucket = BucketState()
+    for tenant, deadline in [("a", 5_000), ("b", 9_000), ("c", None)]:
+        bucket.get((tenant, "web")).idle_deadline_ms = deadline
+    restored = BucketState.from_bytes(bucket.to_bytes())
+    restored.get(("b", "web")).idle_deadline_ms = 4_000  # decoded and changed in this batch
+
+    assert restored.idle_keys(4_500) == [("b", "web")]
+    assert restored.idle_keys(5_000) == [("a", "web"), ("b", "web")]
+    assert restored.next_idle_deadline_ms() == 4_000
+
+
+def test_a_dropped_key_is_gone_and_an_empty_bucket_round_trips() -> None:
+    bucket = BucketState()
+    bucket.get(("acme", "web"))
+    bucket.drop(("acme", "web"))
+    assert len(BucketState.from_bytes(bucket.to_bytes())) == 0
+    assert len(BucketState.from_bytes(None)) == 0
+
+
+def test_the_written_out_json_of_a_key_state_is_its_whole_dataclass() -> None:
+    """`to_json_dict` is written field by field for speed; it must not forget a field."""
+    state = _state_with_records(5_000, 61_000, 20_000, 200_000)
+    reference = asdict(replace(state, open_window_index=None))
+    del reference["open_window_index"]
+    assert state.to_json_dict() == reference
+    assert KeyState.from_json_dict(state.to_json_dict()) == state
+
+
+def test_an_overflowed_sum_survives_the_state_written_now_and_by_earlier_releases() -> None:
+    summed = WindowRules.model_validate(
+        {
+            "window": {"kind": "tumbling", "size": "1m"},
+            "out_of_orderness": "10s",
+            "metrics": {"total": {"kind": "sum", "field": "amount"}},
+        }
+    )
+    state = KeyState()
+    huge = {"total": 1.5e308}
+    advance(state, [RecordInput(1_000, huge), RecordInput(2_000, huge)], summed, 1_000)
+    bucket = BucketState()
+    bucket.get(("acme", "web")).key_state = state
+
+    restored = BucketState.from_bytes(bucket.to_bytes()).get(("acme", "web")).key_state
+    advance(restored, [RecordInput(3_000, {"total": -1.0})], summed, 2_000)
+
+    (window,) = restored.windows.values()
+    assert window.total.metrics["total"] == [float("inf"), 3]
+    # Releases before orjson wrote the standard library's `Infinity`.
+    legacy = json.dumps(state.to_json_dict()).replace('"inf"', "Infinity")
+    assert "Infinity" in legacy
+    old_bucket = BucketState.from_bytes(json_layout_blob(["acme"], [legacy]))
+    (old_window,) = old_bucket.get(("acme", "web")).key_state.windows.values()
+    assert old_window.total.metrics["total"] == [float("inf"), 2]
+
+
+def _rules_stored(blob: bytes) -> dict[str, object]:
+    metadata = pa.ipc.open_stream(blob).schema.metadata
+    return dict(json.loads(metadata[b"rules_by_id_json"]))
+
+
+def test_rules_shared_by_keys_are_stored_once_per_bucket_and_dropped_when_unused() -> None:
+    hourly = RULES.model_copy(update={"out_of_orderness_ms": 60_000})
+    bucket = BucketState()
+    for tenant in ("a", "b", "c"):
+        bucket.get((tenant, "web")).key_state = _state_with_records(5_000)
+    other = KeyState()
+    advance(other, [RecordInput(5_000)], hourly, processing_time_ms=1_000)
+    bucket.get(("d", "web")).key_state = other
+    blob = bucket.to_bytes()
+
+    assert set(_rules_stored(blob)) == {rules_id(RULES), rules_id(hourly)}
+    assert blob.count(b'"out_of_orderness_ms"') == 2  # once per rule set, not once per key
+    restored = BucketState.from_bytes(blob)
+    for tenant in ("a", "b", "c"):
+        assert restored.get((tenant, "web")).key_state == _state_with_records(5_000)
+    assert restored.get(("d", "web")).key_state == other
+
+    restored.drop(("d", "web"))
+    assert set(_rules_stored(restored.to_bytes())) == {rules_id(RULES)}
+
+
+def test_a_bucket_of_the_json_layout_reads_back_and_is_rewritten_in_columns() -> None:
+    state = _state_with_records(5_000, 80_000)
+    blob = json_layout_blob(["acme", "globex"], [json.dumps(state.to_json_dict())] * 2)
+
+    restored = BucketState.from_bytes(blob)
+    assert restored.get(("acme", "web")).key_state == state
+    assert restored.get(("acme", "web")).quarantined_records == 2
+    rewritten_blob = restored.to_bytes()
+    assert b"key_state_json" not in pa.ipc.open_stream(rewritten_blob).schema.to_string().encode()
+    assert set(_rules_stored(rewritten_blob)) == {rules_id(RULES)}
+    rewritten = BucketState.from_bytes(rewritten_blob)
+    assert rewritten.get(("acme", "web")).key_state == state
+    assert rewritten.get(("globex", "web")).key_state == state
+    assert rewritten.get(("globex", "web")).quarantined_records == 2
+
+
+def test_keys_a_batch_does_not_touch_keep_their_stored_rows_byte_for_byte() -> None:
+    bucket = BucketState()
+    for tenant in ("a", "b", "c"):
+        bucket.get((tenant, "web")).key_state = _state_with_records(5_000)
+    before = pa.ipc.open_stream(bucket.to_bytes()).read_all()
+
+    restored = BucketState.from_bytes(bucket.to_bytes())
+    restored.get(("b", "web")).key_state = _state_with_records(5_000, 70_000)
+    restored.drop(("c", "web"))
+    restored.get(("d", "web")).quarantined_records = 1
+    after = pa.ipc.open_stream(restored.to_bytes()).read_all()
+
+    assert after["tenant"].to_pylist() == ["a", "b", "d"]
+    assert after.slice(0, 1).to_pylist() == before.slice(0, 1).to_pylist()
+    again = BucketState.from_bytes(restored.to_bytes())
+    assert again.get(("b", "web")).key_state == _state_with_records(5_000, 70_000)
+    assert again.get(("d", "web")).quarantined_records == 1
+    # A dropped key that comes back starts afresh.
+    restored.get(("c", "web"))
+    assert restored.get(("c", "web")).key_state == KeyState()
