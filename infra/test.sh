@@ -1,10 +1,22 @@
 #!/usr/bin/env bash
 # README command 2: set up, then lint, type-check, run the unit tests on every other supported
 # Python (infra/check_pythons.sh) and every test here (real broker, Spark, Delta).
+#
+#   infra/test.sh                      everything, the suite on TW_TEST_WORKERS workers (3)
+#   infra/test.sh -m "not integration" the fast loop: unit tests only, about a minute
+#   infra/test.sh tests/unit/streaming a folder, a file or a test: pytest's own arguments
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash infra/setup.sh
 export SPARK_LOCAL_IP=127.0.0.1
+# A selected run (arguments for pytest) checks this Python only. The other Pythons' venvs and
+# unit tests run beside the lint and the suite, which leave a core idle much of the time.
+pythons_log=""
+if [ $# -eq 0 ]; then
+  pythons_log="$(mktemp)"
+  bash infra/check_pythons.sh >"$pythons_log" 2>&1 &
+  pythons_pid=$!
+fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
@@ -23,8 +35,15 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ] \
     exit 1
   fi
 fi
-# A selected run (arguments for pytest) checks this Python only.
 if [ $# -eq 0 ]; then
-  bash infra/check_pythons.sh
+  # Tests sharing a module-scoped fixture stay together (tests/conftest.py); the rest spread.
+  set -- -n "${TW_TEST_WORKERS:-3}" --dist loadgroup
 fi
-exec .venv/bin/python -m pytest "$@"
+status=0
+.venv/bin/python -m pytest "$@" || status=$?
+if [ -n "$pythons_log" ]; then
+  wait "$pythons_pid" || status=1
+  cat "$pythons_log"
+  rm -f "$pythons_log"
+fi
+exit "$status"
