@@ -90,7 +90,9 @@ class Installation:
         return self.workdir
 
 
-@pytest.fixture(scope="module")
+# Session-scoped, so each pytest worker builds its own and the slow tests below spread over
+# the workers (tests/conftest.py keeps a module's tests together only for module fixtures).
+@pytest.fixture(scope="session")
 def installation(kafka: LocalKafka, tmp_path_factory: pytest.TempPathFactory) -> Installation:
     root = tmp_path_factory.mktemp("docs")
     workdir = root / "installation"
@@ -129,7 +131,7 @@ def _environ(workdir: Path, kafka: LocalKafka) -> dict[str, str]:
 MANAGED_TOPIC = "managed-events"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def managed_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """A broker that speaks only TLS + SCRAM-SHA-256, for the docs' managed-Kafka example:
     what a provider would hand over, as `MANAGED_KAFKA_*` variables."""

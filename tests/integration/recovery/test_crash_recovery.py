@@ -50,14 +50,16 @@ PROGRESS_LOGGER = "tenant_windows.progress"
 COMPACT_EVERY_BATCH = {"TW_STREAM__COMPACT_INTERVAL": "0s"}
 
 
-@pytest.fixture(scope="module")
+# Session-scoped, so each pytest worker builds its own and the slow tests below spread over
+# the workers (tests/conftest.py keeps a module's tests together only for module fixtures).
+@pytest.fixture(scope="session")
 def dataset(kafka: Any, conf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     """One topic every run reads from the start, so runs differ only by their crash."""
     spec = LoadSpec(count=RECORDS, late_share=0.1, malformed_share=0.05, jitter=30_000, seed=3)
     return produce_dataset(kafka, conf_dir, tmp_path_factory.mktemp("topic"), spec)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def clean_tables(
     kafka: Any, spark: Any, conf_dir: Path, dataset: str, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, pd.DataFrame]:
