@@ -1,6 +1,6 @@
 """The streaming query: Kafka -> route -> per-key windows (applyInPandasWithState) -> sink.
 
-Spark is the thin shell here; the semantics live in `parsing` and `windowing`, the wiring in
+Spark is the thin shell here; the semantics live in `records.parsing` and `windowing`, the wiring in
 `app`.
 """
 

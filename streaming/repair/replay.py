@@ -1,7 +1,7 @@
 """Replaying one key's records with the current rules (`tenants reprocess`), and which rows the
 replay may replace.
 
-The replay is the stream's own bucket code (`keyed_state.run_bucket`) run again over the key's
+The replay is the stream's own bucket code (`bucket_processor.run_bucket`) run again over the key's
 records as the lake holds them (`events` and `late_events` keep each record's raw value and
 Kafka coordinates), batch by batch in the order the stream windowed them, each batch at the
 processing time the stream gave it (its `tenant_status` rows record it). Processing time is

@@ -1,4 +1,4 @@
-"""Spark stage 2: `applyInPandasWithState` per hash bucket of keys, around `windowing.advance`.
+"""Spark stage 2: `applyInPandasWithState` per hash bucket of keys, around `key_windows.advance`.
 
 Spark pays a fixed cost for every group it hands to Python, so grouping by (tenant, source)
 made 10,000 tenants many times slower than 10. The stream therefore groups by
@@ -10,8 +10,8 @@ keys of its bucket at once:
    is gone (offboarding): each open window gets its final pane, and the key's state is dropped;
 3. quarantine what cannot be accepted (unknown key, clock too far ahead), as whole columns;
 4. run the windowing for the keys with records and the idle keys (`idle_timeout`): the keys
-   with fixed windows, by rule set, all at once as columns (`bucket_windowing`); sessions and
-   keys whose open windows were opened with older rules record by record (`windowing.advance`);
+   with fixed windows, by rule set, all at once as columns (`columnar_windows`); sessions and
+   keys whose open windows were opened with older rules record by record (`key_windows.advance`);
 5. emit one union row per output row, tagged with the table it belongs to (`kind`), built
    column-wise once per bucket. The sink splits them by `kind`.
 
@@ -298,7 +298,7 @@ class _KeyWork:
 def _column_groups(
     work: list[_KeyWork], keys: BucketState
 ) -> tuple[list[tuple[list[_KeyWork], np.ndarray]], list[_KeyWork]]:
-    """The keys `bucket_windowing` can advance, by rule set, each group with its keys' stored
+    """The keys `columnar_windows` can advance, by rule set, each group with its keys' stored
     rows: fixed windows, and every open window opened with the key's current rules. Then the
     others, which go record by record."""
     fixed = [number for number, item in enumerate(work) if handles_window(item.resolved.rules)]
@@ -363,7 +363,7 @@ def _advance_columns(
     processing_time_ms: int,
     out: UnionRows,
 ) -> None:
-    """Advance a group of keys with the same rules together (`bucket_windowing`)."""
+    """Advance a group of keys with the same rules together (`columnar_windows`)."""
     resolved = group[0].resolved
     rules = resolved.rules
     columns = keys.take_columns([item.key for item in group], positions, len(rules.metrics))

@@ -6,9 +6,9 @@ state is one Arrow IPC blob with a row per key, and in it a list of the key's op
 a struct of columns (aggregates as lists of numbers, a metric's values in `metric_names` order).
 
 Keys are read out in two ways:
-- as columns (`take_columns`/`put_columns`), for `bucket_windowing` to advance many keys at once
+- as columns (`take_columns`/`put_columns`), for `columnar_windows` to advance many keys at once
   without a Python object per key or window: the hot path;
-- as `KeyState` objects (`get`/`decode`), for what `windowing.advance` does record by record
+- as `KeyState` objects (`get`/`decode`), for what `key_windows.advance` does record by record
   (sessions, keys whose windows were opened with other rules) and for offboarding.
 
 The keys a batch touches neither way stay the rows they were read as. `idle_deadline_ms` lets a

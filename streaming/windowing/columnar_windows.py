@@ -1,4 +1,4 @@
-"""`windowing.advance` for many keys at once: a bucket's keys and open windows as columns.
+"""`key_windows.advance` for many keys at once: a bucket's keys and open windows as columns.
 
 At 10,000 tenants a key has two or three records a batch, so any work per key (decoding its
 state into objects, a call per record, encoding it again) costs more than the records. Here the
@@ -6,7 +6,7 @@ keys of a bucket that share one rule set of fixed windows (tumbling or sliding) 
 together with NumPy: their state is arrays with a row per key (`KeyColumns`) and a row per open
 window (`WindowColumns`), and nothing loops over keys or records in Python.
 
-`windowing` stays the reference, one record at a time. This computes the same result:
+`key_windows` stays the reference, one record at a time. This computes the same result:
 
 - W before record i is the running maximum of `event time - out_of_orderness` over the key's
   records before it (a maximum per key segment), never below W at the batch's start, which the
@@ -249,7 +249,7 @@ class BucketAdvance:
 def advance_bucket(
     keys: KeyColumns, records: RecordColumns, rules: WindowRules, processing_time_ms: int
 ) -> BucketAdvance:
-    """`windowing.advance` for every key of `keys` (rules `rules`, every open window opened with
+    """`key_windows.advance` for every key of `keys` (rules `rules`, every open window opened with
     them), each with its records in `records`; keys without records only run their idle timeout.
     """
     window = rules.window

@@ -135,7 +135,7 @@ def advance(
 class KeyBatch:
     """The work of one batch of a key: the state, the current rules, and what has fired.
 
-    `advance` places records one by one (`bucket_windowing` computes the same for many keys of
+    `advance` places records one by one (`columnar_windows` computes the same for many keys of
     fixed windows at once, on columns).
     """
 

@@ -5,7 +5,7 @@
 It does what one `applyInPandasWithState` call does for each bucket of keys, in one process:
 the scale benchmark's records (same generator, seed and shape) are routed, split into micro-
 batches and into `stream.state_buckets` buckets, and each bucket's state goes through
-`keyed_state.run_bucket` (decode, process, the output frame, encode),
+`bucket_processor.run_bucket` (decode, process, the output frame, encode),
 batch after batch. Spark's own costs (shipping rows and state between the JVM and Python, the
 state store) are not in it: this isolates what the product's Python does per key and per record.
 Times are this process's CPU time. `--profile` prints the top functions (cProfile).
