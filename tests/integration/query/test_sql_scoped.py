@@ -163,6 +163,40 @@ def test_events_read_by_spark_sql_equal_delta_rs_to_pandas(
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
 
 
+def test_the_docs_delta_rs_reader_returns_the_scoped_views_rows(
+    pipeline: Pipeline, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/querying.md, "Other readers": delta-rs with a `tenant` filter, as printed there."""
+    rows = scoped_json(pipeline, capsys, "SELECT offset, window_id, pane_index FROM events")
+    events = DeltaTable(f"{pipeline.lake.root}/events")
+    read = events.to_pandas(filters=[("tenant", "=", TENANT)])
+    assert set(read["tenant"]) == {TENANT}
+    key = ["offset", "window_id"]
+    got = read[["offset", "window_id", "pane_index"]].sort_values(key).reset_index(drop=True)
+    want = pd.DataFrame(rows).sort_values(key).reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)
+
+
+def test_the_docs_delta_rs_reader_holds_at_every_version_staged_ones_included(
+    pipeline: Pipeline,
+) -> None:
+    """Before compaction a staged file holds every tenant's rows: the row filter still keeps
+    only the tenant's, where a `partitions=` filter on `tenant` (what the docs once printed)
+    kept whole files and with them other tenants' rows."""
+    uri = f"{pipeline.lake.root}/events"
+    key = ["offset", "window_id"]
+    leaked = 0
+    for version in range(DeltaTable(uri).version() + 1):
+        at_version = DeltaTable(uri, version=version)
+        every_row = at_version.to_pandas()
+        want = every_row[every_row["tenant"] == TENANT].sort_values(key).reset_index(drop=True)
+        read = at_version.to_pandas(filters=[("tenant", "=", TENANT)])
+        got = read.sort_values(key).reset_index(drop=True)
+        pd.testing.assert_frame_equal(got[want.columns], want, check_dtype=False)
+        leaked += len(at_version.to_pandas(partitions=[("tenant", "=", TENANT)])) - len(want)
+    assert leaked > 0, "no staged version: the test no longer covers what the docs warn of"
+
+
 def test_window_contents_holds_each_panes_records(
     pipeline: Pipeline, capsys: pytest.CaptureFixture[str]
 ) -> None:
