@@ -14,8 +14,10 @@ export SPARK_LOCAL_IP=127.0.0.1
 pythons_log=""
 if [ $# -eq 0 ]; then
   pythons_log="$(mktemp)"
-  bash infra/check_pythons.sh >"$pythons_log" 2>&1 &
+  # In a session of its own, so a failed lint or type check (set -e) ends it and its children.
+  setsid bash infra/check_pythons.sh >"$pythons_log" 2>&1 &
   pythons_pid=$!
+  trap 'kill -- -"$pythons_pid" 2>/dev/null || kill "$pythons_pid" 2>/dev/null || true; rm -f "$pythons_log"' EXIT
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
@@ -44,6 +46,5 @@ status=0
 if [ -n "$pythons_log" ]; then
   wait "$pythons_pid" || status=1
   cat "$pythons_log"
-  rm -f "$pythons_log"
 fi
 exit "$status"
