@@ -6,10 +6,7 @@ import argparse
 import sys
 import time
 
-from infra.cli.command_context import (
-    add_settings_flags,
-    settings_from,
-)
+from infra.cli.command_context import add_settings_flags, settings_from
 from infra.cli.exit_codes import ExitCode
 from tenants.models import parse_duration_ms
 from tenants.registry import load_registry

@@ -22,6 +22,9 @@ from infra.cli import (
 from infra.cli.exit_codes import expected_failure
 from streaming.hooks import NO_FAULTS, FaultHook
 
+DESCRIPTION = (
+    "`tenant-windows`: run the stream, validate tenants, query the output, produce load, demo."
+)
 COMMAND_GROUPS = (
     stream_commands,
     config_commands,
@@ -33,7 +36,7 @@ COMMAND_GROUPS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tenant-windows", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="tenant-windows", description=DESCRIPTION)
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
     for group in COMMAND_GROUPS:
         group.register(commands)

@@ -6,10 +6,7 @@ import argparse
 import dataclasses
 import json
 
-from infra.cli.command_context import (
-    add_settings_flags,
-    settings_from,
-)
+from infra.cli.command_context import add_settings_flags, settings_from
 from infra.cli.exit_codes import ExitCode
 
 

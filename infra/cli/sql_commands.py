@@ -10,10 +10,7 @@ from collections.abc import Callable
 
 from pyspark.sql import DataFrame
 
-from infra.cli.command_context import (
-    add_settings_flags,
-    settings_from,
-)
+from infra.cli.command_context import add_settings_flags, settings_from
 from infra.cli.exit_codes import ExitCode
 from tenants.models import ID_PATTERN, QueryLimits
 from tenants.registry import load_registry

@@ -9,11 +9,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from infra.cli.command_context import (
-    add_settings_flags,
-    cluster_conf,
-    settings_from,
-)
+from infra.cli.command_context import add_settings_flags, cluster_conf, settings_from
 from infra.cli.exit_codes import ExitCode
 from tenants.api_keys import ApiKeyError, issue_key, revoke_key
 from tenants.models import ID_PATTERN, parse_duration_ms

@@ -13,7 +13,7 @@ keys of its bucket at once:
    with fixed windows, by rule set, all at once as columns (`columnar_windows`); sessions and
    keys whose open windows were opened with older rules record by record (`key_windows.advance`);
 5. emit one union row per output row, tagged with the table it belongs to (`kind`), built
-   column-wise once per bucket. The sink splits them by `kind`.
+   column-wise once per bucket (`union_rows`). The sink splits them by `kind`.
 
 The per-key watermark is untouched by bucketing: each key keeps its own watermark and windows in
 the bucket's state (`bucket_state`), whichever way it is advanced.
