@@ -14,6 +14,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import boto3
 from botocore.config import Config
@@ -184,7 +185,15 @@ class LocalSeaweedFS(LocalProcess):
         )
 
     def _probe(self) -> None:
-        self.s3_client(timeout_s=2.0).head_bucket(Bucket=self.bucket)  # type: ignore[attr-defined]
+        client: Any = self.s3_client(timeout_s=2.0)
+        client.head_bucket(Bucket=self.bucket)
+        # After a restart the bucket answers before the volume server has registered its
+        # volumes with the master; until then a read of stored data is a 500. So one stored
+        # object must read back before the lake counts as up.
+        listing = client.list_objects_v2(Bucket=self.bucket, MaxKeys=1)
+        for stored in listing.get("Contents", []):
+            first_byte = {"Range": "bytes=0-0"} if stored["Size"] > 0 else {}
+            client.get_object(Bucket=self.bucket, Key=stored["Key"], **first_byte)["Body"].read()
 
     def _after_stop(self) -> None:
         # A killed weed leaves /tmp/seaweedfs-<component>-grpc-<port>.sock behind; these are
