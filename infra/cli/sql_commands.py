@@ -7,14 +7,16 @@ import logging
 import re
 import sys
 from collections.abc import Callable
-
-from pyspark.sql import DataFrame
+from typing import TYPE_CHECKING
 
 from infra.cli.command_context import add_settings_flags, settings_from
 from infra.cli.exit_codes import ExitCode
 from tenants.models import ID_PATTERN, QueryLimits
 from tenants.registry import load_registry
 from tenants.settings import AppSettings
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
