@@ -15,6 +15,7 @@ import hmac
 import io
 import json
 import logging
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -31,9 +32,15 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infra.service.query_metrics import Outcome, QueryMetrics
-from storage.query.query_service import OPERATOR, QueryError, QueryService
+from storage.query.query_service import (
+    OPERATOR,
+    QueryError,
+    QueryService,
+    fair_scheduler_conf,
+    leave_statement_errors_to_the_service,
+)
 from tenants.api_keys import Caller, verify_key
-from tenants.models import SECRET_FILE_PREFIX, QueryLimits
+from tenants.models import SECRET_FILE_PREFIX, QueryLimits, WindowRules
 from tenants.registry import ConfigError, ConfReader, TenantRegistry
 from tenants.settings import AppSettings
 
@@ -181,9 +188,11 @@ def create_app(
     keys: KeyCheck,
     key_status: Callable[[str], list[dict[str, Any]]],
     metrics: QueryMetrics,
+    window_rules: Callable[[str], dict[str, WindowRules]] = lambda _tenant: {},
 ) -> FastAPI:
     """The API; each query request is audited and counted into `metrics` (`QueryAccounting`),
-    which the caller serves on a port of its own, if at all."""
+    which the caller serves on a port of its own, if at all. `window_rules` are a tenant's rules
+    per source, which `/v1/status` shows (the console's chart needs each source's accumulation)."""
     app = FastAPI(
         title="tenant-windows query service",
         version="1",
@@ -196,9 +205,7 @@ def create_app(
         audit = query_audit(request)
         if audit is not None:
             audit.outcome = "bad_request"
-        first = error.errors()[0] if error.errors() else {}
-        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-        return _error(400, "bad_request", f"{where or 'body'}: {first.get('msg', 'invalid')}")
+        return _error(400, "bad_request", _bad_body_message(error))
 
     @app.get("/", include_in_schema=False)
     def console() -> HTMLResponse:
@@ -266,8 +273,19 @@ def create_app(
             return _error(401, "unauthorized", "a valid API key is required (Bearer)")
         if caller.tenant is None:
             return _error(400, "no_tenant", "the operator key has no keys of its own")
+        sources = [
+            {
+                "source": source,
+                "window": rules.window.model_dump(mode="json"),
+                "accumulation": rules.accumulation.value,
+                "emit": rules.emit.value,
+            }
+            for source, rules in sorted(window_rules(caller.tenant).items())
+        ]
         return Response(
-            orjson.dumps({"tenant": caller.tenant, "keys": key_status(caller.tenant)}),
+            orjson.dumps(
+                {"tenant": caller.tenant, "keys": key_status(caller.tenant), "sources": sources}
+            ),
             media_type="application/json",
         )
 
@@ -291,6 +309,26 @@ def _error(status: int, code: str, message: str, retry_after_s: int | None = Non
     return JSONResponse(
         {"error": {"code": code, "message": message}}, status_code=status, headers=headers
     )
+
+
+def _bad_body_message(error: RequestValidationError) -> str:
+    """What is wrong with a request body, in words: where, and what was expected there."""
+    first = error.errors()[0] if error.errors() else {}
+    if first.get("type") == "json_invalid":
+        # FastAPI keeps only the decoder's words and offset; the body it failed on says where
+        # that is as a person counts it.
+        reason = str(first.get("ctx", {}).get("error", "it cannot be decoded"))
+        offset = next((part for part in first.get("loc", ()) if isinstance(part, int)), None)
+        text = error.body if isinstance(error.body, str) else None
+        if offset is None or text is None:
+            return f"the request body is not valid JSON: {reason.lower()}"
+        at = json.JSONDecodeError(reason, text, offset)
+        return (
+            f"the request body is not valid JSON: {reason.lower()} at line {at.lineno} "
+            f"column {at.colno}"
+        )
+    where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+    return f"{where or 'body'}: {first.get('msg', 'invalid')}"
 
 
 def _arrow_bytes(table: pa.Table) -> bytes:
@@ -317,9 +355,10 @@ def _csv_value(value: Any) -> str:
 
 @dataclass
 class TenantLimits:
-    """Each tenant's `QueryLimits`: the app's, with its own file's `query:` overrides. The tenant
-    config is read again at most every `recheck_s` (only changed files), so an edit takes effect
-    without a restart; an invalid edit keeps the last good config."""
+    """Each tenant's `QueryLimits`: the app's, with its own file's `query:` overrides; and its
+    window rules per source, for `/v1/status`. The tenant config is read again at most every
+    `recheck_s` (only changed files), so an edit takes effect without a restart; an invalid edit
+    keeps the last good config."""
 
     defaults: QueryLimits
     reader: ConfReader
@@ -333,6 +372,14 @@ class TenantLimits:
             return self.defaults
         config = self._current().tenants.get(tenant)
         return self.defaults.with_overrides(config.query) if config is not None else self.defaults
+
+    def window_rules(self, tenant: str) -> dict[str, WindowRules]:
+        """The rules the stream windows each of the tenant's sources with (none if unknown)."""
+        registry = self._current()
+        if not registry.knows_tenant(tenant):
+            return {}
+        resolved = (registry.resolve(tenant, source) for source in registry.source_ids(tenant))
+        return {found.source: found.rules for found in resolved if found is not None}
 
     def _current(self) -> TenantRegistry:
         with self._lock:
@@ -373,13 +420,16 @@ def serve(settings: AppSettings, host: str, port: int, master: str | None) -> No
     from streaming.observe.stream_status import tenant_key_status
     from streaming.pipeline.spark_session import build_spark
 
-    spark = build_spark(
-        "tenant-windows-serve",
-        master,
-        settings.stream.shuffle_partitions,
-        # Each tenant's jobs in a pool of their own, shared fairly (`QueryService._collect`).
-        extra_conf={"spark.scheduler.mode": "FAIR"},
-    )
+    leave_statement_errors_to_the_service()
+    # Tenants' jobs in FAIR pools Spark is told of up front (`query_service.scheduler_pool`);
+    # Spark reads the file when the session starts, so it need not outlive that.
+    with tempfile.TemporaryDirectory(prefix="tw-serve-") as pools_dir:
+        spark = build_spark(
+            "tenant-windows-serve",
+            master,
+            settings.stream.shuffle_partitions,
+            extra_conf=fair_scheduler_conf(Path(pools_dir)),
+        )
     lake = DeltaLake.from_settings(settings.lake)
     recheck_s = settings.stream.config_recheck_interval_ms / 1000
     limits = TenantLimits(
@@ -396,6 +446,7 @@ def serve(settings: AppSettings, host: str, port: int, master: str | None) -> No
         KeyCheck(settings.conf_dir, resolved_operator_key(settings), recheck_s),
         lambda tenant: tenant_key_status(lake, tenant),
         metrics,
+        limits.window_rules,
     )
     if settings.query.metrics_port is not None:
         metrics.serve(settings.query.metrics_host, settings.query.metrics_port)

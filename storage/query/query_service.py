@@ -9,8 +9,11 @@ over the unscoped views. What a statement may use is bounded per tenant (`QueryL
 - time: its Spark jobs run in a job group of their own, cancelled at the timeout;
 - size: Spark collects at most `max_result_rows + 1` rows, and the result is cut to the row and
   byte limits (`truncated`);
-- each tenant's jobs run in a FAIR scheduler pool of their own, so one tenant's heavy statement
-  shares the executors with another's small one instead of queueing it.
+- each tenant's jobs run in one of `QUERY_POOLS` FAIR scheduler pools (`scheduler_pool`), so one
+  tenant's heavy statement shares the executors with another's small one instead of queueing
+  it. The pools are declared up front (`fair_scheduler_conf`): Spark never forgets a pool, so
+  one per tenant would grow with every tenant that ever queried, and Spark warns about each
+  pool it was not told of.
 
 Views are opened once per tenant and kept while no table has a new version: a small query pays
 for its own plan only, not for listing the lake. A result is remembered for the same scope,
@@ -25,14 +28,17 @@ import logging
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
 import orjson
 import pyarrow as pa
 from pyspark.errors import AnalysisException
+from pyspark.logger import PySparkLogger
 from pyspark.sql import DataFrame, SparkSession
 
 from storage.lake.delta_lake import DeltaLake
@@ -68,6 +74,15 @@ _NESTED_LOOP_JOINS = frozenset({"BroadcastNestedLoopJoinExec", "CartesianProduct
 _NESTED_LOOP_MAX_BYTES = 256 * 1024 * 1024
 # Spark's own words for a statement that would not fit in memory.
 _RESOURCE_ERRORS = ("exceeding the array size limit", "OutOfMemoryError", "too large")
+QUERY_POOLS = 32
+"""FAIR scheduler pools the tenants are spread over, by a hash of their id: a fixed number, as
+Spark keeps every pool it made for the life of the session and sorts them all at each scheduling
+round. Within a pool, jobs share FAIRly too, so tenants that hash alike still share."""
+OPERATOR_POOL = "operator"
+# PySpark logs every Spark error that carries a query context at ERROR, with the JVM's stack
+# trace, when it builds the Python exception: before anyone could tell a tenant's typo from a
+# failure of the service.
+_QUERY_CONTEXT_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
 
 
 QueryErrorCode = Literal[
@@ -318,7 +333,7 @@ def run_within_limits(
     def run() -> None:
         # Pinned threads: these properties hold for the jobs this thread starts only.
         context.setJobGroup(group, f"query of {scope or 'the operator'}", True)
-        context.setLocalProperty("spark.scheduler.pool", f"tenant-{scope or 'operator'}")
+        context.setLocalProperty("spark.scheduler.pool", scheduler_pool(scope))
         try:
             outcome["result"] = action()
         except Exception as error:  # handed to the caller's thread below
@@ -346,6 +361,45 @@ def run_within_limits(
         raise QueryError(422, "query_failed", message)
     result: _Result = outcome["result"]
     return result
+
+
+def scheduler_pool(scope: str | None) -> str:
+    """The FAIR pool of a scope's jobs: the operator's own, or one of `QUERY_POOLS` by a hash of
+    the tenant that is the same in every process (`hash()` is salted per process)."""
+    if scope is OPERATOR:
+        return OPERATOR_POOL
+    return f"tenants-{zlib.crc32(scope.encode()) % QUERY_POOLS:02d}"
+
+
+def fair_scheduler_conf(directory: Path) -> dict[str, str]:
+    """Spark settings that declare every pool `scheduler_pool` names, FAIR within each, in an
+    allocation file written to `directory`: Spark reads it once, when the session starts."""
+    pools = [OPERATOR_POOL, *(f"tenants-{number:02d}" for number in range(QUERY_POOLS))]
+    path = directory / "fair-scheduler.xml"
+    path.write_text(
+        '<?xml version="1.0"?>\n<allocations>\n'
+        + "".join(
+            f'  <pool name="{pool}"><schedulingMode>FAIR</schedulingMode>'
+            "<weight>1</weight><minShare>0</minShare></pool>\n"
+            for pool in pools
+        )
+        + "</allocations>\n",
+        encoding="utf-8",
+    )
+    return {"spark.scheduler.mode": "FAIR", "spark.scheduler.allocation.file": str(path)}
+
+
+def leave_statement_errors_to_the_service() -> None:
+    """Stop PySpark logging each failed statement at ERROR with the JVM's frames.
+
+    The query service answers each failure itself: a tenant's mistake (`QueryError`) is its
+    one-line audit record, and anything else is logged with its trace by the caller. Process-wide,
+    so only a process that serves statements calls it.
+    """
+    for name in _QUERY_CONTEXT_LOGGERS:
+        # PySpark's own logger class: a plain `logging.Logger` registered under the name first
+        # would break PySpark's keyword arguments to it.
+        PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def check_resources(frame: DataFrame, limits: QueryLimits) -> None:

@@ -8,21 +8,28 @@ import concurrent.futures
 import io
 import json
 import logging
+import re
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 import pytest
 import requests
 from pydantic import SecretStr
 
+from infra.dev.local_process import LocalProcess
+from infra.dev.local_stack import find_free_loopback_port
 from infra.service.query_api import KeyCheck, TenantLimits, create_app, resolved_operator_key
 from infra.service.query_metrics import OUTCOMES, QueryMetrics
-from storage.query.local_sql import LocalSql
+from storage.query.local_sql import LocalSql, local_statement
 from storage.query.query_service import QueryService
+from storage.query.sql_guard import check_query
+from storage.query.sql_views import TENANT_VIEW_NAMES
 from streaming.observe.stream_status import tenant_key_status
 from tenants.api_keys import issue_key, revoke_key
 from tenants.models import QueryLimits
@@ -33,7 +40,7 @@ from tests.support.paths import ROOT
 from tests.support.pipeline_harness import Pipeline, record
 from tests.support.sample_conf import copy_conf
 from tests.support.sql_escapes import ESCAPES_REFUSED, ESCAPES_SEEING_ONLY_THE_TENANT, PASSWD_MARK
-from tests.support.timestamps import T0_MS
+from tests.support.timestamps import T0_MS, epoch_ms
 from tests.support.uvicorn_server import serving
 
 pytestmark = pytest.mark.integration
@@ -51,6 +58,15 @@ HEAVY = [
     "SELECT max(length(repeat(payload, 50000000))) AS n FROM events",
 ]
 RECHECK_S = 1.0
+MINUTE_MS = 60_000
+# wayne's records, for the console's chart: web (1 min windows, accumulating) with a gap from
+# 00:02 to 00:04; billing (5 min windows, discarding) whose 00:00 window gets a late pane in
+# the second run, so its panes' counts must be summed (2 + 1).
+WAYNE_FIRST_RUN = [
+    *(record("wayne", "web", T0_MS + seconds * 1000) for seconds in (0, 20, 70, 245, 380)),
+    *(record("wayne", "billing", T0_MS + seconds * 1000, amount=5) for seconds in (1, 20, 340)),
+]
+WAYNE_LATE = [record("wayne", "billing", T0_MS + 2 * MINUTE_MS, amount=7)]
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +79,7 @@ def lake_conf(tmp_path_factory: pytest.TempPathFactory, conf_dir: Path) -> Path:
         "umbrella": {"statement_timeout": "1ms"},
     }
     (conf / "tenants" / "umbrella.yaml").write_text("id: umbrella\nsources: [web]\n")
+    (conf / "tenants" / "wayne.yaml").write_text("id: wayne\nsources: {web: {}, billing: {}}\n")
     for tenant, query in limits.items():
         path = conf / "tenants" / f"{tenant}.yaml"
         path.write_text(path.read_text() + "query: " + json.dumps(query) + "\n")
@@ -77,8 +94,12 @@ def pipeline(kafka: Any, spark: Any, lake_conf: Path) -> Pipeline:
             *(record("acme", "web", T0_MS + seconds * 1000) for seconds in (0, 15, 30, 75)),
             record("acme", "billing", T0_MS + 1_000, amount=5),
             *(record("globex", "web", T0_MS + seconds * 1000) for seconds in (10, 20, 80)),
+            *WAYNE_FIRST_RUN,
         ]
     )
+    pipeline.run_available_now(spark)
+    # Late for billing's 00:00 window, whose on-time pane the first run wrote: a second pane.
+    pipeline.produce(WAYNE_LATE)
     pipeline.run_available_now(spark)
     return pipeline
 
@@ -106,6 +127,7 @@ def server(
         KeyCheck(lake_conf, SecretStr(OPERATOR_KEY), RECHECK_S),
         lambda tenant: tenant_key_status(lake, tenant),
         query_metrics,
+        limits.window_rules,
     )
     assert settings.lake.root == lake.root
     with serving(app) as url:
@@ -114,7 +136,7 @@ def server(
 
 @pytest.fixture(scope="module")
 def keys(lake_conf: Path) -> dict[str, str]:
-    tenants = ("acme", "globex", "initech", "umbrella")
+    tenants = ("acme", "globex", "initech", "umbrella", "wayne")
     return {tenant: issue_key(lake_conf, tenant) for tenant in tenants}
 
 
@@ -184,7 +206,7 @@ def test_missing_changed_and_revoked_keys_get_401(
 
 def test_the_operator_key_reads_every_tenant_and_the_outbox(server: str) -> None:
     tenants = rows(post(server, OPERATOR_KEY, "SELECT DISTINCT tenant FROM events ORDER BY 1"))
-    assert tenants == [{"tenant": "acme"}, {"tenant": "globex"}]
+    assert tenants == [{"tenant": "acme"}, {"tenant": "globex"}, {"tenant": "wayne"}]
     assert post(server, OPERATOR_KEY, "SELECT count(*) FROM deliveries").status_code == 200
     assert post(server, OPERATOR_KEY, "DROP VIEW events").status_code == 400
 
@@ -226,6 +248,22 @@ def test_clean_errors_for_bad_sql_long_statements_and_bad_bodies(
         timeout=30,
     )
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "bad_request"
+
+
+def test_a_body_that_is_not_json_is_told_what_is_wrong_in_words(
+    server: str, keys: dict[str, str]
+) -> None:
+    broken = requests.post(
+        f"{server}/v1/query",
+        data='{"sql": "SELECT 1",\n "format": json}',
+        headers={"Authorization": f"Bearer {keys['acme']}", "Content-Type": "application/json"},
+        timeout=30,
+    )
+    assert broken.status_code == 400
+    assert broken.json()["error"] == {
+        "code": "bad_request",
+        "message": "the request body is not valid JSON: expecting value at line 2 column 12",
+    }
 
 
 @pytest.mark.parametrize("statement", HEAVY)
@@ -285,6 +323,21 @@ def test_status_shows_the_callers_own_keys(server: str, keys: dict[str, str]) ->
     assert body["tenant"] == "acme"
     assert {row["source"] for row in body["keys"]} == {"web", "billing"}
     assert {row["tenant"] for row in body["keys"]} == {"acme"}
+    # The rules its windows are made with, as the console's chart needs them.
+    assert body["sources"] == [
+        {
+            "source": "billing",
+            "window": {"kind": "tumbling", "size_ms": 5 * MINUTE_MS},
+            "accumulation": "discarding",
+            "emit": "every_pane",
+        },
+        {
+            "source": "web",
+            "window": {"kind": "tumbling", "size_ms": MINUTE_MS},
+            "accumulation": "accumulating",
+            "emit": "every_pane",
+        },
+    ]
 
 
 def test_every_request_is_audited_and_no_key_is_ever_logged(
@@ -374,6 +427,59 @@ def test_the_operator_key_may_come_from_a_secret_file(tmp_path: Path) -> None:
     assert resolved_operator_key(load_settings(None, {})) is None
 
 
+class ServeProcess(LocalProcess):
+    """`tenant-windows serve` as an operator starts it: a process of its own, whose output is
+    the server's log; ready once `/healthz` answers."""
+
+    name = "tenant-windows serve"
+    ready_deadline_s = 120.0
+    probe_interval_s = 0.5
+
+    def __init__(self, pipeline: Pipeline, conf: Path, log_path: Path) -> None:
+        super().__init__(log_path)
+        self.url = f"http://127.0.0.1:{find_free_loopback_port()}"
+        self.command = [
+            sys.executable, "-m", "infra.cli", "serve",
+            "--conf", str(conf),
+            "--lake-root", pipeline.settings.lake.root,
+            "--port", self.url.rsplit(":", 1)[1],
+        ]  # fmt: skip
+        self.environ = pipeline.process_environ(TW_QUERY__OPERATOR_KEY=OPERATOR_KEY)
+
+    @property
+    def address(self) -> str:
+        return self.url
+
+    def start(self) -> ServeProcess:
+        self._launch(self.command, cwd=ROOT, env=self.environ)
+        return self
+
+    def _probe(self) -> None:
+        requests.get(f"{self.url}/healthz", timeout=2).raise_for_status()
+
+
+def test_a_tenants_mistake_is_one_audit_line_in_the_servers_log_and_pools_are_configured(
+    pipeline: Pipeline, lake_conf: Path, keys: dict[str, str], tmp_path: Path
+) -> None:
+    log_path = tmp_path / "serve.log"
+    with ServeProcess(pipeline, lake_conf, log_path) as served:
+        mistake = post(served.url, keys["acme"], "SELECT no_such_column FROM events")
+        # Spark jobs in a tenant's pool and in the operator's (`LIKE` is Spark's alone).
+        on_spark = "SELECT count(*) AS n FROM events WHERE payload LIKE '%acme%'"
+        answered = [post(served.url, key, on_spark) for key in (keys["acme"], OPERATOR_KEY)]
+    assert mistake.status_code == 422 and mistake.json()["error"]["code"] == "analysis_error"
+    assert [answer.status_code for answer in answered] == [200, 200], answered[0].text
+    log = log_path.read_text(errors="replace")
+    audited = [line for line in log.splitlines() if "tenant_windows.audit" in line]
+    mistakes = [line for line in audited if '"analysis_error"' in line]
+    assert len(audited) == 3 and len(mistakes) == 1, audited
+    assert re.search(r" (INFO|WARNING) tenant_windows\.audit: ", mistakes[0]), mistakes[0]
+    # The tenant's mistake is not the server's: no ERROR, no Java frames, and no warning that
+    # the pools its statements ran in were never configured.
+    assert "ERROR" not in log and "at org.apache" not in log, log[-4_000:]
+    assert "FairSchedulableBuilder" not in log and "has not been configured" not in log
+
+
 ARTIFACTS = ROOT / "data" / "test-artifacts"
 
 
@@ -402,6 +508,26 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     driver.quit()
 
 
+def expected_window_counts(pipeline: Pipeline, tenant: str) -> dict[tuple[str, int, int], int]:
+    """(source, start ms, end ms) -> records of each of the tenant's windows, from the table as
+    delta-rs reads it: the latest pane's count where the source accumulates, the sum of its
+    panes' counts where it discards (contract §3)."""
+    windows = pipeline.table("windows")
+    registry = pipeline.registry()
+    counts: dict[tuple[str, int, int], int] = {}
+    for (source, _window_id), panes in windows[windows["tenant"] == tenant].groupby(
+        ["source", "window_id"]
+    ):
+        resolved = registry.resolve(tenant, source)
+        assert resolved is not None
+        start, end = epoch_ms(panes["window_start"].min()), epoch_ms(panes["window_end"].max())
+        if resolved.rules.accumulation.value == "discarding":
+            counts[(source, start, end)] = int(panes["count"].sum())
+        else:
+            counts[(source, start, end)] = int(panes.sort_values("pane_index")["count"].iloc[-1])
+    return counts
+
+
 def test_the_console_runs_sql_draws_window_counts_and_shows_status(
     server: str, keys: dict[str, str], pipeline: Pipeline, browser: Any
 ) -> None:
@@ -416,23 +542,77 @@ def test_the_console_runs_sql_draws_window_counts_and_shows_status(
 
     wait = WebDriverWait(browser, 60)
     browser.get(f"{server}/")
-    browser.find_element(By.ID, "key").send_keys(keys["acme"])
+    # The page's own statements are ones the in-process engine answers: no Spark job.
+    for statement in (
+        browser.find_element(By.ID, "sql").get_property("value"),
+        browser.execute_script("return COUNTS_SQL"),
+    ):
+        tree = check_query(statement, TENANT_VIEW_NAMES)
+        assert local_statement(tree, QueryLimits().max_joins) is not None, statement
+    browser.find_element(By.ID, "key").send_keys(keys["wayne"])
     browser.find_element(By.ID, "run").click()
     wait.until(lambda _: len(cells("#result")) > 1)
     windows = pipeline.table("windows")
-    acme = windows[windows["tenant"] == "acme"]
-    per_source = acme.groupby("source")["is_final"].agg(["size", "sum"]).sort_index()
-    assert cells("#result") == [["source", "panes", "final_panes"]] + [
-        [source, str(row["size"]), str(row["sum"])] for source, row in per_source.iterrows()
+    wayne = windows[windows["tenant"] == "wayne"]
+    per_source = wayne.groupby("source").agg(
+        panes=("count", "size"), first=("window_start", "min"), last=("window_end", "max")
+    )
+    assert cells("#result") == [["source", "panes", "first_window_start", "last_window_end"]] + [
+        [source, str(row["panes"]), *(iso_text(row[name]) for name in ("first", "last"))]
+        for source, row in per_source.sort_index().iterrows()
     ]
 
     browser.find_element(By.ID, "chart").click()
-    wait.until(lambda _: browser.find_elements(By.CSS_SELECTOR, "#plot svg rect"))
-    bars = browser.find_elements(By.CSS_SELECTOR, "#plot svg rect")
-    assert len(bars) == acme["window_start"].nunique() > 0
+    wait.until(lambda _: browser.find_elements(By.CSS_SELECTOR, "#plot svg rect.window"))
+    bars = browser.execute_script(
+        """return [...document.querySelectorAll('#plot svg rect.window')].map(bar => ({
+            source: bar.dataset.source, start: Number(bar.dataset.startMs),
+            end: Number(bar.dataset.endMs), count: Number(bar.dataset.count),
+            x: bar.x.baseVal.value, y: bar.y.baseVal.value,
+            width: bar.width.baseVal.value, height: bar.height.baseVal.value}))"""
+    )
+    # What it draws is what the rows say: one bar per window of each source, of that window's
+    # records, web's 1-minute windows beside billing's 5-minute ones.
+    expected = expected_window_counts(pipeline, "wayne")
+    drawn = {(bar["source"], bar["start"], bar["end"]): bar["count"] for bar in bars}
+    assert len(drawn) == len(bars)
+    assert drawn == expected
+    assert drawn[("billing", T0_MS, T0_MS + 5 * MINUTE_MS)] == 3  # panes of 2 and 1, summed
+    assert {bar["end"] - bar["start"] for bar in bars if bar["source"] == "web"} == {MINUTE_MS}
+    assert {bar["end"] - bar["start"] for bar in bars if bar["source"] == "billing"} == {
+        5 * MINUTE_MS
+    }
+    # Where it draws them: one time scale for both series, one count scale from one baseline,
+    # so a gap between windows (web's 00:02 to 00:04) is empty space of its length.
+    first = min(bar["start"] for bar in bars)
+    left = min(bar["x"] for bar in bars)
+    px_per_ms = max(bar["width"] / (bar["end"] - bar["start"]) for bar in bars)
+    baseline = max(bar["y"] + bar["height"] for bar in bars)
+    px_per_record = max(bar["height"] / bar["count"] for bar in bars)
+    for bar in bars:
+        assert bar["x"] == pytest.approx(left + (bar["start"] - first) * px_per_ms, abs=0.01)
+        assert bar["width"] == pytest.approx((bar["end"] - bar["start"]) * px_per_ms, abs=0.01)
+        assert bar["y"] + bar["height"] == pytest.approx(baseline, abs=0.01)
+        assert bar["height"] == pytest.approx(bar["count"] * px_per_record, abs=0.01)
+    web_starts = sorted(start for source, start, _ in drawn if source == "web")
+    assert T0_MS + 2 * MINUTE_MS not in web_starts and T0_MS + 3 * MINUTE_MS not in web_starts
+    assert {T0_MS + MINUTE_MS, T0_MS + 4 * MINUTE_MS} <= set(web_starts)
+    # Axes: counts up the side from 0 past the largest; time along the bottom, in UTC.
+    y_ticks = browser.execute_script(
+        "return [...document.querySelectorAll('#plot .y-axis text[data-value]')]"
+        ".map(t => Number(t.dataset.value))"
+    )
+    assert y_ticks[0] == 0 and y_ticks[-1] >= max(drawn.values())
+    x_ticks = browser.find_elements(By.CSS_SELECTOR, "#plot .x-axis text[data-ms]")
+    assert [tick.text for tick in x_ticks][:2] == ["00:00", "00:01"]
+    legend = [row.text for row in browser.find_elements(By.CSS_SELECTOR, "#plot .legend text")]
+    assert legend == [
+        "billing: 5 min windows, panes summed (discarding)",
+        "web: 1 min windows, latest pane (accumulating)",
+    ]
 
     browser.find_element(By.ID, "status").click()
-    wait.until(lambda _: "status of acme" in browser.find_element(By.ID, "meta").text)
+    wait.until(lambda _: "status of wayne" in browser.find_element(By.ID, "meta").text)
     assert sorted(row[0] for row in cells("#result")[1:]) == ["billing", "web"]
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -446,3 +626,8 @@ def test_the_console_runs_sql_draws_window_counts_and_shows_status(
     browser.find_element(By.ID, "key").send_keys("tw.acme.0000000000000000.wrong")
     browser.find_element(By.ID, "run").click()
     wait.until(lambda _: "401 unauthorized" in browser.find_element(By.ID, "message").text)
+
+
+def iso_text(value: Any) -> str:
+    """A timestamp as the console shows the JSON answer's: ISO 8601 with the UTC offset."""
+    return str(pd.Timestamp(value).tz_convert("UTC").isoformat())
