@@ -50,7 +50,7 @@ from infra.service.query_metrics import QueryMetrics
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.tables import WINDOWS
 from storage.query.local_sql import LocalSql
-from storage.query.query_service import QueryService
+from storage.query.query_service import QueryService, fair_scheduler_conf
 from streaming.app import StreamApp
 from streaming.observe.stream_status import tenant_key_status
 from streaming.pipeline.spark_session import build_spark
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             spark = build_spark(
                 "tenant-windows-query-latency",
                 shuffle_partitions=4,
-                extra_conf={"spark.scheduler.mode": "FAIR"},
+                extra_conf=fair_scheduler_conf(workdir),
             )
             try:
                 _run(spark, kafka, workdir, args)
