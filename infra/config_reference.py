@@ -693,8 +693,9 @@ def _render_examples() -> list[str]:
         ]
     out += [
         f"A complete config directory, `{examples}/`; the tests load it, and every block "
-        f"below, as config. Validate it with `tenant-windows tenants validate --conf "
-        f"{examples}`; run a stream on it with `tenant-windows run --app-config "
+        "below, as config (`tests/unit/infra/test_config_reference.py`). Validate it with "
+        f"`tenant-windows tenants validate --conf {examples}`; run a stream on it with "
+        f"`tenant-windows run --app-config "
         f"{examples}/app.yaml`.",
         "",
     ]

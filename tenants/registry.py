@@ -22,6 +22,7 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from tenants.field_suggestions import problem_message
 from tenants.models import (
     ID_PATTERN,
     EventTimeSpec,
@@ -454,5 +455,5 @@ def validate_model(model: type[ModelT], data: object, path: Path | str, prefix: 
                 # pydantic names the chosen window kind in the path; the YAML has no such key.
                 if part != "" and part not in WINDOW_KINDS
             )
-            problems.append((location, detail["msg"]))
+            problems.append((location, problem_message(model, detail)))
         raise ConfigError(path, problems) from None

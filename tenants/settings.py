@@ -14,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
+from tenants.field_suggestions import problem_message
 from tenants.models import (
     ID_PATTERN,
     NonNegativeDurationMs,
@@ -495,7 +496,8 @@ def load_settings(
         return AppSettings.model_validate(data)
     except ValidationError as error:
         problems = [
-            (".".join(str(p) for p in detail["loc"]), detail["msg"]) for detail in error.errors()
+            (".".join(str(p) for p in detail["loc"]), problem_message(AppSettings, detail))
+            for detail in error.errors()
         ]
         raise ConfigError(app_file or "(environment)", problems) from None
 

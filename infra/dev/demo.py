@@ -6,6 +6,7 @@ tenants' data late.
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -104,13 +105,40 @@ def run_demo(workdir: Path, count: int) -> int:
             spark.sql(ERRORS_SQL).show(truncate=False)
             print("Where every consumed record went:")
             spark.sql(BALANCE_SQL).show(truncate=False)
-            lake_root = workdir / "lake"
-            print(
-                f"Lake: {lake_root}\n"
-                f'Try: tenant-windows sql --lake-root {lake_root} "SELECT * FROM windows LIMIT 5"\n'
-                f"     tenant-windows status --lake-root {lake_root} "
-                f"--checkpoint-dir {workdir / 'checkpoint'}"
-            )
+            print(try_lines(workdir / "lake", workdir / "checkpoint", tenant_windows_command()))
         finally:
             spark.stop()
     return 0
+
+
+def try_lines(lake_root: Path, checkpoint: Path, tenant_windows: str) -> str:
+    """The commands the demo ends with, runnable as printed from where it ran."""
+    lake, checkpoint_dir = shlex.quote(str(lake_root)), shlex.quote(str(checkpoint))
+    query = shlex.quote("SELECT * FROM windows LIMIT 5")
+    return (
+        f"Lake: {lake_root}\n"
+        f"Try: {tenant_windows} sql --lake-root {lake} {query}\n"
+        f"     {tenant_windows} status --lake-root {lake} --checkpoint-dir {checkpoint_dir}"
+    )
+
+
+def tenant_windows_command(cwd: Path | None = None) -> str:
+    """How to run `tenant-windows` from `cwd` with the Python running the demo. infra/demo.sh
+    does not put `.venv/bin` on the PATH, so a bare `tenant-windows` is "command not found":
+    this is the console script beside the interpreter (`.venv/bin/tenant-windows` after
+    infra/setup.sh), relative when it lies under `cwd`; without one, `python -m infra.cli`."""
+    cwd = (Path.cwd() if cwd is None else cwd).absolute()
+    # Not resolved: a venv's python is a symlink to the base interpreter, outside the venv.
+    interpreter = Path(sys.executable).absolute()
+    script = interpreter.parent / "tenant-windows"
+    if script.is_file():
+        return shlex.quote(_as_seen_from(script, cwd))
+    return f"{shlex.quote(_as_seen_from(interpreter, cwd))} -m infra.cli"
+
+
+def _as_seen_from(path: Path, cwd: Path) -> str:
+    if not path.is_relative_to(cwd):
+        return str(path)
+    relative = path.relative_to(cwd)
+    # A bare name would be looked up on the PATH.
+    return str(relative) if len(relative.parts) > 1 else f"./{relative}"

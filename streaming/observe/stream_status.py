@@ -17,11 +17,14 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
@@ -31,7 +34,12 @@ from storage.lake.delivery_outbox import DeliveryOutbox, dead_letter_summary
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.tables import TENANT_STATUS, WINDOWS
 from storage.lake.writer_lease import read_lease
-from streaming.checkpoint.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
+from streaming.checkpoint.checkpoint_log import (
+    COMMITS_DIR,
+    OFFSETS_DIR,
+    CheckpointLog,
+    checkpoint_filesystem,
+)
 from streaming.kafka.client import (
     KafkaSecurity,
     KafkaUnavailableError,
@@ -49,6 +57,8 @@ log = logging.getLogger(__name__)
 KAFKA_TIMEOUT_MS = 5_000
 CONNECT_TIMEOUT_S = 1.0
 NO_DATA_YET = "no data yet"
+NOT_THERE_YET = "does not exist (yet)"
+LOCATIONS = "lake and checkpoint"
 KEYS = "keys"
 KAFKA_LAG = "kafka lag"
 DEFERRED = "deferred (quotas and fair share)"
@@ -90,6 +100,7 @@ def gather_status(settings: AppSettings) -> list[StatusSection]:
     # cannot be read then fails only the sections that need it.
     registry = functools.cache(lambda: load_registry(settings.conf_dir))
     readers: dict[str, SectionSource] = {
+        LOCATIONS: locations_section,
         KEYS: functools.partial(key_status_section, registry=registry),
         KAFKA_LAG: kafka_lag_section,
         DEFERRED: deferred_section,
@@ -109,6 +120,71 @@ def _guarded(
     except Exception as error:
         # One unreadable part must not hide the others.
         return StatusSection(title=title, rows=[], note=f"could not be read: {error}")
+
+
+# -- where status looked ---------------------------------------------------------------------
+
+
+def locations_section(settings: AppSettings, lake: DeltaLake) -> StatusSection:
+    """The lake root and checkpoint status read, and whether they are there. `status` with no
+    flags reads the defaults of `conf/app.yaml`; when the stream ran with other ones, this
+    says where it looked and what to give it, instead of a reader's error."""
+    rows = [
+        {
+            "part": "lake",
+            "path": settings.lake.root,
+            "config": "lake.root",
+            "flag": "--lake-root",
+            "state": _lake_state(lake),
+        },
+        {
+            "part": "checkpoint",
+            "path": settings.stream.checkpoint_dir,
+            "config": "stream.checkpoint_dir",
+            "flag": "--checkpoint-dir",
+            "state": _checkpoint_state(settings.stream.checkpoint_dir),
+        },
+    ]
+    missing = [row for row in rows if row["state"] == NOT_THERE_YET]
+    return StatusSection(title=LOCATIONS, rows=rows, note=where_to_look(missing) or None)
+
+
+def where_to_look(missing: list[dict[str, Any]]) -> str:
+    """What to give `status` when a part it read is not there: the flags, config keys and
+    variables that name it. Empty when nothing is missing."""
+    if not missing:
+        return ""
+    named = " and ".join(f"{row['path']} ({row['config']})" for row in missing)
+    verb = "does" if len(missing) == 1 else "do"
+    flags = " and ".join(f"{row['flag']} DIR" for row in missing)
+    keys = " and ".join(row["config"] for row in missing)
+    variables = " and ".join("TW_" + row["config"].replace(".", "__").upper() for row in missing)
+    return (
+        f"{named} {verb} not exist (yet): the stream has not run with this config, or it runs "
+        f"with another one. Give status what run was given: --app-config FILE, or {flags} "
+        f"(in the config: {keys}; in the environment: {variables})"
+    )
+
+
+def _lake_state(lake: DeltaLake) -> str:
+    if DeltaTable.is_deltatable(lake.table_uri(TENANT_STATUS), lake.storage_options):
+        return "found"
+    if lake.is_local and not _local_path(lake.root).exists():
+        return NOT_THERE_YET
+    return "no tenant_status table (yet)"
+
+
+def _checkpoint_state(checkpoint_dir: str) -> str:
+    filesystem, path = checkpoint_filesystem(checkpoint_dir)
+    if filesystem.get_file_info(path).type == pafs.FileType.NotFound:
+        return NOT_THERE_YET
+    if CheckpointLog(checkpoint_dir).latest_batch(OFFSETS_DIR) is None:
+        return "no batch yet"
+    return "found"
+
+
+def _local_path(root: str) -> Path:
+    return Path(root.removeprefix("file://"))
 
 
 # -- keys: the latest tenant_status row per (tenant, source) ------------------------------------
@@ -133,15 +209,17 @@ def key_status_section(
     """Watermark, how far it trails the newest record, open windows and counters per key;
     configured keys without a row yet are listed as having no data."""
     configured = set(registry().configured_keys())
-    latest = _latest_rows(lake, configured)
+    note = "trailing_s: newest event time minus the watermark"
+    try:
+        latest = _latest_rows(lake, configured)
+    except TableNotFoundError:
+        # Not delta-rs's "Local path ... does not exist": the lake section says what to give.
+        latest = latest_per_key(TENANT_STATUS.schema.empty_table())
+        note = f"no tenant_status table under {lake.root} (lake.root) yet: the configured keys"
     rows = {(row["tenant"], row["source"]): row for row in _key_rows(latest)}
     for key in configured:
         rows.setdefault(key, {"tenant": key[0], "source": key[1], "watermark": NO_DATA_YET})
-    return StatusSection(
-        title=KEYS,
-        rows=[rows[key] for key in sorted(rows)],
-        note="trailing_s: newest event time minus the watermark",
-    )
+    return StatusSection(title=KEYS, rows=[rows[key] for key in sorted(rows)], note=note)
 
 
 def _latest_rows(lake: DeltaLake, configured: set[tuple[str, str]]) -> pa.Table:

@@ -1,11 +1,14 @@
-"""Every command the docs show runs, and succeeds, against a real broker and lake.
+"""Every example the docs show runs, or is checked, against a real broker and lake.
 
-The docs show commands in ```bash blocks. Each documentation file gets its own copy of one
-prepared installation (a checkout's `conf/`, a topic with sample load, a lake and checkpoint
-after `run --available-now`) and its blocks run in order, as a user would type them, with
-`tenant-windows` on the PATH and `TW_*` variables pointing at the local broker and lake. A
-block that cannot run on one machine (a cluster submit, a stream that runs until stopped) is
-preceded by `<!-- docs-test: skip REASON -->`; the reason is checked to be there.
+The docs show commands in ```bash blocks and code in ```python blocks. Each documentation file
+gets its own copy of one prepared installation (a checkout's `conf/`, a topic with sample load,
+a lake and checkpoint after `run --available-now`) and its blocks run in order, as a user would
+type them, with `tenant-windows` and `python` on the PATH and `TW_*` variables pointing at the
+local broker and lake. A block that cannot run on one machine (a cluster submit, a stream that
+runs until stopped) is preceded by `<!-- docs-test: skip REASON -->`; the reason is checked to
+be there. Blocks in other languages are checked for what they claim to be
+(tests/support/doc_examples.py), and a sentence saying that a test checks something names a
+test that exists.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import re
 import shutil
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,47 +25,24 @@ from pathlib import Path
 import pytest
 
 from infra.dev.local_stack import LocalKafka
+from tests.support.doc_examples import CHECKS, DOCUMENTS, RUN, UNCHECKED, DocBlock, doc_blocks
 from tests.support.paths import ROOT
 from tests.support.sample_conf import SAMPLE_CONF, copy_conf
 from tests.support.secured_kafka import namespace_unavailable_reason, secured_kafka
 
-# README's first block is `.ci/run` itself (tests/integration/operations/test_readme.py checks it).
-DOCUMENTS = sorted(
-    [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "infra" / "cluster" / "README.md"]
-)
-BLOCK = re.compile(
-    r"(?:<!-- docs-test: skip (?P<skip>[^>]*?) -->\s*\n)?```bash\n(?P<body>.*?)```", re.S
-)
 BLOCK_TIMEOUT_S = 300
 TOPIC = "tenant-events"
+# A sentence that says a test checks something; its paragraph must name the test.
+TEST_CLAIM = re.compile(
+    r"\b(?:the tests? (?:checks?|compute|load)|a test checks|tested with|unit-tested|"
+    r"(?:the )?tests? (?:checks?|runs?) (?:this|them|it))\b",
+    re.I,
+)
+TEST_PATH = re.compile(r"tests/[\w/]+\.py")
 
 
-@dataclass(frozen=True)
-class DocBlock:
-    document: Path
-    line: int
-    body: str
-    skip_reason: str | None
-
-    def __str__(self) -> str:
-        return f"{self.document.relative_to(ROOT)}:{self.line}"
-
-
-def doc_blocks(document: Path) -> list[DocBlock]:
-    text = document.read_text()
-    blocks = [
-        DocBlock(
-            document,
-            text.count("\n", 0, match.start("body")) + 1,
-            # A block inside a list item is indented; the shell must see it as written.
-            textwrap.dedent(match.group("body")),
-            None if match.group("skip") is None else match.group("skip").strip(),
-        )
-        for match in BLOCK.finditer(text)
-    ]
-    if document == ROOT / "README.md":
-        blocks = blocks[1:]
-    return blocks
+def run_blocks(document: Path) -> list[DocBlock]:
+    return [block for block in doc_blocks(document) if block.language in RUN]
 
 
 def test_every_skipped_block_says_why() -> None:
@@ -74,6 +53,41 @@ def test_every_skipped_block_says_why() -> None:
         if block.skip_reason is not None
     ]
     assert all(len(block.skip_reason or "") >= 10 for block in skipped), [str(b) for b in skipped]
+
+
+def test_every_block_is_run_checked_or_says_why_not() -> None:
+    languages = {block.language: str(block) for d in DOCUMENTS for block in doc_blocks(d)}
+    unknown = {
+        language: where
+        for language, where in languages.items()
+        if language not in RUN | set(CHECKS) | set(UNCHECKED)
+    }
+    assert not unknown, f"blocks in a language no test runs or checks: {unknown}"
+    assert "python" in languages, "no python block: is the docs' delta-rs example still one?"
+
+
+@pytest.mark.parametrize(
+    "block",
+    [block for d in DOCUMENTS for block in doc_blocks(d) if block.language in CHECKS],
+    ids=str,
+)
+def test_the_example(block: DocBlock, tmp_path: Path) -> None:
+    CHECKS[block.language](block, tmp_path)
+
+
+def test_every_claim_that_a_test_checks_names_an_existing_test() -> None:
+    unnamed, missing = [], []
+    for document in DOCUMENTS:
+        for paragraph in re.split(r"\n\s*\n", document.read_text()):
+            named = TEST_PATH.findall(paragraph)
+            missing += [f"{document.name}: {path}" for path in named if not (ROOT / path).is_file()]
+            claim = TEST_CLAIM.search(paragraph)
+            if claim and not named:
+                unnamed.append(
+                    f"{document.name}: ...{paragraph[max(claim.start() - 80, 0) : claim.end()]}"
+                )
+    assert not missing, f"the docs name tests that do not exist: {missing}"
+    assert not unnamed, "a claim that a test checks something names no test:\n" + "\n".join(unnamed)
 
 
 @dataclass(frozen=True)
@@ -150,7 +164,7 @@ def managed_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
 
 @pytest.mark.parametrize(
     "document",
-    [document for document in DOCUMENTS if doc_blocks(document)],
+    [document for document in DOCUMENTS if run_blocks(document)],
     ids=lambda document: str(document.relative_to(ROOT)),
 )
 def test_the_commands_of(
@@ -162,11 +176,17 @@ def test_the_commands_of(
         )
     workdir = installation.restore()
     environ = {**_environ(workdir, kafka), **managed_kafka}
-    for block in doc_blocks(document):
+    for block in run_blocks(document):
         if block.skip_reason is not None:
             continue
+        # As printed: a shell block with bash, a Python block with the installation's Python.
+        interpreter = (
+            ["bash", "-euo", "pipefail", "-c"]
+            if block.language == "bash"
+            else [sys.executable, "-c"]
+        )
         done = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", block.body],
+            [*interpreter, block.body],
             cwd=workdir,
             env=environ,
             capture_output=True,
