@@ -30,6 +30,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from storage.lake.commits import FencedError
 from storage.lake.delta_lake import DeltaLake
+from storage.lake.s3_options import LakeUnavailableError
 from storage.lake.writer_lease import WriterLease
 from storage.upkeep.compaction import Compaction
 from streaming.checkpoint.checkpoint_identity import (
@@ -39,6 +40,7 @@ from streaming.checkpoint.checkpoint_identity import (
 )
 from streaming.checkpoint.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
 from streaming.hooks import NO_FAULTS, FaultHook
+from streaming.kafka.client import KafkaUnavailableError
 from streaming.kafka.deferral import Deferral
 from streaming.kafka.group_offsets import GroupOffsets
 from streaming.notify.notifier import Notifier
@@ -61,6 +63,16 @@ CONFIG_POLL_INTERVAL_S = 1.0
 PROGRESS_DRAIN_S = 5.0
 # How often a graceful stop looks at the checkpoint for the batch in progress to be committed.
 STOP_POLL_INTERVAL_S = 0.01
+# A failed query caused by one of these is an outage, not a bug: its own one line says what
+# failed and what to do, and the Python and Java frames around it say nothing more.
+OUTAGES: tuple[type[Exception], ...] = (KafkaUnavailableError, LakeUnavailableError)
+# Spark logs a query's failure, and each failed task's, with Java frames as it happens;
+# `run_stream` reports the failure itself when the query ends, so those logs only repeat it.
+SPARK_FAILURE_LOGGERS = (
+    "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",
+    "org.apache.spark.executor.Executor",
+    "org.apache.spark.scheduler.TaskSetManager",
+)
 
 
 class StreamApp:
@@ -331,6 +343,9 @@ def run_stream(
     except BaseException:
         app.stop()
         raise
+    debugging = log.isEnabledFor(logging.DEBUG)
+    if not debugging:
+        _quiet_spark_failure_logs(spark)
     # The handler only sets flags: stopping the query inside it would interrupt the py4j call
     # the main thread is blocked in.
     stop_requested = threading.Event()
@@ -365,7 +380,8 @@ def run_stream(
                 app.compact_now(spark)
                 app.wait_for_notifications(stop_requested)
     except StreamingQueryException as failure:
-        log.error("the stream failed: %s", failure)
+        cause = None if debugging else outage_cause(str(failure))
+        log.error("the stream failed: %s", failure if cause is None else cause)
         return 1
     finally:
         app.stop()
@@ -374,6 +390,35 @@ def run_stream(
         log.error("the stream stopped: %s", app.lost)
         return 1
     return 0
+
+
+def outage_cause(failure: str, outages: tuple[type[Exception], ...] = OUTAGES) -> str | None:
+    """The one line of a failed query's error (`failure`: Spark's text, Python tracebacks and
+    Java frames inside) that states an outage, as `Class: message`; None if no outage caused
+    it. The last such line is the outermost error of the last traceback: the one raised."""
+    names = {
+        f"{kind.__module__}.{kind.__qualname__}": kind.__name__
+        for outage in outages
+        for kind in _with_subclasses(outage)
+    }
+    cause = None
+    for line in failure.splitlines():
+        qualified, separator, message = line.partition(": ")
+        if separator and qualified in names:
+            cause = f"{names[qualified]}: {message}"
+    return cause
+
+
+def _with_subclasses(kind: type[Exception]) -> list[type[Exception]]:
+    return [kind, *(sub for direct in kind.__subclasses__() for sub in _with_subclasses(direct))]
+
+
+def _quiet_spark_failure_logs(spark: SparkSession) -> None:
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None  # a classic session: the driver's JVM is at hand
+    off = jvm.org.apache.logging.log4j.Level.OFF
+    for logger in SPARK_FAILURE_LOGGERS:
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(logger, off)
 
 
 def _now_ms() -> int:

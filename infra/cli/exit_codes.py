@@ -70,6 +70,13 @@ EXPECTED_FAILURES = (
         ExitCode.REFUSED,
         lambda e: f"not starting: {e}",
     ),
+    ExpectedFailure(
+        "streaming.kafka.client:KafkaUnreachableError",
+        ExitCode.REFUSED,
+        lambda e: f"not starting: {e}",
+    ),
+    # After the ones above, which are kinds of it: a broker that went away mid-command.
+    ExpectedFailure("streaming.kafka.client:KafkaUnavailableError", ExitCode.FAILED, str),
     ExpectedFailure("deltalake.exceptions:TableNotFoundError", ExitCode.REFUSED, _table_not_found),
 )
 

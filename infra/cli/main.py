@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import traceback
 from collections.abc import Sequence
 
 from infra.cli import (
@@ -37,9 +38,20 @@ COMMAND_GROUPS = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tenant-windows", description=DESCRIPTION)
+    verbose_help = (
+        "log at DEBUG, and print the traceback of an expected failure (a broker, the lake, "
+        "the config) above its one line"
+    )
+    parser.add_argument("--verbose", action="store_true", help=verbose_help)
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
     for group in COMMAND_GROUPS:
         group.register(commands)
+    # Also after the command, where a user adds it to the line that just failed; SUPPRESS
+    # leaves the value given before the command when it is not repeated.
+    for command in commands.choices.values():
+        command.add_argument(
+            "--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose_help
+        )
     return parser
 
 
@@ -47,13 +59,7 @@ def main(argv: Sequence[str] | None = None, fault_hook: FaultHook = NO_FAULTS) -
     """Parse `argv` and run its command; `fault_hook` is for the recovery tests."""
     args = build_parser().parse_args(argv)
     args.fault_hook = fault_hook
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    for chatty in ("py4j", "kafka"):
-        logging.getLogger(chatty).setLevel(logging.WARNING)
+    _configure_logging(args.verbose)
     try:
         result: int = args.handler(args)
         return result
@@ -61,8 +67,46 @@ def main(argv: Sequence[str] | None = None, fault_hook: FaultHook = NO_FAULTS) -
         failure = expected_failure(error)
         if failure is None:
             raise
+        # The one line says what to do; the frames below it are for whoever debugs the code.
+        if logging.getLogger().isEnabledFor(logging.DEBUG):
+            traceback.print_exc(file=sys.stderr)
         print(failure.message(error), file=sys.stderr)
         return int(failure.exit_code)
+
+
+def _configure_logging(verbose: bool) -> None:
+    root = logging.getLogger()
+    configured_already = bool(root.handlers)  # e.g. by a test that calls `main`
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if verbose:
+        root.setLevel(logging.DEBUG)
+    elif not configured_already:
+        for handler in root.handlers:
+            handler.addFilter(ExpectedFailuresInOneLine())
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    # kafka-python logs every failed reconnect of a broker outage; the product's own errors
+    # and warnings name the broker and what failed, once. Never DEBUG: it prints configs.
+    logging.getLogger("kafka").setLevel(logging.WARNING if verbose else logging.CRITICAL)
+
+
+class ExpectedFailuresInOneLine(logging.Filter):
+    """A record logged with an expected failure's traceback (a background thread's
+    `log.exception` during an outage: the notifier, the lease renewal) keeps its message and
+    the failure's first line; the frames are for `--verbose`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, Exception) and expected_failure(error) is not None:
+            first_line = next(iter(str(error).splitlines()), "")
+            record.msg = f"{record.getMessage()} ({type(error).__name__}: {first_line})"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+        return True
 
 
 if __name__ == "__main__":

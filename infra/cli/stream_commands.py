@@ -78,14 +78,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _run(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    _require_the_broker(settings)
+    # Only now: Spark's import and start cost seconds a broker that cannot be used would waste.
     from streaming.app import run_stream
-    from streaming.kafka.client import KafkaSecurity, check_broker_security
 
     spark_conf = cluster_conf(args.master)
-    settings = settings_from(args)
-    # Before Spark starts: a refused certificate or password is one line, not a query that
-    # retries for the whole broker timeout.
-    check_broker_security(settings.kafka.bootstrap_servers, KafkaSecurity.of(settings.kafka))
     bar = _progress_bar(settings) if args.available_now and sys.stderr.isatty() else None
     try:
         return run_stream(
@@ -94,6 +92,19 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
+
+
+def _require_the_broker(settings: AppSettings) -> None:
+    """Before Spark starts and before the lake or the checkpoint exists: a broker that refuses
+    connections, a silent one (after `kafka.broker_timeout`), and a refused certificate or
+    password are each one line and exit 2, not a query that retries for the whole timeout
+    and leaves a lake and a checkpoint behind."""
+    from streaming.kafka.client import KafkaSecurity, require_an_answering_broker
+
+    kafka = settings.kafka
+    require_an_answering_broker(
+        kafka.bootstrap_servers, KafkaSecurity.of(kafka), kafka.broker_timeout_ms / 1000
+    )
 
 
 def _progress_bar(settings: AppSettings) -> ProgressBar | None:
@@ -123,10 +134,10 @@ def _status(args: argparse.Namespace) -> int:
 def _produce(args: argparse.Namespace) -> int:
     require_dev_tools("produce")
     from infra.dev.load_generator import LoadSpec, generate, send
-    from streaming.kafka.client import KafkaSecurity, check_broker_security
+    from streaming.kafka.client import KafkaSecurity
 
     settings = settings_from(args)
-    check_broker_security(settings.kafka.bootstrap_servers, KafkaSecurity.of(settings.kafka))
+    _require_the_broker(settings)
     registry = load_registry(settings.conf_dir)
     ahead = {}
     for item in args.ahead:

@@ -191,21 +191,33 @@ def require_a_reachable_broker(bootstrap_servers: str, timeout_s: float) -> None
     line per server. A client would retry (and log every attempt) for its whole budget before
     saying the same."""
     failures: list[str] = []
-    for server in (part.strip() for part in bootstrap_servers.split(",") if part.strip()):
-        host, _, port = server.rpartition(":")
-        if not host or not port.isdigit():
-            failures.append(f"broker {server} unreachable (not HOST:PORT)")
-            continue
-        try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-                return
-        except ConnectionRefusedError:
-            failures.append(f"broker {server} unreachable (connection refused)")
-        except TimeoutError:
-            failures.append(f"broker {server} unreachable (no answer within {timeout_s:g} s)")
-        except OSError as error:
-            failures.append(f"broker {server} unreachable ({error})")
+    for server in _servers(bootstrap_servers):
+        cause = _connect_failure(server, timeout_s)
+        if cause is None:
+            return
+        failures.append(f"broker {server} unreachable ({cause})")
     raise KafkaUnavailableError("; ".join(failures) or "no bootstrap servers configured")
+
+
+def _servers(bootstrap_servers: str) -> list[str]:
+    return [part.strip() for part in bootstrap_servers.split(",") if part.strip()]
+
+
+def _connect_failure(server: str, timeout_s: float) -> str | None:
+    """Why `server` ("host:port") does not accept a TCP connection within `timeout_s`; None
+    if it does."""
+    host, _, port = server.rpartition(":")
+    if not host or not port.isdigit():
+        return "not HOST:PORT"
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return None
+    except ConnectionRefusedError:
+        return "connection refused"
+    except TimeoutError:
+        return f"no answer within {timeout_s:g} s"
+    except OSError as error:
+        return str(error)
 
 
 class KafkaSecurityError(KafkaUnavailableError):
@@ -213,9 +225,17 @@ class KafkaSecurityError(KafkaUnavailableError):
     authentication, or TLS where the client speaks plaintext (or the reverse)."""
 
 
+class KafkaUnreachableError(KafkaUnavailableError):
+    """Before the stream starts, no bootstrap server answers: each refuses the connection (or
+    cannot be dialled), or the ones that accept it say nothing within `kafka.broker_timeout`."""
+
+
 # librdkafka's words for a security cause, where its error code alone does not say it.
 _SECURITY_HINTS = ("security.protocol", "SSL handshake", "certificate", "Authentication")
 _PROBE_S = 15.0
+# One metadata request's wait inside a probe: short, so the probe's own deadline is kept.
+_PROBE_REQUEST_S = 1.0
+_TLS_PROBE_S = 3.0
 
 
 def check_broker_security(
@@ -228,22 +248,65 @@ def check_broker_security(
         require_a_reachable_broker(bootstrap_servers, min(budget_s, 5.0))
     except KafkaUnavailableError:
         return
+    _probe_metadata(bootstrap_servers, security, time.monotonic() + budget_s)
+
+
+def require_an_answering_broker(
+    bootstrap_servers: str, security: KafkaSecurity, timeout_s: float
+) -> None:
+    """Return once a bootstrap server answers a metadata request with this client's security;
+    otherwise fail in one line naming the servers and the cause (`KafkaUnreachableError`): at
+    once when every server refuses the connection or cannot be dialled, after `timeout_s` when
+    a server accepts connections and says nothing. A refused certificate or password fails at
+    once too (`KafkaSecurityError`).
+
+    `run` calls it before anything else, so that a broker it cannot use costs seconds and
+    leaves nothing behind, instead of a Spark query that retries for the whole timeout after
+    it has created the lake and the checkpoint."""
+    deadline = time.monotonic() + timeout_s
+    servers = _servers(bootstrap_servers)
+    causes: list[str] = []
+    for server in servers:
+        # Each server gets what is left of the budget: a silent first server must not make
+        # the check overrun it.
+        cause = _connect_failure(server, max(deadline - time.monotonic(), 0.001))
+        if cause is None:
+            break
+        causes.append(cause if len(servers) == 1 else f"{server}: {cause}")
+    else:
+        reasons = "; ".join(causes) or "no bootstrap servers configured"
+        raise KafkaUnreachableError(f"Kafka at {bootstrap_servers} is unreachable: {reasons}")
+    answered, last_error = _probe_metadata(bootstrap_servers, security, deadline)
+    if not answered:
+        said = "" if last_error is None else f" (last error: {last_error})"
+        raise KafkaUnreachableError(
+            f"Kafka at {bootstrap_servers} is unreachable: it accepts connections but did not "
+            f"answer within {timeout_s:g} s (kafka.broker_timeout){said}"
+        )
+
+
+def _probe_metadata(
+    bootstrap_servers: str, security: KafkaSecurity, deadline: float
+) -> tuple[bool, str | None]:
+    """Ask for the cluster's metadata until `deadline`: whether a broker answered, and the
+    last error librdkafka reported. Raises `KafkaSecurityError` as soon as a reported error
+    is about this client's security."""
     causes: deque[KafkaError] = deque(maxlen=8)
+    budget_ms = int(max(deadline - time.monotonic(), 0) * 1000)
     config: dict[str, Any] = {
         **security.librdkafka(),
         "bootstrap.servers": bootstrap_servers,
-        "client.id": "tenant-windows-security-check",
-        "socket.connection.setup.timeout.ms": max(int(budget_s * 1000), 1_000),
+        "client.id": "tenant-windows-broker-check",
+        "socket.connection.setup.timeout.ms": max(budget_ms, 1_000),
         "error_cb": causes.append,
         "log_level": 0,
     }
     admin = AdminClient(config)
-    deadline = time.monotonic() + budget_s
     tls_probed = security.uses_tls
-    while time.monotonic() < deadline:
+    while (remaining_s := deadline - time.monotonic()) > 0:
         try:
-            admin.list_topics(timeout=1.0)
-            return
+            admin.list_topics(timeout=min(_PROBE_REQUEST_S, remaining_s))
+            return True, None
         except KafkaException:
             admin.poll(0)  # librdkafka hands its errors to `error_cb` only from poll()
         for cause in causes:
@@ -257,14 +320,16 @@ def check_broker_security(
             tls_probed = True
             # A plaintext client at a TLS port hears nothing back, which looks like a slow
             # broker: ask the port for a TLS handshake.
-            if _speaks_tls(bootstrap_servers):
+            probe_s = min(_TLS_PROBE_S, max(deadline - time.monotonic(), 0.001))
+            if _speaks_tls(bootstrap_servers, probe_s):
                 raise KafkaSecurityError(
                     f"Kafka at {bootstrap_servers} over {security.protocol}: the port answers "
                     "TLS: set kafka.security_protocol to SSL or SASL_SSL"
                 )
+    return False, causes[-1].str() if causes else None
 
 
-def _speaks_tls(bootstrap_servers: str, timeout_s: float = 3.0) -> bool:
+def _speaks_tls(bootstrap_servers: str, timeout_s: float = _TLS_PROBE_S) -> bool:
     """Whether the first bootstrap server completes a TLS handshake (certificate unchecked:
     only the protocol is in question)."""
     host, _, port = bootstrap_servers.split(",")[0].strip().rpartition(":")

@@ -25,6 +25,7 @@ import posixpath
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ import pyarrow.parquet as pq
 from pyarrow import fs
 
 from storage.lake.data_files import filesystem_of
+from storage.lake.s3_options import reaching
 from streaming.kafka.admission import UNPARSED_TENANT, BatchCounts, Ledger, Release, admit
 from streaming.kafka.options import AT_MS_KEY
 from tenants.config_store import ConfigSnapshots
@@ -79,17 +81,24 @@ class DeferralStore:
         filesystem, base = filesystem_of(self.lake_root, dict(self.storage_options))
         return filesystem, f"{base}/{DEFERRED_DIR}/{self.stream}"
 
+    def _reaching(self, doing: str) -> AbstractContextManager[None]:
+        """A failed request to an S3 lake is one line naming the lake and the endpoint
+        (`LakeUnavailableError`), as the tables' own requests are: an outage, not a bug. A
+        missing file must be handled inside: this would call it an outage too."""
+        return reaching(self.lake_root, dict(self.storage_options) or None, doing)
+
     def ledger(self, batch: str | None, partition: int) -> Ledger:
         """The ledger a partition's batch ended with; empty when it wrote none."""
         if batch is None:
             return Ledger()
         filesystem, base = self._filesystem()
         path = f"{base}/{batch}/{partition}.ledger.json"
-        try:
-            with filesystem.open_input_stream(path) as handle:
-                return Ledger.from_json(orjson.loads(handle.read()))
-        except FileNotFoundError:
-            return Ledger()
+        with self._reaching(f"reading the deferral ledger {batch}/{partition}"):
+            try:
+                with filesystem.open_input_stream(path) as handle:
+                    return Ledger.from_json(orjson.loads(handle.read()))
+            except FileNotFoundError:
+                return Ledger()
 
     def ledgers(self, batch: str | None) -> dict[int, Ledger]:
         """Every partition's ledger of a batch, by partition: one listing and a read each."""
@@ -97,11 +106,12 @@ class DeferralStore:
             return {}
         filesystem, base = self._filesystem()
         selector = fs.FileSelector(f"{base}/{batch}", allow_not_found=True)
-        partitions = [
-            int(info.base_name.removesuffix(".ledger.json"))
-            for info in filesystem.get_file_info(selector)
-            if info.base_name.endswith(".ledger.json")
-        ]
+        with self._reaching(f"listing the deferral ledgers of {batch}"):
+            partitions = [
+                int(info.base_name.removesuffix(".ledger.json"))
+                for info in filesystem.get_file_info(selector)
+                if info.base_name.endswith(".ledger.json")
+            ]
         return {partition: self.ledger(batch, partition) for partition in sorted(partitions)}
 
     def batch_counts(self, batch: str | None) -> tuple[BatchCounts, dict[str, int]]:
@@ -155,17 +165,18 @@ class DeferralStore:
             return  # a batch that deferred nothing defers nothing (deferred rows need segments)
         filesystem, base = self._filesystem()
         folder = f"{base}/{batch}"
-        filesystem.create_dir(folder, recursive=True)
-        if deferred.num_rows:
-            _write_atomically(
-                filesystem,
-                f"{folder}/{partition}.parquet",
-                lambda out: pq.write_table(deferred, out, compression="zstd"),
-            )
         body = orjson.dumps(ledger.to_json())
-        _write_atomically(
-            filesystem, f"{folder}/{partition}.ledger.json", lambda out: out.write(body)
-        )
+        with self._reaching(f"writing the deferred records {batch}/{partition}"):
+            filesystem.create_dir(folder, recursive=True)
+            if deferred.num_rows:
+                _write_atomically(
+                    filesystem,
+                    f"{folder}/{partition}.parquet",
+                    lambda out: pq.write_table(deferred, out, compression="zstd"),
+                )
+            _write_atomically(
+                filesystem, f"{folder}/{partition}.ledger.json", lambda out: out.write(body)
+            )
 
     def released(self, releases: Iterable[Release]) -> pa.Table | None:
         """The deferred records `releases` name, in their order, without the tenant column."""

@@ -27,6 +27,7 @@ from deltalake import DeltaTable
 
 from storage.lake.delivery_outbox import AttemptRow, DeliveryOutbox, Outcome, Progress
 from storage.lake.delta_lake import DeltaLake
+from storage.lake.s3_options import reaching
 from storage.lake.snapshot_reader import batch_files, read_snapshot
 from storage.lake.tables import WINDOWS
 from streaming.checkpoint.checkpoint_log import CheckpointLog
@@ -224,7 +225,9 @@ class _Run:
             notifier.publish_recorded(self.recorded)
             self.windows = notifier.lake.open(WINDOWS)
         assert self.windows is not None
-        self.windows.update_incremental()
+        # An outage is one line naming the lake, as everywhere else, not delta-rs's error chain.
+        with reaching(notifier.lake.root, notifier.lake.storage_options, "reading table windows"):
+            self.windows.update_incremental()
         committed = notifier.committed_windows_batch(self.windows)
         if committed > self.planned:
             for delivery in notifier.plan(self.windows, self.planned, committed, self.resumed):
