@@ -66,13 +66,10 @@ STOP_POLL_INTERVAL_S = 0.01
 # A failed query caused by one of these is an outage, not a bug: its own one line says what
 # failed and what to do, and the Python and Java frames around it say nothing more.
 OUTAGES: tuple[type[Exception], ...] = (KafkaUnavailableError, LakeUnavailableError)
-# Spark logs a query's failure, and each failed task's, with Java frames as it happens;
-# `run_stream` reports the failure itself when the query ends, so those logs only repeat it.
-SPARK_FAILURE_LOGGERS = (
-    "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",
-    "org.apache.spark.executor.Executor",
-    "org.apache.spark.scheduler.TaskSetManager",
-)
+# Spark logs a query's failure with Java frames as it happens; `run_stream` reports the failure
+# itself when the query ends, so that log only repeats it. Failed tasks keep their warnings:
+# on a cluster a retried task is news the operator needs, outage or not.
+SPARK_FAILURE_LOGGERS = ("org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",)
 
 
 class StreamApp:
