@@ -6,7 +6,8 @@ import argparse
 import logging
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from infra.cli.command_context import add_settings_flags, settings_from
@@ -16,7 +17,12 @@ from tenants.registry import load_registry
 from tenants.settings import AppSettings
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from deltalake import DeltaTable
+    from pyspark.sql import DataFrame, SparkSession
+    from sqlglot import exp
+
+    from storage.lake.delta_lake import DeltaLake
+    from storage.query.local_sql import LocalSql
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -71,21 +77,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _sql(args: argparse.Namespace) -> int:
-    from pyspark.errors import AnalysisException
-
-    from infra.cli.sql_shell import (
-        SqlOptionError,
-        parse_versions,
-        print_frame,
-        render_frame,
-        run_prompt,
-    )
-    from storage.lake.delta_lake import DeltaLake
-    from storage.query.query_service import QueryError, check_statement_length, run_within_limits
-    from storage.query.scoped_sql import TenantSql
-    from storage.query.sql_guard import QueryRefused
-    from storage.query.sql_views import LakeNotWrittenError, TableVersionError, register_views
-    from streaming.pipeline.spark_session import build_spark
+    """Everything that can be checked without Spark is checked first (the tenant, the statement
+    against the guard, the lake), and a statement the in-process engine answers as Spark would
+    is answered without a JVM; Spark starts only for the rest."""
+    from infra.cli.sql_shell import SqlOptionError, parse_versions, run_prompt
 
     settings = settings_from(args)
     # A tenant's statements get the query service's limits, as over HTTP.
@@ -100,29 +95,215 @@ def _sql(args: argparse.Namespace) -> int:
     # sqlglot logs a warning for every statement it can only read as a bare command; the guard
     # refuses those with its own message.
     logging.getLogger("sqlglot").setLevel(logging.ERROR)
-    spark = build_spark("tenant-windows-sql", shuffle_partitions=settings.stream.shuffle_partitions)
-    lake = DeltaLake.from_settings(settings.lake)
-    run_query: Callable[[str], DataFrame]
     try:
-        if args.tenant is None:
-            register_views(spark, lake, None, args.delta_spark, versions)
-            run_query = spark.sql
-        else:
-            run_query = TenantSql.open(spark, lake, args.tenant, args.delta_spark, versions).query
-    except (TableVersionError, LakeNotWrittenError) as error:
-        print(f"{error}", file=sys.stderr)
+        # A single statement is checked before the lake: refusing it needs no table.
+        tree = None if args.query is None else _checked(args.query, limits)
+        # delta-spark reads the lake its own way: Spark checks it.
+        tables = None if args.delta_spark else _view_tables(settings, args.tenant, versions)
+    except _Refusal as refusal:
+        print(refusal.line, file=sys.stderr)
+        return ExitCode.REFUSED
+    from storage.lake.delta_lake import DeltaLake
+
+    lake = DeltaLake.from_settings(settings.lake)
+    in_process = None
+    if tables is not None and settings.query.local_engine:
+        in_process = _InProcess(args, settings, lake, tables, limits)
+    on_spark = _OnSpark(args, settings, lake, versions, limits)
+    if args.delta_spark and not on_spark.open():
         return ExitCode.REFUSED
 
-    def run_statement(statement: str) -> bool:
+    def run_statement(statement: str, checked: exp.Query | None = None) -> bool:
         try:
-            if limits is None:
-                print_frame(run_query(statement), args.format, args.limit)
+            tree = checked or _checked(statement, limits)
+        except _Refusal as refusal:
+            print(refusal.line, file=sys.stderr)
+            return False
+        if in_process is not None and tree is not None:
+            answered = in_process.answer(tree)
+            if isinstance(answered, _Refusal):
+                print(answered.line, file=sys.stderr)
+                return False
+            if answered is not None:
+                print(answered, end="")
                 return True
-            check_statement_length(statement, limits)
-            frame = run_query(statement)
-            rows = min(args.limit, limits.max_result_rows)
+        return on_spark.run(statement)
+
+    if args.query is not None:
+        return ExitCode.OK if run_statement(args.query, tree) else ExitCode.REFUSED
+    scope = f"[{args.tenant}]" if args.tenant else ""
+    return run_prompt(run_statement, f"tenant-windows{scope}> ", sys.stdin, sys.stdout)
+
+
+def _view_tables(
+    settings: AppSettings, tenant: str | None, versions: dict[str, int]
+) -> Mapping[str, DeltaTable | None]:
+    """The tables the views read, at the versions asked for; `_Refusal` with the line Spark's
+    views give when the lake has no such table or version."""
+    from storage.lake.tables import ALL_TABLES, LAKE_TABLES
+    from storage.query.view_tables import (
+        LakeNotWrittenError,
+        TableVersionError,
+        open_view_tables,
+        unwritten_local_lake,
+    )
+
+    specs = ALL_TABLES if tenant is not None else LAKE_TABLES
+    # A local root without the first table's log: said before loading delta-rs and pyarrow.
+    unwritten = unwritten_local_lake(settings.lake.root, specs)
+    if unwritten is not None:
+        raise _Refusal(str(unwritten))
+    from storage.lake.delta_lake import DeltaLake
+
+    try:
+        return open_view_tables(DeltaLake.from_settings(settings.lake), specs, versions)
+    except (TableVersionError, LakeNotWrittenError) as error:
+        raise _Refusal(str(error)) from None
+
+
+class _Refusal(Exception):  # noqa: N818 - an outcome, printed as one line
+    """A statement refused or stopped before it printed anything: its one line on stderr."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(line)
+        self.line = line
+
+
+def _checked(statement: str, limits: QueryLimits | None) -> exp.Query | None:
+    """The statement's tree, if the guard accepts it. A tenant's statement must pass its length
+    limit and the guard (`_Refusal` in the words Spark's path uses); an operator's statement
+    the guard does not accept is any Spark SQL, left to Spark (None)."""
+    from storage.query.query_errors import QueryError, check_statement_length
+    from storage.query.sql_guard import QueryRefused, check_query
+    from storage.query.view_tables import OPERATOR_VIEW_NAMES, TENANT_VIEW_NAMES
+
+    if limits is None:
+        try:
+            return check_query(statement, OPERATOR_VIEW_NAMES)
+        except QueryRefused:
+            return None
+    try:
+        check_statement_length(statement, limits)
+        return check_query(statement, TENANT_VIEW_NAMES)
+    except QueryError as error:
+        raise _Refusal(f"{error.code}: {error.message}") from None
+    except QueryRefused as refused:
+        raise _Refusal(f"refused: {refused.reason}") from None
+
+
+@dataclass
+class _InProcess:
+    """Statements answered in this process (`storage.query.local_sql`), printed as Spark would
+    print them (`storage.query.spark_text`), or left to Spark (None)."""
+
+    args: argparse.Namespace
+    settings: AppSettings
+    lake: DeltaLake
+    tables: Mapping[str, DeltaTable | None]
+    limits: QueryLimits | None
+    _engine: LocalSql = field(init=False)
+
+    def __post_init__(self) -> None:
+        from storage.query.local_sql import LocalSql
+
+        query = self.settings.query
+        self._engine = LocalSql(self.lake, query.local_max_tenant_bytes, query.local_cache_bytes)
+
+    def answer(self, tree: exp.Query) -> str | _Refusal | None:
+        from storage.query.local_sql import StatementTimeout
+        from storage.query.query_errors import statement_timeout
+        from storage.query.spark_text import NotPrintable, render_rows
+
+        query = self.settings.query
+        limits = self.limits or query  # the operator's bounds: the defaults
+        rows = (
+            self.args.limit if self.limits is None else min(self.args.limit, limits.max_result_rows)
+        )
+        try:
+            answer = self._engine.answer(
+                self.args.tenant,
+                tree,
+                self.tables,
+                limits.max_joins,
+                rows + 1,  # one more than printed: the table format says there are more
+                limits.statement_timeout_ms / 1000,
+            )
+        except StatementTimeout:
+            if self.limits is None:
+                return None  # the operator's statement has no timeout on Spark
+            timeout = statement_timeout(limits)
+            return _Refusal(f"{timeout.code}: {timeout.message}")
+        if answer is None or (answer.num_rows > 1 and tree.args.get("order") is None):
+            # Without ORDER BY the order of the rows is each engine's own: Spark prints them.
+            return None
+        try:
+            return render_rows(answer, self.args.format, rows)
+        except NotPrintable:
+            return None
+
+
+@dataclass
+class _OnSpark:
+    """Spark's side of `sql`, as it always ran: started at the first statement that needs it."""
+
+    args: argparse.Namespace
+    settings: AppSettings
+    lake: DeltaLake
+    versions: dict[str, int]
+    limits: QueryLimits | None
+    _spark: SparkSession | None = None
+    _query: Callable[[str], DataFrame] | None = None
+
+    def open(self) -> bool:
+        """Start Spark and register the views; False (with its line printed) if the lake does
+        not have them."""
+        from storage.query.query_service import leave_statement_errors_to_the_service
+        from storage.query.scoped_sql import TenantSql
+        from storage.query.sql_views import LakeNotWrittenError, TableVersionError, register_views
+        from streaming.pipeline.spark_session import build_spark
+
+        shuffle_partitions = self.settings.stream.shuffle_partitions
+        spark = build_spark("tenant-windows-sql", shuffle_partitions=shuffle_partitions)
+        # A failed statement is the one line `run` prints, not PySpark's ERROR with Java frames.
+        leave_statement_errors_to_the_service()
+        try:
+            if self.args.tenant is None:
+                register_views(spark, self.lake, None, self.args.delta_spark, self.versions)
+                self._query = spark.sql
+            else:
+                self._query = TenantSql.open(
+                    spark, self.lake, self.args.tenant, self.args.delta_spark, self.versions
+                ).query
+        except (TableVersionError, LakeNotWrittenError) as error:
+            print(f"{error}", file=sys.stderr)
+            return False
+        self._spark = spark
+        return True
+
+    def run(self, statement: str) -> bool:
+        from pyspark.errors import AnalysisException
+
+        from infra.cli.sql_shell import print_frame, render_frame
+        from storage.query.query_errors import QueryError, check_statement_length
+        from storage.query.query_service import run_within_limits
+        from storage.query.sql_guard import QueryRefused
+
+        if (self._query is None or self._spark is None) and not self.open():
+            return False
+        assert self._query is not None and self._spark is not None
+        try:
+            if self.limits is None:
+                print_frame(self._query(statement), self.args.format, self.args.limit)
+                return True
+            check_statement_length(statement, self.limits)
+            frame = self._query(statement)
+            rows = min(self.args.limit, self.limits.max_result_rows)
             text = run_within_limits(
-                spark, args.tenant, frame, limits, lambda: render_frame(frame, args.format, rows)
+                self._spark,
+                self.args.tenant,
+                frame,
+                self.limits,
+                lambda: render_frame(frame, self.args.format, rows),
             )
             print(text, end="")
         except QueryRefused as error:
@@ -135,11 +316,6 @@ def _sql(args: argparse.Namespace) -> int:
             print(f"{error.code}: {error.message}", file=sys.stderr)
             return False
         return True
-
-    if args.query is not None:
-        return ExitCode.OK if run_statement(args.query) else ExitCode.REFUSED
-    scope = f"[{args.tenant}]" if args.tenant else ""
-    return run_prompt(run_statement, f"tenant-windows{scope}> ", sys.stdin, sys.stdout)
 
 
 def _tenant_limits(settings: AppSettings, tenant: str) -> QueryLimits:

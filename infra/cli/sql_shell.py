@@ -1,4 +1,8 @@
-"""What `tenant-windows sql` does around a query: its options, output formats, and the prompt."""
+"""What `tenant-windows sql` does around a query: its options, output formats, and the prompt.
+
+pyspark is imported only to print a Spark frame: a statement answered in-process
+(`storage.query.local_sql`, printed by `storage.query.spark_text`) never loads it.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,12 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TextIO
-
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, BinaryType, MapType, StructType
+from typing import TYPE_CHECKING, TextIO
 
 from storage.lake.tables import ALL_TABLES
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
 
 OUTPUT_FORMATS = ("table", "csv", "json")
 EXIT_WORDS = frozenset({"exit", "quit", "\\q"})
@@ -62,6 +65,8 @@ def print_frame(frame: DataFrame, output_format: str, limit: int) -> None:
 def render_frame(frame: DataFrame, output_format: str, limit: int) -> str:
     """`print_frame`'s text: the rows are collected first, so nothing is printed of a statement
     that fails or is cancelled half way."""
+    from pyspark.sql import functions as F
+
     rows = frame.limit(limit)
     out = io.StringIO()
     if output_format == "json":
@@ -82,6 +87,9 @@ def render_frame(frame: DataFrame, output_format: str, limit: int) -> str:
 def _csv_text(frame: DataFrame, name: str) -> Column:
     """One column as CSV text: nested values as JSON, bytes as base64, the rest as Spark casts
     them to strings (timestamps in the session time zone, UTC)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, BinaryType, MapType, StructType
+
     kind = frame.schema[name].dataType
     column = F.col(f"`{name}`")
     if isinstance(kind, ArrayType | MapType | StructType):

@@ -32,9 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infra.service.query_metrics import Outcome, QueryMetrics
+from storage.query.query_errors import QueryError
 from storage.query.query_service import (
     OPERATOR,
-    QueryError,
     QueryService,
     fair_scheduler_conf,
     leave_statement_errors_to_the_service,

@@ -15,7 +15,7 @@ from typing import Literal, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from storage.query.query_service import QUERY_ERROR_CODES, QueryErrorCode
+from storage.query.query_errors import QUERY_ERROR_CODES, QueryErrorCode
 from streaming.observe.metrics_endpoint import PREFIX, MetricsEndpoint
 
 RequestOutcome = Literal["ok", "unauthorized", "bad_request", "internal"]

@@ -35,7 +35,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs
-from pyspark import TaskContext
 
 from storage.lake.tables import ALL_TABLES, TableSpec, rows_for_table, with_layout
 
@@ -175,6 +174,10 @@ def _digest(table_name: str, partition_values: str) -> str:
 
 def spark_task_partition() -> int:
     """The Spark partition the calling executor task works on (0 outside a task)."""
+    # Imported here: the driver-side readers of this module (`tenant-windows sql` answering
+    # in-process, `status`) must not load pyspark.
+    from pyspark import TaskContext
+
     context = TaskContext.get()
     return context.partitionId() if context is not None else 0
 

@@ -101,7 +101,15 @@ def tenant_files(table: DeltaTable, tenant: str) -> list[str]:
 
 def tenant_file_sizes(table: DeltaTable, tenant: str) -> dict[str, int]:
     """`tenant_files`, each with its size in bytes as stored."""
-    actions = tenant_file_actions(table, tenant)
+    return _file_sizes(table, tenant_file_actions(table, tenant))
+
+
+def file_sizes(table: DeltaTable) -> dict[str, int]:
+    """URIs of the loaded version's files, each with its size in bytes as stored."""
+    return _file_sizes(table, pa.table(table.get_add_actions(flatten=True)))
+
+
+def _file_sizes(table: DeltaTable, actions: pa.Table) -> dict[str, int]:
     if actions.num_rows == 0:
         return {}
     sizes = dict(

@@ -1,4 +1,5 @@
-"""Small tenant statements answered in this process by DuckDB, over that tenant's rows only.
+"""Small statements answered in this process by DuckDB, over a tenant's rows only (or, for the
+operator's `tenant-windows sql`, every tenant's rows).
 
 A Spark job costs 130-190 ms for the smallest statement, and eight at once queue on a 2-core
 query host (docs/querying.md, "Latency"). Most of a tenant's ad-hoc statements read a few
@@ -15,8 +16,9 @@ thousand rows; those the query service answers here, in milliseconds:
   comparisons whose operand types agree, and Spark's names for unaliased aggregates. Anything
   else, any DuckDB error, and a tenant whose rows pass `max_tenant_bytes`, goes to Spark: its
   refusals, errors and odd cases stay Spark's own. `tests/integration/query/test_local_sql.py` runs
-  a corpus of
-  statements on both engines and compares rows, names and types.
+  a corpus of statements on both engines and compares rows, names and types.
+- **Only what it names:** a statement's cursor registers the tables it names (`window_contents`:
+  `windows` and `events`), so a one-shot process (`tenant-windows sql`) reads no other table.
 - **Two parsers still agree:** the guard (`sql_guard.check_query`) has accepted the statement.
   DuckDB never reads the tenant's text, only what sqlglot generates from the accepted tree,
   and its own parse of that must name only the registered tables and allow-listed functions.
@@ -43,9 +45,9 @@ from deltalake import DeltaTable
 from sqlglot import exp
 
 from storage.lake.delta_lake import DeltaLake
-from storage.lake.snapshot_reader import read_snapshot, tenant_file_sizes
-from storage.lake.tables import ALL_TABLES, TableSpec
-from storage.query.sql_views import WINDOW_CONTENTS
+from storage.lake.snapshot_reader import file_sizes, read_snapshot, tenant_file_sizes
+from storage.lake.tables import ALL_TABLES, EVENTS, LAKE_TABLES, WINDOWS, TableSpec
+from storage.query.view_tables import WINDOW_CONTENTS
 
 log = logging.getLogger(__name__)
 
@@ -117,11 +119,15 @@ def _column_kinds(specs: tuple[TableSpec, ...]) -> dict[str, str]:
 
 
 _KINDS = _column_kinds(ALL_TABLES)
+_OPERATOR_KINDS = _column_kinds(LAKE_TABLES)
+"""The operator's views also hold `deliveries`."""
 
 
-def local_statement(tree: exp.Query, max_joins: int) -> str | None:
+def local_statement(
+    tree: exp.Query, max_joins: int, kinds: Mapping[str, str] = _KINDS
+) -> str | None:
     """DuckDB's text for a statement the guard accepted, if DuckDB answers it exactly as Spark
-    would; None sends it to Spark."""
+    would; None sends it to Spark. `kinds`: each column name's kind of value over the views."""
     joins = 0
     for node in tree.walk():
         if type(node) not in _LOCAL_NODES:
@@ -135,12 +141,12 @@ def local_statement(tree: exp.Query, max_joins: int) -> str | None:
         elif isinstance(node, exp.In) and node.args.get("query") is not None:
             return None
         elif isinstance(node, (*_COMPARISONS, exp.In, exp.Between, exp.Coalesce)):
-            if not _comparable({_kind_of(operand) for operand in _operands(node)}):
+            if not _comparable({_kind_of(operand, kinds) for operand in _operands(node)}):
                 return None
         elif isinstance(node, (exp.Add, exp.Sub, exp.Mul, exp.Neg)):
-            if _kind_of(node) != "number":
+            if _kind_of(node, kinds) != "number":
                 return None
-        elif not _argument_fits(node):
+        elif not _argument_fits(node, kinds):
             return None
     if joins > max_joins:
         return None  # Spark refuses it, in its own words
@@ -183,9 +189,9 @@ _ARGUMENT_KINDS: dict[type[exp.Expr], frozenset[str]] = {
 }
 
 
-def _argument_fits(node: exp.Expr) -> bool:
+def _argument_fits(node: exp.Expr, kinds: Mapping[str, str]) -> bool:
     wanted = _ARGUMENT_KINDS.get(type(node))
-    return wanted is None or _kind_of(node.this) in wanted
+    return wanted is None or _kind_of(node.this, kinds) in wanted
 
 
 def _comparable(kinds: set[str]) -> bool:
@@ -207,12 +213,12 @@ def _operands(node: exp.Expr) -> list[exp.Expr]:
     return [node.this, node.expression]
 
 
-def _kind_of(node: exp.Expr) -> str:
+def _kind_of(node: exp.Expr, kinds: Mapping[str, str]) -> str:
     """What kind of value an operand is ("?": unknown, which keeps the statement on Spark)."""
     if isinstance(node, exp.Paren):
-        return _kind_of(node.this)
+        return _kind_of(node.this, kinds)
     if isinstance(node, exp.Column):
-        return _KINDS.get(node.name.lower(), "?")
+        return kinds.get(node.name.lower(), "?")
     if isinstance(node, exp.Literal):
         return "string literal" if node.is_string else "number"
     if isinstance(node, exp.Null):
@@ -220,14 +226,14 @@ def _kind_of(node: exp.Expr) -> str:
     if isinstance(node, (exp.Count, exp.Sum, exp.Avg)):
         return "number"
     if isinstance(node, (exp.Min, exp.Max)):
-        return _kind_of(node.this)
+        return _kind_of(node.this, kinds)
     if isinstance(node, (exp.Upper, exp.Lower)):
         return "string"
     if isinstance(node, (exp.Add, exp.Sub, exp.Mul)):
-        kinds = {_kind_of(node.this), _kind_of(node.expression)}
-        return "number" if kinds == {"number"} else "?"
+        operands = {_kind_of(node.this, kinds), _kind_of(node.expression, kinds)}
+        return "number" if operands == {"number"} else "?"
     if isinstance(node, exp.Neg):
-        return "number" if _kind_of(node.this) == "number" else "?"
+        return "number" if _kind_of(node.this, kinds) == "number" else "?"
     return "?"
 
 
@@ -295,21 +301,24 @@ class _Kept:
 
 @dataclass
 class TenantRows:
-    """Each tenant's rows of each table, read once per data file, within a byte budget: the
-    least recently queried tenant's rows go first."""
+    """Each tenant's rows of each table (tenant None: every tenant's), read once per data file,
+    within a byte budget: the least recently queried tenant's rows go first."""
 
     lake: DeltaLake
     max_bytes: int
-    _kept: collections.OrderedDict[tuple[str, str], _Kept] = field(
+    _kept: collections.OrderedDict[tuple[str | None, str], _Kept] = field(
         default_factory=collections.OrderedDict
     )
     _kept_bytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def of(
-        self, tenant: str, spec: TableSpec, table: DeltaTable, max_bytes: int
+        self, tenant: str | None, spec: TableSpec, table: DeltaTable | None, max_bytes: int
     ) -> pa.Table | None:
-        """`tenant`'s rows of `table`'s loaded version, or None if they pass `max_bytes`."""
+        """`tenant`'s rows of `table`'s loaded version (None: every tenant's), or None if they
+        pass `max_bytes`. A table that does not exist (None) has no rows."""
+        if table is None:
+            return spec.schema.empty_table()
         key, version = (tenant, spec.name), table.version()
         with self._lock:
             kept = self._kept.get(key)
@@ -317,7 +326,7 @@ class TenantRows:
                 self._kept.move_to_end(key)
                 if kept.version == version:
                     return kept.rows
-        sizes = tenant_file_sizes(table, tenant)
+        sizes = _file_sizes(table, tenant)
         if sum(sizes.values()) > max_bytes:  # stored sizes: compressed, so fewer than in memory
             self._keep(key, _Kept(version, (), None, 0))
             return None
@@ -330,7 +339,7 @@ class TenantRows:
                 spec.schema,
                 self.lake.storage_options,
                 files=sorted(missing),
-                row_filter=pc.field("tenant") == tenant,
+                row_filter=None if tenant is None else pc.field("tenant") == tenant,
             )
             pieces.append(_Piece(frozenset(missing), rows))
         nbytes = sum(piece.rows.nbytes for piece in pieces)
@@ -345,7 +354,7 @@ class TenantRows:
         self._keep(key, _Kept(version, tuple(pieces), joined, nbytes))
         return joined
 
-    def _keep(self, key: tuple[str, str], kept: _Kept) -> None:
+    def _keep(self, key: tuple[str | None, str], kept: _Kept) -> None:
         with self._lock:
             previous = self._kept.pop(key, None)
             self._kept_bytes += kept.nbytes - (previous.nbytes if previous else 0)
@@ -355,16 +364,23 @@ class TenantRows:
                 self._kept_bytes -= evicted.nbytes
 
 
+def _file_sizes(table: DeltaTable, tenant: str | None) -> dict[str, int]:
+    """The files of `table`'s loaded version that may hold `tenant`'s rows (None: all of them),
+    each with its size as stored."""
+    return file_sizes(table) if tenant is None else tenant_file_sizes(table, tenant)
+
+
 @dataclass
 class LocalSql:
-    """Answers a tenant's small statements in-process (see the module's doc)."""
+    """Answers small statements in-process (see the module's doc): a tenant's, or with scope
+    None the operator's, over every tenant's rows and `deliveries`."""
 
     lake: DeltaLake
     max_tenant_bytes: int
     cache_bytes: int
     max_databases: int = 256
     _rows: TenantRows = field(init=False)
-    _databases: collections.OrderedDict[str, duckdb.DuckDBPyConnection] = field(
+    _databases: collections.OrderedDict[str | None, duckdb.DuckDBPyConnection] = field(
         default_factory=collections.OrderedDict
     )
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -374,23 +390,30 @@ class LocalSql:
 
     def answer(
         self,
-        tenant: str,
+        tenant: str | None,
         tree: exp.Query,
-        tables: Mapping[str, DeltaTable],
+        tables: Mapping[str, DeltaTable | None],
         max_joins: int,
         max_rows: int,
         timeout_s: float,
     ) -> pa.Table | None:
         """At most `max_rows` rows of the statement's result over `tables` (loaded at the
-        versions to read), as Spark would give them; None when Spark must answer.
-        `StatementTimeout` when reading the rows and running the statement together take
+        versions to read; None: a table not written, which has no rows), as Spark would give
+        them; None when Spark must answer. `tenant` None: the operator's views, every tenant's
+        rows. `StatementTimeout` when reading the rows and running the statement together take
         longer than `timeout_s`."""
         deadline = time.monotonic() + timeout_s
-        sql = local_statement(tree, max_joins)
+        specs, kinds = (
+            (ALL_TABLES, _KINDS) if tenant is not None else (LAKE_TABLES, _OPERATOR_KINDS)
+        )
+        sql = local_statement(tree, max_joins, kinds)
         if sql is None:
             return None
+        named = _named_tables(tree)
         rows: dict[str, pa.Table] = {}
-        for spec in ALL_TABLES:
+        for spec in specs:
+            if spec.name not in named:
+                continue
             table_rows = self._rows.of(tenant, spec, tables[spec.name], self.max_tenant_bytes)
             if table_rows is None:
                 return None
@@ -416,7 +439,7 @@ class LocalSql:
         finally:
             cursor.close()
 
-    def _database(self, tenant: str) -> duckdb.DuckDBPyConnection:
+    def _database(self, tenant: str | None) -> duckdb.DuckDBPyConnection:
         with self._lock:
             database = self._databases.get(tenant)
             if database is not None:
@@ -502,6 +525,15 @@ def _json_nodes(value: Any) -> Iterator[dict[str, Any]]:
 
 def _cte_names(tree: exp.Query) -> set[str]:
     return {cte.alias.lower() for cte in tree.find_all(exp.CTE)}
+
+
+def _named_tables(tree: exp.Query) -> set[str]:
+    """The tables a statement may read: every relation it names (a CTE's name too, which only
+    costs a read), and `window_contents`' two."""
+    names = {table.name.lower() for table in tree.find_all(exp.Table)}
+    if WINDOW_CONTENTS in names:
+        names |= {WINDOWS.name, EVENTS.name}
+    return names
 
 
 def _as_spark_types(table: pa.Table) -> pa.Table:

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, TypeVar
 
 import orjson
 import pyarrow as pa
@@ -45,6 +45,7 @@ from storage.lake.delta_lake import DeltaLake
 from storage.lake.tables import ALL_TABLES, LAKE_TABLES
 from storage.query.latest_tables import LatestTables
 from storage.query.local_sql import LocalSql, StatementTimeout
+from storage.query.query_errors import QueryError, check_statement_length, statement_timeout
 from storage.query.scoped_sql import (
     ResourceRefused,
     TenantSql,
@@ -83,37 +84,6 @@ OPERATOR_POOL = "operator"
 # trace, when it builds the Python exception: before anyone could tell a tenant's typo from a
 # failure of the service.
 _QUERY_CONTEXT_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
-
-
-QueryErrorCode = Literal[
-    "statement_too_large",
-    "too_many_concurrent",
-    "rate_limited",
-    "refused",
-    "bad_version",
-    "resource_limit",
-    "analysis_error",
-    "query_failed",
-    "statement_timeout",
-]
-"""Every code a refused or failed statement gets: a closed set, so the query service's metrics
-(`infra/service/query_metrics.py`) can label by it without growing with what tenants send."""
-QUERY_ERROR_CODES: tuple[QueryErrorCode, ...] = get_args(QueryErrorCode)
-
-
-class QueryError(Exception):
-    """A statement that gets no result: an HTTP status, a stable code and a one-line message."""
-
-    def __init__(
-        self,
-        status: int,
-        code: QueryErrorCode,
-        message: str,
-        retry_after_s: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
-        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True)
@@ -226,7 +196,7 @@ class QueryService:
                 limits.statement_timeout_ms / 1000,
             )
         except StatementTimeout:
-            raise _timeout(limits) from None
+            raise statement_timeout(limits) from None
 
     @contextmanager
     def _admitted(self, scope: str | None, limits: QueryLimits) -> Iterator[None]:
@@ -305,16 +275,6 @@ class QueryService:
         )
 
 
-def check_statement_length(statement: str, limits: QueryLimits) -> None:
-    if len(statement) > limits.max_statement_chars:
-        raise QueryError(
-            413,
-            "statement_too_large",
-            f"the statement has {len(statement)} characters; the limit is "
-            f"{limits.max_statement_chars}",
-        )
-
-
 def run_within_limits(
     spark: SparkSession,
     scope: str | None,
@@ -352,7 +312,7 @@ def run_within_limits(
             group,
             "; it is still running" if worker.is_alive() else "",
         )
-        raise _timeout(limits)
+        raise statement_timeout(limits)
     error = outcome.get("error")
     if error is not None:
         message = _one_line(error)
@@ -433,14 +393,6 @@ def check_resources(frame: DataFrame, limits: QueryLimits) -> None:
                 f"the statement has a join without an equality condition whose output Spark "
                 f"estimates at {estimated:,} bytes; the limit is {_NESTED_LOOP_MAX_BYTES:,}",
             )
-
-
-def _timeout(limits: QueryLimits) -> QueryError:
-    return QueryError(
-        408,
-        "statement_timeout",
-        f"the statement ran longer than {limits.statement_timeout_ms / 1000:g} s and was cancelled",
-    )
 
 
 @contextmanager

@@ -22,17 +22,24 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.snapshot_reader import partition_columns, read_snapshot, tenant_files
 from storage.lake.tables import ALL_TABLES, DELIVERIES, EVENTS, LAKE_TABLES, WINDOWS, TableSpec
+from storage.query.view_tables import (
+    TENANT_VIEW_NAMES,
+    WINDOW_CONTENTS,
+    LakeNotWrittenError,
+    TableVersionError,
+    check_version,
+    lake_not_written,
+)
 
-WINDOW_CONTENTS = "window_contents"
-TENANT_VIEW_NAMES = (*(spec.name for spec in ALL_TABLES), WINDOW_CONTENTS)
-
-
-class TableVersionError(ValueError):
-    """A requested table version that the table does not have."""
-
-
-class LakeNotWrittenError(ValueError):
-    """The lake has no output table: no stream has written there (or the root is wrong)."""
+__all__ = [
+    "TENANT_VIEW_NAMES",
+    "WINDOW_CONTENTS",
+    "LakeNotWrittenError",
+    "TableVersionError",
+    "read_table",
+    "register_views",
+    "window_contents",
+]
 
 
 def register_views(
@@ -59,10 +66,7 @@ def register_views(
             frame = read_table(spark, lake, spec, use_delta_spark, tenant, version)
         except TableNotFoundError:
             if spec is not DELIVERIES:
-                raise LakeNotWrittenError(
-                    f"no table {spec.name} at {lake.table_uri(spec)}: no stream has written to "
-                    f"the lake {lake.root} yet (check lake.root, TW_LAKE__ROOT or --lake-root)"
-                ) from None
+                raise lake_not_written(lake.root, spec) from None
             # A lake last written by a release without notifications: nothing was delivered.
             frame = spark.createDataFrame([], from_arrow_schema(spec.schema))
         if tenant is not None:
@@ -94,12 +98,7 @@ def read_table(
         return reader.load(uri).select(*spec.schema.names)
     table = lake.open(spec)
     if version is not None:
-        latest = table.version()
-        if not 0 <= version <= latest:
-            raise TableVersionError(
-                f"{spec.name} has versions 0 to {latest}, not {version} "
-                "(each table counts its own versions: see docs/querying.md)"
-            )
+        check_version(spec, table.version(), version)
         table.load_as_version(version)
     files = table.file_uris() if tenant is None else tenant_files(table, tenant)
     schema = from_arrow_schema(spec.schema)

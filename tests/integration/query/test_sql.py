@@ -127,3 +127,15 @@ def test_a_lake_from_before_notifications_has_an_empty_deliveries_view(
                  "--tenant", "acme"])  # fmt: skip
     assert code == 2
     assert "unknown relation 'deliveries'" in capsys.readouterr().err
+
+
+def test_a_statement_spark_cannot_analyse_is_one_line_without_java_frames(
+    pipeline: Pipeline, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["sql", "SELECT no_such_column FROM events", "--lake-root", pipeline.lake.root])
+    assert code == 2
+    error = capfd.readouterr().err
+    # PySpark would log its own ERROR with the JVM's stack before the CLI's line.
+    assert "at org.apache" not in error and " ERROR " not in error, error[-3_000:]
+    [line] = [line for line in error.splitlines() if "no_such_column" in line]
+    assert line.startswith("query failed: ") and "UNRESOLVED_COLUMN" in line, line

@@ -23,7 +23,8 @@ from pydantic import SecretStr
 
 from infra.service.query_api import KeyCheck, create_app
 from infra.service.query_metrics import DURATION_BUCKETS_S, OUTCOMES, QueryMetrics
-from storage.query.query_service import QueryError, QueryResult
+from storage.query.query_errors import QueryError
+from storage.query.query_service import QueryResult
 from tests.support.metrics_scrape import by_outcome, scrape
 from tests.support.paths import ROOT
 from tests.support.uvicorn_server import serving

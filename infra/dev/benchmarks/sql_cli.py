@@ -1,0 +1,191 @@
+"""`tenant-windows sql` end to end: each case timed as a whole process, process start included.
+
+    .venv/bin/python -m infra.dev.benchmarks.sql_cli [--runs 5] [--lake DIR] [--before DIR]
+
+It writes a small lake once with the real stream (a local broker, sample load for three
+tenants, `run --available-now`), in a temporary folder, or in `--lake DIR` where it is kept
+for the next run to reuse, then runs each case `--runs` times as a new process and prints the
+minimum, median and maximum wall time:
+
+- `scoped`: `sql --tenant` with a small statement (answered in-process where it can be);
+- `operator`: `sql` without `--tenant`, a small statement over every tenant;
+- `refused`: `sql --tenant` with a statement the guard refuses (exit 2);
+- `missing lake`: `sql` over a lake root that does not exist (exit 2).
+
+`--before DIR` times the same cases with another checkout of the code too (`python -m
+infra.cli` run in DIR, with this virtualenv's Python): the figures before a change, beside
+the ones after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+TENANTS = ("acme", "globex", "initech")
+TOPIC = "sql-cli"
+RUN_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    arguments: tuple[str, ...]
+    exit_code: int
+
+
+def cases(lake: Path, conf: Path) -> list[Case]:
+    common = ("--lake-root", str(lake), "--conf", str(conf))
+    return [
+        Case(
+            "scoped",
+            (
+                "sql",
+                "--tenant",
+                "acme",
+                "SELECT source, count(*) AS n FROM events GROUP BY source ORDER BY source",
+                *common,
+            ),
+            0,
+        ),
+        Case(
+            "operator",
+            (
+                "sql",
+                "SELECT tenant, count(*) AS n FROM windows WHERE is_final "
+                "GROUP BY tenant ORDER BY tenant",
+                *common,
+            ),
+            0,
+        ),
+        Case(
+            "refused",
+            ("sql", "--tenant", "acme", "SELECT * FROM parquet.`/etc`", *common),
+            2,
+        ),
+        Case(
+            "missing lake",
+            (
+                "sql",
+                "SELECT count(*) FROM events",
+                "--lake-root",
+                str(lake.parent / "nowhere"),
+                "--conf",
+                str(conf),
+            ),
+            2,
+        ),
+    ]
+
+
+def write_lake(workdir: Path) -> Path:
+    """A lake written by the stream from sample load; returns its root (`conf/` beside it)."""
+    from infra.dev.load_generator import LoadSpec, generate, send
+    from infra.dev.local_stack import LocalKafka
+    from storage.lake.delta_lake import DeltaLake
+    from streaming.app import StreamApp
+    from streaming.pipeline.spark_session import build_spark
+    from tenants.registry import load_registry
+    from tenants.settings import load_settings
+
+    conf = workdir / "conf"
+    shutil.rmtree(workdir / "checkpoint", ignore_errors=True)
+    shutil.copytree(ROOT / "conf", conf, dirs_exist_ok=True)
+    with LocalKafka(workdir / "kafka") as kafka:
+        kafka.create_topic(TOPIC, 2)
+        registry = load_registry(conf)
+        event_times = {name: source.event_time for name, source in registry.sources.items()}
+        spec = LoadSpec(tenants=TENANTS, sources=("web", "billing"), count=3_000, seed=7)
+        send(generate(spec, event_times), kafka.bootstrap_servers, TOPIC, timeout_s=300)
+        settings = load_settings(
+            conf / "app.yaml",
+            environ={},
+            overrides={
+                "conf_dir": str(conf),
+                "kafka.bootstrap_servers": kafka.bootstrap_servers,
+                "kafka.topic": TOPIC,
+                "lake.root": str(workdir / "lake"),
+                "stream.checkpoint_dir": str(workdir / "checkpoint"),
+                "stream.name": "sql-cli",
+            },
+        )
+        spark = build_spark("tenant-windows-sql-cli-bench", shuffle_partitions=4)
+        try:
+            lake = DeltaLake.from_settings(settings.lake)
+            stream = StreamApp(settings, lake).start(spark, True)
+            try:
+                if not stream.query.awaitTermination(timeout=600):
+                    raise RuntimeError("the stream did not catch up within 600 s")
+                stream.compact_now(spark)
+            finally:
+                stream.stop()
+        finally:
+            spark.stop()
+    return workdir / "lake"
+
+
+def time_case(checkout: Path, case: Case, runs: int) -> list[float]:
+    """Wall seconds of each run of `case` as a new process started in `checkout`."""
+    environ = {**os.environ, "PYTHONPATH": str(checkout)}
+    environ = {name: value for name, value in environ.items() if not name.startswith("TW_")}
+    seconds = []
+    for _ in range(runs):
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "infra.cli", *case.arguments],
+            cwd=checkout,
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+            check=False,
+        )
+        seconds.append(time.monotonic() - started)
+        if done.returncode != case.exit_code:
+            raise RuntimeError(
+                f"{case.name} in {checkout}: exit {done.returncode}, expected {case.exit_code}: "
+                f"{done.stderr.strip()[-500:]}"
+            )
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument(
+        "--lake", type=Path, help="a folder to write the lake in once and keep, then reuse"
+    )
+    parser.add_argument("--before", type=Path, help="another checkout to time the same cases in")
+    args = parser.parse_args(argv)
+    workdir = args.lake.resolve() if args.lake else Path(tempfile.mkdtemp(prefix="tw-sql-cli-"))
+    try:
+        lake = workdir / "lake" if (workdir / "lake").exists() else write_lake(workdir)
+        checkouts = [("after", ROOT)]
+        if args.before:
+            checkouts.insert(0, ("before", args.before.resolve()))
+        print(f"{'case':<14} {'code':<7} {'runs':>4} {'min s':>7} {'median s':>9} {'max s':>7}")
+        for case in cases(lake, workdir / "conf"):
+            for label, checkout in checkouts:
+                seconds = time_case(checkout, case, args.runs)
+                print(
+                    f"{case.name:<14} {label:<7} {len(seconds):>4} {min(seconds):>7.2f} "
+                    f"{statistics.median(seconds):>9.2f} {max(seconds):>7.2f}",
+                    flush=True,
+                )
+    finally:
+        if not args.lake:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
