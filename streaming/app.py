@@ -70,6 +70,7 @@ OUTAGES: tuple[type[Exception], ...] = (KafkaUnavailableError, LakeUnavailableEr
 # itself when the query ends, so that log only repeats it. Failed tasks keep their warnings:
 # on a cluster a retried task is news the operator needs, outage or not.
 SPARK_FAILURE_LOGGERS = ("org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",)
+STATE_STORE_LOGGER = "org.apache.spark.sql.execution.streaming.state.StateStore"
 
 
 class StreamApp:
@@ -342,7 +343,7 @@ def run_stream(
         raise
     debugging = log.isEnabledFor(logging.DEBUG)
     if not debugging:
-        _quiet_spark_failure_logs(spark)
+        _set_spark_log_level(spark, SPARK_FAILURE_LOGGERS, "OFF")
     # The handler only sets flags: stopping the query inside it would interrupt the py4j call
     # the main thread is blocked in.
     stop_requested = threading.Event()
@@ -382,6 +383,9 @@ def run_stream(
         return 1
     finally:
         app.stop()
+        # State store maintenance races the session's stop and logs a Java trace when it loses;
+        # a maintenance skipped at exit costs nothing, the next start runs it again.
+        _set_spark_log_level(spark, (STATE_STORE_LOGGER,), "ERROR")
         spark.stop()
     if app.lost is not None:
         log.error("the stream stopped: %s", app.lost)
@@ -410,12 +414,12 @@ def _with_subclasses(kind: type[Exception]) -> list[type[Exception]]:
     return [kind, *(sub for direct in kind.__subclasses__() for sub in _with_subclasses(direct))]
 
 
-def _quiet_spark_failure_logs(spark: SparkSession) -> None:
+def _set_spark_log_level(spark: SparkSession, loggers: tuple[str, ...], level: str) -> None:
     jvm = spark.sparkContext._jvm
     assert jvm is not None  # a classic session: the driver's JVM is at hand
-    off = jvm.org.apache.logging.log4j.Level.OFF
-    for logger in SPARK_FAILURE_LOGGERS:
-        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(logger, off)
+    log4j_level = jvm.org.apache.logging.log4j.Level.getLevel(level)
+    for logger in loggers:
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(logger, log4j_level)
 
 
 def _now_ms() -> int:
