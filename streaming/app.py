@@ -252,6 +252,7 @@ class StreamApp:
                 settings.stream.name,
                 writer_epoch,
                 tasks=settings.stream.shuffle_partitions,
+                log_checkpoint_files=settings.stream.log_checkpoint_files,
             ),
             self.checkpoint_log,
             settings.stream.compact_interval_ms,

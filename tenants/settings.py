@@ -275,6 +275,15 @@ class StreamSettings(_Frozen):
             "files (docs/scale.md)."
         ),
     )
+    log_checkpoint_files: int = Field(
+        default=5_000,
+        gt=0,
+        description=(
+            "A compaction that swaps at least this many files in a table writes a checkpoint of "
+            "that table's Delta log, so the next reader loads one Parquet file instead of "
+            "replaying each of those actions from JSON (docs/scale.md)."
+        ),
+    )
     optimize_every_batches: int | None = Field(
         default=None,
         gt=0,

@@ -246,7 +246,7 @@ class DeltaLake:
                     ),
                     target_size=target_file_bytes,
                 )
-                table.create_checkpoint()
+            self.checkpoint_log(spec)
             done[spec.name] = TableMaintenance(
                 files_removed=int(metrics.get("numFilesRemoved", 0)),
                 files_added=int(metrics.get("numFilesAdded", 0)),
@@ -312,6 +312,7 @@ class DeltaLake:
         compaction_version: int,
         writer_epoch: int,
         before_commit: Callable[[], None] = lambda: None,
+        log_checkpoint_files: int | None = None,
     ) -> bool:
         """Replace `staged` files by the `settled` ones holding the same rows, in one commit
         (contract §5: at every version each row is visible exactly once), with the transaction id
@@ -321,8 +322,12 @@ class DeltaLake:
         Fenced like a batch's commit. Returns False, committing nothing, if one of the staged
         files is gone from the table (another compaction or an `optimize` took it): the caller
         lists the staged files again.
+
+        A commit of at least `log_checkpoint_files` actions is followed by a checkpoint of the
+        log: at many tenants a compaction adds a file per tenant, and until a checkpoint every
+        reader that opens the table replays each of those actions from JSON.
         """
-        return self.replace_files(
+        committed = self.replace_files(
             spec,
             staged,
             settled,
@@ -331,6 +336,16 @@ class DeltaLake:
             data_change=False,
             before_commit=before_commit,
         )
+        swapped = len(staged) + len(settled)
+        if committed and log_checkpoint_files is not None and swapped >= log_checkpoint_files:
+            self.checkpoint_log(spec)
+        return committed
+
+    def checkpoint_log(self, spec: TableSpec) -> None:
+        """Write a checkpoint of the table's log at its current version. A crash before it
+        costs only reading speed: the log stays whole without it."""
+        with reaching(self.root, self.storage_options, f"checkpointing table {spec.name}"):
+            self.open(spec).create_checkpoint()
 
     def replace_files(
         self,

@@ -68,6 +68,8 @@ class Compaction:
     writer_epoch: int
     tasks: int
     """Spark tasks that write settled files: the parallelism, never the file count."""
+    log_checkpoint_files: int | None = None
+    """A table's compaction that swaps this many files or more checkpoints its log."""
 
     def run(
         self,
@@ -100,7 +102,14 @@ class Compaction:
                 return None
             settled = self._write_settled(spark, spec, staged)
             if self.lake.settle(
-                spec, staged, settled, self.stream, version, self.writer_epoch, before_commit
+                spec,
+                staged,
+                settled,
+                self.stream,
+                version,
+                self.writer_epoch,
+                before_commit,
+                self.log_checkpoint_files,
             ):
                 result = TableCompaction(
                     table=spec.name,

@@ -69,7 +69,9 @@ def _commit_batch(
     return lake.commit_files(EVENTS, files, stream, batch_id, epoch)
 
 
-def _settle(lake: DeltaLake, stream: str, epoch: int, version: int) -> bool:
+def _settle(
+    lake: DeltaLake, stream: str, epoch: int, version: int, log_checkpoint_files: int | None = None
+) -> bool:
     """What `storage.upkeep.compaction` does, in one process: read this stream's staged files, write
     their rows as settled files, commit the swap."""
     staged = lake.staged_files(EVENTS, stream)
@@ -80,7 +82,9 @@ def _settle(lake: DeltaLake, stream: str, epoch: int, version: int) -> bool:
     target = SettledFiles(lake.root, None, stream, epoch, f"v{version}", EVENTS.name)
     written = write_settled_files(target)(iter(rows))
     settled = [WrittenFile.from_row(row) for batch in written for row in batch.to_pylist()]
-    return lake.settle(EVENTS, staged, settled, stream, version, epoch)
+    return lake.settle(
+        EVENTS, staged, settled, stream, version, epoch, log_checkpoint_files=log_checkpoint_files
+    )
 
 
 def _paths(lake: DeltaLake) -> list[str]:
@@ -175,6 +179,33 @@ def test_optimize_compacts_small_files_keeps_every_row_and_checkpoints_the_log(
     assert not _commit_batch(lake, "orders", epoch, 7, tenants)
     assert _settle(lake, "orders", epoch, 7)
     assert len(DeltaTable(lake.table_uri(EVENTS)).to_pandas()) == 40
+
+
+def _log_checkpoints(lake: DeltaLake) -> list[int]:
+    log = Path(lake.table_uri(EVENTS)) / "_delta_log"
+    return sorted(int(path.name.split(".")[0]) for path in log.glob("*.checkpoint.parquet"))
+
+
+def test_a_compaction_that_swaps_many_files_checkpoints_the_log_and_a_small_one_does_not(
+    tmp_path: Path,
+) -> None:
+    lake = _lake(tmp_path)
+    epoch = WriterLease.for_stream(lake, StreamSettings(name="orders")).acquire()
+    # Three staged files become 40 settled ones: 43 actions.
+    for batch_id, task in enumerate(range(3)):
+        assert _commit_batch(lake, "orders", epoch, batch_id, [f"t{i}" for i in range(40)], task)
+    assert _settle(lake, "orders", epoch, version=0, log_checkpoint_files=44)
+    assert _log_checkpoints(lake) == []
+
+    for batch_id, task in enumerate(range(3), start=3):
+        assert _commit_batch(lake, "orders", epoch, batch_id, [f"t{i}" for i in range(40)], task)
+    assert _settle(lake, "orders", epoch, version=1, log_checkpoint_files=43)
+
+    table = DeltaTable(lake.table_uri(EVENTS))
+    assert _log_checkpoints(lake) == [table.version()]
+    # The checkpoint holds the table as the log does: every row once.
+    assert len(table.to_pandas()) == 240
+    assert len(_paths(lake)) == 80  # a settled file per tenant and compaction
 
 
 def test_four_streams_commit_into_one_lake_at_once_and_every_batch_lands(tmp_path: Path) -> None:
