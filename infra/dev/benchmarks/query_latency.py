@@ -43,6 +43,7 @@ import requests
 import uvicorn
 from pyspark.sql import SparkSession
 
+from infra.dev.benchmarks.sample_lake import PROJECT_CONF, event_times, stream_sample_lake
 from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_stack import LocalKafka
 from infra.service.query_api import KeyCheck, TenantLimits, create_app
@@ -56,10 +57,9 @@ from streaming.observe.stream_status import tenant_key_status
 from streaming.pipeline.spark_session import build_spark
 from tenants.api_keys import issue_key
 from tenants.models import EventTimeSpec, QueryLimits
-from tenants.registry import ConfReader, load_registry
-from tenants.settings import AppSettings, load_settings
+from tenants.registry import ConfReader
+from tenants.settings import AppSettings
 
-PROJECT_CONF = Path(__file__).resolve().parents[3] / "conf"
 SMALL = "SELECT count(*) AS final_windows FROM windows WHERE is_final"
 # Every pair of the tenant's records, hashed: seconds of CPU, in tasks that see a cancel.
 HEAVY = (
@@ -108,37 +108,9 @@ def _run(spark: SparkSession, kafka: LocalKafka, workdir: Path, args: argparse.N
         (conf / "tenants" / f"{tenant}.yaml").write_text(
             f"id: {tenant}\nsources: [web, billing]\nquery: {{{query_limits}}}\n"
         )
-    kafka.create_topic("latency", 2)
-    registry = load_registry(conf)
-    event_times = {name: source.event_time for name, source in registry.sources.items()}
     spec = LoadSpec(tenants=tenants, sources=("web", "billing"), count=args.records, seed=7)
-    send(
-        generate(spec, event_times),
-        kafka.bootstrap_servers,
-        "latency",
-        timeout_s=600,
-    )
-    settings = load_settings(
-        PROJECT_CONF / "app.yaml",
-        environ={},
-        overrides={
-            "conf_dir": str(conf),
-            "kafka.bootstrap_servers": kafka.bootstrap_servers,
-            "kafka.topic": "latency",
-            "lake.root": str(workdir / "lake"),
-            "stream.checkpoint_dir": str(workdir / "checkpoint"),
-            "stream.name": "latency",
-            "stream.trigger_interval": "2s",
-        },
-    )
-    lake = DeltaLake.from_settings(settings.lake)
-    stream = StreamApp(settings, lake).start(spark, True)
-    try:
-        if not stream.query.awaitTermination(timeout=900):
-            raise RuntimeError("the stream did not catch up within 900 s")
-        stream.compact_now(spark)
-    finally:
-        stream.stop()
+    settings, lake = stream_sample_lake(spark, kafka, conf, workdir, "latency", spec)
+    times = event_times(conf)
 
     limits = TenantLimits(QueryLimits(), ConfReader(conf), 60.0)
     defaults = settings.query
@@ -192,7 +164,7 @@ def _run(spark: SparkSession, kafka: LocalKafka, workdir: Path, args: argparse.N
             status, heavy_s = heavy.result(timeout=600)
         note = f"statuses {dict(statuses)}; heavy: {status} after {heavy_s:.1f} s"
         print(_row("beside heavy", len(others), latencies, note))
-        print(_while_writing(spark, settings, lake, kafka, url, keys, spec, event_times, args))
+        print(_while_writing(spark, settings, lake, kafka, url, keys, spec, times, args))
     finally:
         server.should_exit = True
         thread.join(timeout=30)

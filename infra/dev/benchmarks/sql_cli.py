@@ -89,45 +89,20 @@ def cases(lake: Path, conf: Path) -> list[Case]:
 
 def write_lake(workdir: Path) -> Path:
     """A lake written by the stream from sample load; returns its root (`conf/` beside it)."""
-    from infra.dev.load_generator import LoadSpec, generate, send
+    # Imported here: timing the CLI needs none of this once the lake exists.
+    from infra.dev.benchmarks.sample_lake import stream_sample_lake
+    from infra.dev.load_generator import LoadSpec
     from infra.dev.local_stack import LocalKafka
-    from storage.lake.delta_lake import DeltaLake
-    from streaming.app import StreamApp
     from streaming.pipeline.spark_session import build_spark
-    from tenants.registry import load_registry
-    from tenants.settings import load_settings
 
     conf = workdir / "conf"
     shutil.rmtree(workdir / "checkpoint", ignore_errors=True)
     shutil.copytree(ROOT / "conf", conf, dirs_exist_ok=True)
+    spec = LoadSpec(tenants=TENANTS, sources=("web", "billing"), count=3_000, seed=7)
     with LocalKafka(workdir / "kafka") as kafka:
-        kafka.create_topic(TOPIC, 2)
-        registry = load_registry(conf)
-        event_times = {name: source.event_time for name, source in registry.sources.items()}
-        spec = LoadSpec(tenants=TENANTS, sources=("web", "billing"), count=3_000, seed=7)
-        send(generate(spec, event_times), kafka.bootstrap_servers, TOPIC, timeout_s=300)
-        settings = load_settings(
-            conf / "app.yaml",
-            environ={},
-            overrides={
-                "conf_dir": str(conf),
-                "kafka.bootstrap_servers": kafka.bootstrap_servers,
-                "kafka.topic": TOPIC,
-                "lake.root": str(workdir / "lake"),
-                "stream.checkpoint_dir": str(workdir / "checkpoint"),
-                "stream.name": "sql-cli",
-            },
-        )
         spark = build_spark("tenant-windows-sql-cli-bench", shuffle_partitions=4)
         try:
-            lake = DeltaLake.from_settings(settings.lake)
-            stream = StreamApp(settings, lake).start(spark, True)
-            try:
-                if not stream.query.awaitTermination(timeout=600):
-                    raise RuntimeError("the stream did not catch up within 600 s")
-                stream.compact_now(spark)
-            finally:
-                stream.stop()
+            stream_sample_lake(spark, kafka, conf, workdir, TOPIC, spec, timeout_s=RUN_TIMEOUT_S)
         finally:
             spark.stop()
     return workdir / "lake"
