@@ -199,6 +199,21 @@ def load_registry(conf_dir: Path) -> TenantRegistry:
     return ConfReader(conf_dir).load()
 
 
+def load_tenant(conf_dir: Path, tenant_id: str) -> TenantConfig | None:
+    """One tenant's config, or None if no file defines it.
+
+    Read from `tenants/<id>.yaml` alone when that file defines the tenant: a command about one
+    tenant should not read 100,000 files (seconds) to find it. A tenant defined in a file of
+    another name is found by reading the whole directory, as `load_registry` does.
+    """
+    conventional = conf_dir / TENANTS_DIR / f"{tenant_id}.yaml"
+    if _is_valid_id(tenant_id) and conventional.is_file():
+        tenant = _parse_tenant(conventional, conventional.read_bytes())
+        if tenant.id == tenant_id:
+            return tenant
+    return load_registry(conf_dir).tenants.get(tenant_id)
+
+
 # A file stat that changes whenever its content may have: (size, mtime_ns, ctime_ns, inode).
 # ctime catches a rewrite of the same size whose mtime was set back; the inode a file replaced
 # by a rename, as editors and Kubernetes config maps do.

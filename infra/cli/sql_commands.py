@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from infra.cli.command_context import add_settings_flags, settings_from
 from infra.cli.exit_codes import ExitCode
 from tenants.models import ID_PATTERN, QueryLimits
-from tenants.registry import load_registry
+from tenants.registry import load_tenant
 from tenants.settings import AppSettings
 
 if TYPE_CHECKING:
@@ -327,7 +327,7 @@ def _tenant_limits(settings: AppSettings, tenant: str) -> QueryLimits:
             f"--tenant {tenant!r} is not a tenant id (lower-case letters, digits, '_' and '-', "
             "at most 63, starting with a letter or digit)"
         )
-    config = load_registry(settings.conf_dir).tenants.get(tenant)
+    config = load_tenant(settings.conf_dir, tenant)
     if config is None:
         raise SqlOptionError(f"--tenant {tenant!r}: no such tenant in {settings.conf_dir}")
     return settings.query.with_overrides(config.query)

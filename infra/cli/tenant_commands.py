@@ -13,7 +13,7 @@ from infra.cli.command_context import add_settings_flags, cluster_conf, settings
 from infra.cli.exit_codes import ExitCode
 from tenants.api_keys import ApiKeyError, issue_key, revoke_key
 from tenants.models import ID_PATTERN, parse_duration_ms
-from tenants.registry import load_registry
+from tenants.registry import load_registry, load_tenant
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -135,7 +135,7 @@ def _purge(args: argparse.Namespace) -> int:
     if not re.fullmatch(ID_PATTERN, tenant):
         print(f"not a tenant id: {tenant!r} (ids match {ID_PATTERN})", file=sys.stderr)
         return ExitCode.REFUSED
-    if load_registry(settings.conf_dir).knows_tenant(tenant):
+    if load_tenant(settings.conf_dir, tenant) is not None:
         print(
             f"tenant {tenant!r} is still configured in {settings.conf_dir}: offboard it first "
             f"(tenant-windows tenants offboard {tenant} --wait)",
@@ -231,7 +231,7 @@ def _iso_ms(epoch_ms: int) -> str:
 
 
 def _issue_key(args: argparse.Namespace) -> int:
-    if not load_registry(args.conf).knows_tenant(args.tenant):
+    if load_tenant(args.conf, args.tenant) is None:
         raise ApiKeyError(f"tenant {args.tenant!r} is not configured in {args.conf}")
     # The key alone on stdout, so `KEY=$(tenant-windows tenants issue-key T)` takes it.
     print(issue_key(args.conf, args.tenant, args.name))

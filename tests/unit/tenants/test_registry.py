@@ -8,7 +8,7 @@ import pytest
 
 from infra.cli.main import main
 from tenants.models import Accumulation
-from tenants.registry import ConfigError, load_registry
+from tenants.registry import ConfigError, load_registry, load_tenant
 from tests.support.sample_conf import SAMPLE_CONF, copy_conf, write_tenant
 
 
@@ -132,3 +132,31 @@ def test_a_tenant_file_that_is_not_utf8_is_refused_naming_the_file(conf: Path) -
     with pytest.raises(ConfigError, match="not UTF-8") as refused:
         load_registry(conf)
     assert str(path) in str(refused.value)
+
+
+def test_one_tenant_is_read_from_its_own_file_without_reading_the_others(conf: Path) -> None:
+    # Another tenant's broken file would stop a whole-directory read; one tenant's lookup
+    # reads its own file only.
+    (conf / "tenants" / "broken.yaml").write_text("id: [not, an, id]\n")
+    acme = load_tenant(conf, "acme")
+    assert acme is not None and acme.id == "acme"
+    assert acme == load_registry(SAMPLE_CONF).tenants["acme"]
+
+
+def test_a_tenant_in_a_file_of_another_name_is_found_and_an_unknown_one_is_none(
+    conf: Path,
+) -> None:
+    (conf / "tenants" / "acme.yaml").rename(conf / "tenants" / "first-customer.yaml")
+    acme = load_tenant(conf, "acme")
+    assert acme is not None and acme.id == "acme"
+    assert load_tenant(conf, "nobody") is None
+    assert load_tenant(conf, "../acme") is None
+
+
+def test_a_file_named_after_a_tenant_that_defines_another_is_not_taken_for_it(
+    conf: Path,
+) -> None:
+    (conf / "tenants" / "acme.yaml").rename(conf / "tenants" / "acme-old.yaml")
+    write_tenant(conf, "acme", "id: wayne\nsources: [web]\n")
+    acme = load_tenant(conf, "acme")
+    assert acme is not None and acme.id == "acme"
