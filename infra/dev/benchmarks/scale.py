@@ -10,6 +10,12 @@ Spark session, `maxOffsetsPerTrigger` and shuffle partitions:
 2. `builtin`: Spark's own `withWatermark` + `window` count per (tenant, source) into `noop`;
 3. `product`: `tenant-windows run --available-now` end to end, into a Delta lake.
 
+`peer` (`--stages read,builtin,product,peer`) is quixstreams, the Python library a user would
+pick instead, counting the same records in tumbling event-time windows per (tenant, source) with
+each source's window size and lateness, in a process and venv of its own (`quix_peer.py`). It has
+no batches: its records are timed in chunks of `--max-offsets`, and its steady rate leaves out the
+first chunk as the other stages leave out their first batch.
+
 Two more stages (`--stages read,route,state_empty,windowed,builtin,product`) cut the product's
 plan short, each into `noop`, to show where a batch's time goes: `route` is reading and routing;
 `state_empty` adds the shuffle and `applyInPandasWithState` with a state function that reads
@@ -40,7 +46,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,6 +59,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
+from infra.dev.benchmarks import quix_peer
 from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_process import descendants, rss_mib
 from infra.dev.local_stack import LocalKafka
@@ -65,6 +72,7 @@ from streaming.pipeline.stream_plan import read_kafka, windowed_rows
 from streaming.records.routing import KAFKA_COLUMNS_SQL, ROUTED_SCHEMA, make_router
 from streaming.state.bucket_processor import BUCKET_COLUMN, STATE_SCHEMA, bucket_expression
 from streaming.state.union_rows import OUTPUT_SCHEMA
+from tenants.models import SourceConfig
 from tenants.registry import load_registry
 from tenants.settings import AppSettings, load_settings
 
@@ -105,7 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     print(_report(results))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(
-        json.dumps({"machine": _machine(), "results": [asdict(r) for r in results]}, indent=2)
+        json.dumps(
+            {
+                "machine": _machine(),
+                "results": [asdict(r) for r in results],
+                "steady_ratios": steady_ratios(results),
+            },
+            indent=2,
+        )
     )
     print(f"figures written to {args.json}")
     return 0
@@ -149,6 +164,7 @@ class _Dataset:
     records: int
     settings: AppSettings
     workdir: Path
+    sources: Mapping[str, SourceConfig]
 
     @classmethod
     def create(cls, kafka: LocalKafka, workdir: Path, tenants: int, args: Any) -> _Dataset:
@@ -199,7 +215,7 @@ class _Dataset:
             update={"default_quota": None, "window_budget": None}
         )
         settings = settings.model_copy(update={"stream": unlimited})
-        return cls(tenants, sent, settings, workdir)
+        return cls(tenants, sent, settings, workdir, registry.sources)
 
 
 def _write_conf(conf: Path, tenant_ids: tuple[str, ...], sources: tuple[str, ...]) -> None:
@@ -285,6 +301,47 @@ def _product_stage(spark: SparkSession, dataset: _Dataset) -> StageFigures:
     return figures
 
 
+def _peer_stage(_spark: SparkSession, dataset: _Dataset) -> StageFigures:
+    """quixstreams over the same topic (see the module's docstring and `quix_peer.py`)."""
+    kafka = dataset.settings.kafka
+    chunk = kafka.max_offsets_per_trigger or dataset.records
+    run = quix_peer.run_peer(
+        kafka.bootstrap_servers,
+        kafka.topic,
+        dataset.records,
+        chunk,
+        dataset.sources,
+        dataset.workdir / "peer",
+        timeout_s=QUERY_TIMEOUT_S,
+    )
+    if run.records != dataset.records:
+        raise RuntimeError(f"the peer windowed {run.records} of {dataset.records} records")
+    durations = quix_peer.chunk_seconds(run)
+    return StageFigures(
+        stage="peer",
+        tenants=dataset.tenants,
+        records=run.records,
+        seconds=round(run.seconds, 1),
+        batches=len(durations),
+        overall_rate=round(run.records / run.seconds),
+        steady_rate=round(quix_peer.steady_rate(run, chunk)),
+        batch_p50_s=round(statistics.median(durations), 2) if durations else 0,
+        batch_p95_s=round(_percentile(durations, 0.95), 2) if durations else 0,
+        # One process, no workers: its peak RSS goes in the driver's column.
+        driver_peak_mib=round(run.peak_mib),
+        workers_peak_mib=0,
+        extra={
+            "library": quix_peer.PEER_REQUIREMENT,
+            "late_dropped": run.late_dropped,
+            "windows_emitted": run.windows_emitted,
+            # Before its first chunk: the Application made, its topic looked up and its
+            # changelog topics created (`start_s`); then it joins its group (in the first chunk).
+            "start_s": round(run.run_started_s, 2),
+            "close_s": round(run.close_s, 2) if run.close_s is not None else None,
+        },
+    )
+
+
 def _plan_stage(stage: str) -> Callable[[SparkSession, _Dataset], StageFigures]:
     """A prefix of the product's plan into `noop` (see the module's docstring)."""
 
@@ -334,6 +391,7 @@ _STAGES: dict[str, Callable[[SparkSession, _Dataset], StageFigures]] = {
     "windowed": _plan_stage("windowed"),
     "builtin": _builtin_stage,
     "product": _product_stage,
+    "peer": _peer_stage,
 }
 
 
@@ -510,27 +568,37 @@ def _row(f: StageFigures) -> str:
     )
 
 
-def _report(results: list[StageFigures]) -> str:
-    lines = ["", _HEADER, *(_row(f) for f in results), ""]
+def steady_ratios(results: list[StageFigures]) -> dict[int, dict[str, float]]:
+    """Per tenant count, the product's steady rate over each other stage's (`product/peer` is
+    issue 37's), and over the product's at the smallest tenant count."""
     by = {(f.stage, f.tenants): f for f in results}
     tenant_counts = sorted({f.tenants for f in results})
-    smallest = tenant_counts[0]
+    ratios: dict[int, dict[str, float]] = {}
     for tenants in tenant_counts:
         product = by.get(("product", tenants))
         if product is None:
             continue
-        ratios = []
-        for stage in ("read", "builtin"):
+        ratios[tenants] = {}
+        for stage in ("read", "builtin", "peer"):
             other = by.get((stage, tenants))
             if other is not None and other.steady_rate:
-                ratios.append(f"product/{stage} {product.steady_rate / other.steady_rate:.2f}")
-        base = by.get(("product", smallest))
-        if base is not None and base.steady_rate and tenants != smallest:
-            ratios.append(
-                f"product at {tenants} / at {smallest} tenants "
-                f"{product.steady_rate / base.steady_rate:.2f}"
+                ratios[tenants][f"product/{stage}"] = round(
+                    product.steady_rate / other.steady_rate, 2
+                )
+        base = by.get(("product", tenant_counts[0]))
+        if base is not None and base.steady_rate and tenants != tenant_counts[0]:
+            ratios[tenants][f"product/product at {tenant_counts[0]} tenants"] = round(
+                product.steady_rate / base.steady_rate, 2
             )
-        lines.append(f"{tenants} tenants: " + ", ".join(ratios) + f"; {json.dumps(product.extra)}")
+    return ratios
+
+
+def _report(results: list[StageFigures]) -> str:
+    lines = ["", _HEADER, *(_row(f) for f in results), ""]
+    by = {(f.stage, f.tenants): f for f in results}
+    for tenants, ratios in steady_ratios(results).items():
+        described = ", ".join(f"{name} {ratio:.2f}" for name, ratio in ratios.items())
+        lines.append(f"{tenants} tenants: {described}; {json.dumps(by['product', tenants].extra)}")
     return "\n".join(lines)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from infra.dev.benchmarks import noisy_neighbour
-from infra.dev.benchmarks.scale import parse_args, run
+from infra.dev.benchmarks.scale import parse_args, run, steady_ratios
 
 pytestmark = pytest.mark.integration
 
@@ -17,16 +17,32 @@ pytestmark = pytest.mark.integration
 def test_every_stage_reads_every_record_and_reports_its_figures(
     kafka: Any, spark: Any, tmp_path: Path
 ) -> None:
-    args = parse_args(["--tenants", "3,40", "--records", "400", "--max-offsets", "150"])
+    stages = ("read", "builtin", "product", "peer")
+    args = parse_args(
+        [
+            "--tenants",
+            "3,40",
+            "--records",
+            "400",
+            "--max-offsets",
+            "150",
+            "--stages",
+            ",".join(stages),
+        ]
+    )
     results = run(spark, kafka, tmp_path, args)
 
     assert [(r.stage, r.tenants) for r in results] == [
-        (stage, tenants) for tenants in (3, 40) for stage in ("read", "builtin", "product")
+        (stage, tenants) for tenants in (3, 40) for stage in stages
     ]
     for figures in results:
+        # The peer (quixstreams) counts the records it windowed and times them in chunks of
+        # `--max-offsets`, the other stages' batch size.
         assert figures.records == 400, figures
         assert figures.batches == 3 and figures.steady_rate > 0, figures
-    product = results[-1]
+    assert all("product/peer" in ratios for ratios in steady_ratios(results).values())
+    product = results[-2]
+    assert product.stage == "product"
     assert product.extra["keys"] == 80
     assert product.extra["files_per_table"]["events"] > 0
     assert product.extra["pane_delay_batches"].get("max", 0) <= 2
