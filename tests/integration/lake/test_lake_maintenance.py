@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
@@ -26,7 +27,7 @@ from storage.lake.data_files import (
     write_task_files,
 )
 from storage.lake.delta_lake import DeltaLake
-from storage.lake.snapshot_reader import read_newest_first
+from storage.lake.snapshot_reader import read_newest_first, tenant_file_sizes
 from storage.lake.tables import EVENTS, STAGED, TENANT_STATUS
 from storage.lake.writer_lease import WriterLease
 from streaming.observe.stream_status import latest_per_key
@@ -311,3 +312,29 @@ def test_the_latest_row_per_key_is_read_from_the_newest_batches_only(tmp_path: P
     assert min(read["batch_id"].to_pylist()) >= 24  # 6 of 30 files, in 3 reads of 2
     everything = lake.read_arrow(TENANT_STATUS, columns=columns)
     assert latest_per_key(read).equals(latest_per_key(everything))
+
+
+def test_one_tenants_files_are_its_partition_and_the_staged_files_that_may_hold_it(
+    tmp_path: Path,
+) -> None:
+    lake = _lake(tmp_path)
+    epoch = WriterLease.for_stream(lake, StreamSettings(name="orders")).acquire()
+    tenants = [f"t{i:02d}" for i in range(40)]
+    assert _commit_batch(lake, "orders", epoch, 0, tenants)
+    assert _settle(lake, "orders", epoch, version=0)
+    assert _commit_batch(lake, "orders", epoch, 1, tenants[:10], task=1)  # staged: t00-t09
+    assert _commit_batch(lake, "orders", epoch, 2, tenants[30:], task=2)  # staged: t30-t39
+    table = DeltaTable(lake.table_uri(EVENTS))
+
+    for tenant in ("t05", "t20", "t35"):
+        files = tenant_file_sizes(table, tenant)
+        holding = {
+            uri
+            for uri in table.file_uris()
+            if tenant in pq.read_table(uri, columns=["tenant"])["tenant"].to_pylist()
+        }
+        # Every file with the tenant's rows, and no other tenant's settled partition.
+        assert holding <= set(files), tenant
+        assert all(f"layout_tenant={tenant}/" in uri or STAGED in uri for uri in files)
+        assert all(size == Path(uri).stat().st_size for uri, size in files.items())
+    assert len(tenant_file_sizes(table, "t20")) == 1  # no staged file's statistics cover it
