@@ -48,11 +48,22 @@ def build_parser() -> argparse.ArgumentParser:
         group.register(commands)
     # Also after the command, where a user adds it to the line that just failed; SUPPRESS
     # leaves the value given before the command when it is not repeated.
-    for command in commands.choices.values():
+    for command in _commands_below(parser):
         command.add_argument(
             "--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose_help
         )
     return parser
+
+
+def _commands_below(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every command's parser under `parser`, nested ones too (`tenants validate`)."""
+    found = []
+    # argparse has no public way to list them; its own help code walks `_actions` too.
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                found += [command, *_commands_below(command)]
+    return found
 
 
 def main(argv: Sequence[str] | None = None, fault_hook: FaultHook = NO_FAULTS) -> int:

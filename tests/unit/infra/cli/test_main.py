@@ -43,6 +43,7 @@ def test_verbose_is_a_flag_before_or_after_the_command() -> None:
     assert build_parser().parse_args(["--verbose", "status"]).verbose is True
     assert build_parser().parse_args(["status", "--verbose"]).verbose is True
     assert build_parser().parse_args(["sql", "--verbose", "SELECT 1"]).verbose is True
+    assert build_parser().parse_args(["tenants", "validate", "--verbose"]).verbose is True
     assert build_parser().parse_args(["status"]).verbose is False
 
 
