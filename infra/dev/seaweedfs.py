@@ -23,6 +23,8 @@ from pydantic import SecretStr
 from infra.dev.local_process import LocalProcess
 
 _PORT_ATTEMPTS = 200
+# Objects a restarted server must read back before it counts as up (one listing page).
+_READ_BACK_OBJECTS = 1_000
 # `weed mini` dials some gRPC ports as "HTTP port + 10000" whatever `-*.port.grpc` says (its
 # worker does so for the admin server), so every component gets that pair, both free.
 _GRPC_OFFSET = 10_000
@@ -187,10 +189,11 @@ class LocalSeaweedFS(LocalProcess):
     def _probe(self) -> None:
         client: Any = self.s3_client(timeout_s=2.0)
         client.head_bucket(Bucket=self.bucket)
-        # After a restart the bucket answers before the volume server has registered its
-        # volumes with the master; until then a read of stored data is a 500. So one stored
-        # object must read back before the lake counts as up.
-        listing = client.list_objects_v2(Bucket=self.bucket, MaxKeys=1)
+        # After a restart the bucket answers before the volume server has registered all its
+        # volumes with the master; until then a read of data on a missing volume is a 500, and
+        # one object reading back says nothing of the others. So every stored object (the
+        # first page of them: a test's lake) must read back before the lake counts as up.
+        listing = client.list_objects_v2(Bucket=self.bucket, MaxKeys=_READ_BACK_OBJECTS)
         for stored in listing.get("Contents", []):
             first_byte = {"Range": "bytes=0-0"} if stored["Size"] > 0 else {}
             client.get_object(Bucket=self.bucket, Key=stored["Key"], **first_byte)["Body"].read()
