@@ -99,13 +99,10 @@ def _sql(args: argparse.Namespace) -> int:
         # A single statement is checked before the lake: refusing it needs no table.
         tree = None if args.query is None else _checked(args.query, limits)
         # delta-spark reads the lake its own way: Spark checks it.
-        tables = None if args.delta_spark else _view_tables(settings, args.tenant, versions)
+        lake, tables = _open_lake(settings, args.tenant, versions, not args.delta_spark)
     except _Refusal as refusal:
         print(refusal.line, file=sys.stderr)
         return ExitCode.REFUSED
-    from storage.lake.delta_lake import DeltaLake
-
-    lake = DeltaLake.from_settings(settings.lake)
     in_process = None
     if tables is not None and settings.query.local_engine:
         in_process = _InProcess(args, settings, lake, tables, limits)
@@ -113,12 +110,7 @@ def _sql(args: argparse.Namespace) -> int:
     if args.delta_spark and not on_spark.open():
         return ExitCode.REFUSED
 
-    def run_statement(statement: str, checked: exp.Query | None = None) -> bool:
-        try:
-            tree = checked or _checked(statement, limits)
-        except _Refusal as refusal:
-            print(refusal.line, file=sys.stderr)
-            return False
+    def run_checked(statement: str, tree: exp.Query | None) -> bool:
         if in_process is not None and tree is not None:
             answered = in_process.answer(tree)
             if isinstance(answered, _Refusal):
@@ -129,17 +121,25 @@ def _sql(args: argparse.Namespace) -> int:
                 return True
         return on_spark.run(statement)
 
+    def run_statement(statement: str) -> bool:
+        try:
+            tree = _checked(statement, limits)
+        except _Refusal as refusal:
+            print(refusal.line, file=sys.stderr)
+            return False
+        return run_checked(statement, tree)
+
     if args.query is not None:
-        return ExitCode.OK if run_statement(args.query, tree) else ExitCode.REFUSED
+        return ExitCode.OK if run_checked(args.query, tree) else ExitCode.REFUSED
     scope = f"[{args.tenant}]" if args.tenant else ""
     return run_prompt(run_statement, f"tenant-windows{scope}> ", sys.stdin, sys.stdout)
 
 
-def _view_tables(
-    settings: AppSettings, tenant: str | None, versions: dict[str, int]
-) -> Mapping[str, DeltaTable | None]:
-    """The tables the views read, at the versions asked for; `_Refusal` with the line Spark's
-    views give when the lake has no such table or version."""
+def _open_lake(
+    settings: AppSettings, tenant: str | None, versions: dict[str, int], open_tables: bool
+) -> tuple[DeltaLake, Mapping[str, DeltaTable | None] | None]:
+    """The lake, and with `open_tables` the tables the views read at the versions asked for;
+    `_Refusal` with the line Spark's views give when the lake has no such table or version."""
     from storage.lake.tables import ALL_TABLES, LAKE_TABLES
     from storage.query.view_tables import (
         LakeNotWrittenError,
@@ -150,13 +150,16 @@ def _view_tables(
 
     specs = ALL_TABLES if tenant is not None else LAKE_TABLES
     # A local root without the first table's log: said before loading delta-rs and pyarrow.
-    unwritten = unwritten_local_lake(settings.lake.root, specs)
+    unwritten = unwritten_local_lake(settings.lake.root, specs) if open_tables else None
     if unwritten is not None:
         raise _Refusal(str(unwritten))
     from storage.lake.delta_lake import DeltaLake
 
+    lake = DeltaLake.from_settings(settings.lake)
+    if not open_tables:
+        return lake, None
     try:
-        return open_view_tables(DeltaLake.from_settings(settings.lake), specs, versions)
+        return lake, open_view_tables(lake, specs, versions)
     except (TableVersionError, LakeNotWrittenError) as error:
         raise _Refusal(str(error)) from None
 
@@ -259,7 +262,8 @@ class _OnSpark:
         not have them."""
         from storage.query.query_service import leave_statement_errors_to_the_service
         from storage.query.scoped_sql import TenantSql
-        from storage.query.sql_views import LakeNotWrittenError, TableVersionError, register_views
+        from storage.query.sql_views import register_views
+        from storage.query.view_tables import LakeNotWrittenError, TableVersionError
         from streaming.pipeline.spark_session import build_spark
 
         shuffle_partitions = self.settings.stream.shuffle_partitions
@@ -284,7 +288,7 @@ class _OnSpark:
         from pyspark.errors import AnalysisException
 
         from infra.cli.sql_shell import print_frame, render_frame
-        from storage.query.query_errors import QueryError, check_statement_length
+        from storage.query.query_errors import QueryError
         from storage.query.query_service import run_within_limits
         from storage.query.sql_guard import QueryRefused
 
@@ -295,7 +299,8 @@ class _OnSpark:
             if self.limits is None:
                 print_frame(self._query(statement), self.args.format, self.args.limit)
                 return True
-            check_statement_length(statement, self.limits)
+            # Its length and the guard were checked before (`_checked`); TenantSql runs the
+            # guard again, as the security boundary it is.
             frame = self._query(statement)
             rows = min(self.args.limit, self.limits.max_result_rows)
             text = run_within_limits(

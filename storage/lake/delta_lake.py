@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -61,6 +62,11 @@ class DeltaLake:
     @property
     def is_local(self) -> bool:
         return "://" not in self.root or self.root.startswith("file://")
+
+    @property
+    def local_path(self) -> Path | None:
+        """The lake's folder on this machine; None for an object store."""
+        return Path(self.root.removeprefix("file://")) if self.is_local else None
 
     def table_uri(self, spec: TableSpec) -> str:
         return f"{self.root}/{spec.name}"

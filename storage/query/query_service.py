@@ -55,12 +55,8 @@ from storage.query.scoped_sql import (
     tree_nodes,
 )
 from storage.query.sql_guard import QueryRefused, check_query
-from storage.query.sql_views import (
-    TENANT_VIEW_NAMES,
-    LakeNotWrittenError,
-    TableVersionError,
-    register_views,
-)
+from storage.query.sql_views import register_views
+from storage.query.view_tables import TENANT_VIEW_NAMES, LakeNotWrittenError, TableVersionError
 from tenants.models import QueryLimits
 
 log = logging.getLogger(__name__)

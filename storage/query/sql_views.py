@@ -23,23 +23,11 @@ from storage.lake.delta_lake import DeltaLake
 from storage.lake.snapshot_reader import partition_columns, read_snapshot, tenant_files
 from storage.lake.tables import ALL_TABLES, DELIVERIES, EVENTS, LAKE_TABLES, WINDOWS, TableSpec
 from storage.query.view_tables import (
-    TENANT_VIEW_NAMES,
     WINDOW_CONTENTS,
-    LakeNotWrittenError,
     TableVersionError,
     check_version,
     lake_not_written,
 )
-
-__all__ = [
-    "TENANT_VIEW_NAMES",
-    "WINDOW_CONTENTS",
-    "LakeNotWrittenError",
-    "TableVersionError",
-    "read_table",
-    "register_views",
-    "window_contents",
-]
 
 
 def register_views(

@@ -42,8 +42,9 @@ def lake_not_written(root: str, spec: TableSpec) -> LakeNotWrittenError:
 
 
 def unwritten_local_lake(root: str, specs: tuple[TableSpec, ...]) -> LakeNotWrittenError | None:
-    """The error `open_view_tables` raises, found without delta-rs (or pyarrow), where it is
-    certain: a local lake whose first table has no Delta log folder at all."""
+    """The error `open_view_tables` raises, found without loading delta-rs, where it is
+    certain: a local lake whose first table has no Delta log folder at all. (`DeltaLake` has
+    the same test of a local root, but importing it loads delta-rs.)"""
     if "://" in root and not root.startswith("file://"):
         return None
     first = specs[0]

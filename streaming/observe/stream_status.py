@@ -17,7 +17,6 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -169,7 +168,7 @@ def where_to_look(missing: list[dict[str, Any]]) -> str:
 def _lake_state(lake: DeltaLake) -> str:
     if DeltaTable.is_deltatable(lake.table_uri(TENANT_STATUS), lake.storage_options):
         return "found"
-    if lake.is_local and not _local_path(lake.root).exists():
+    if lake.local_path is not None and not lake.local_path.exists():
         return NOT_THERE_YET
     return "no tenant_status table (yet)"
 
@@ -181,10 +180,6 @@ def _checkpoint_state(checkpoint_dir: str) -> str:
     if CheckpointLog(checkpoint_dir).latest_batch(OFFSETS_DIR) is None:
         return "no batch yet"
     return "found"
-
-
-def _local_path(root: str) -> Path:
-    return Path(root.removeprefix("file://"))
 
 
 # -- keys: the latest tenant_status row per (tenant, source) ------------------------------------

@@ -18,7 +18,7 @@ from storage.lake.tables import ALL_TABLES
 from storage.query.local_sql import LocalSql
 from storage.query.scoped_sql import TenantSql
 from storage.query.sql_guard import check_query
-from storage.query.sql_views import TENANT_VIEW_NAMES
+from storage.query.view_tables import TENANT_VIEW_NAMES
 from tests.support.pipeline_harness import Pipeline, record
 from tests.support.sql_escapes import ESCAPES_SEEING_ONLY_THE_TENANT, PASSWD_MARK
 from tests.support.timestamps import T0_MS

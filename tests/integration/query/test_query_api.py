@@ -29,7 +29,7 @@ from infra.service.query_metrics import OUTCOMES, QueryMetrics
 from storage.query.local_sql import LocalSql, local_statement
 from storage.query.query_service import QueryService
 from storage.query.sql_guard import check_query
-from storage.query.sql_views import TENANT_VIEW_NAMES
+from storage.query.view_tables import TENANT_VIEW_NAMES
 from streaming.observe.stream_status import tenant_key_status
 from tenants.api_keys import issue_key, revoke_key
 from tenants.models import QueryLimits
