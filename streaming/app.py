@@ -32,7 +32,7 @@ from storage.lake.commits import FencedError
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.s3_options import LakeUnavailableError
 from storage.lake.writer_lease import WriterLease
-from storage.upkeep.compaction import Compaction
+from storage.upkeep.compaction import Compaction, SettlePolicy
 from streaming.checkpoint.checkpoint_identity import (
     StreamIdentity,
     check_checkpoint,
@@ -253,9 +253,13 @@ class StreamApp:
                 writer_epoch,
                 tasks=settings.stream.shuffle_partitions,
                 log_checkpoint_files=settings.stream.log_checkpoint_files,
+                policy=SettlePolicy.of(
+                    settings.stream.compact_interval_ms,
+                    settings.stream.merge_interval_ms,
+                    settings.stream.settle_rows,
+                ),
             ),
             self.checkpoint_log,
-            settings.stream.compact_interval_ms,
             self.fault_hook,
         )
         sink = MicroBatchSink(

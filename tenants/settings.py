@@ -265,14 +265,34 @@ class StreamSettings(_Frozen):
         ),
     )
     compact_interval_ms: NonNegativeDurationMs = Field(
-        default=600_000,
+        default=14_400_000,
         alias="compact_interval",
         description=(
-            "A micro-batch stages its rows in a few files shared by all tenants; compaction moves "
-            "them to their tenant's partitions after the first batch whose timestamp is in a new "
-            "interval of this length (`0s`: after every batch), and when an `--available-now` "
-            "run ends. Queries see staged rows at once; a longer interval writes fewer, larger "
-            "files (docs/scale.md)."
+            "The age limit of staged rows. A micro-batch stages its rows in a few files shared by "
+            "all tenants; a key's rows settle in their tenant's partitions once they are worth a "
+            "file (`settle_rows`) or, at the latest, this long plus one batch after they were "
+            "staged, and when an `--available-now` run ends (`0s`: after every batch). Queries "
+            "see staged rows at once; a longer limit writes fewer files per tenant "
+            "(docs/scale.md)."
+        ),
+    )
+    merge_interval_ms: PositiveDurationMs = Field(
+        default=600_000,
+        alias="merge_interval",
+        description=(
+            "How often compaction runs, after the first batch whose timestamp is in a new "
+            "interval of this length (at most `compact_interval`): it merges the batches' "
+            "staged files into one run per write task and settles the keys worth a file, so a "
+            "query reads a few staged files, not one per batch and task."
+        ),
+    )
+    settle_rows: int = Field(
+        default=5_000,
+        gt=0,
+        description=(
+            "A key (tenant, source) whose new staged rows in a table number at least this many "
+            "when compaction runs settles them in its partition at once: a file worth writing. "
+            "Keys with fewer wait in the merged runs until `compact_interval`."
         ),
     )
     log_checkpoint_files: int = Field(

@@ -31,6 +31,7 @@ from datetime import date, datetime
 from typing import Any
 from urllib.parse import quote
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -131,15 +132,26 @@ class BatchFiles:
         )
 
 
-# `BatchFiles.file_name`, read back: the stream is whatever precedes the fixed-format tail, so a
-# stream name that itself contains dashes parses the same.
+# `BatchFiles.file_name` and `RunFiles.file_name`, read back: the stream is whatever precedes the
+# fixed-format tail, so a stream name that itself contains dashes parses the same.
 _BATCH_FILE_NAME = re.compile(r"^part-(?P<stream>.+)-e\d+-b\d{10}-t\d{5}-[0-9a-f]{12}\.parquet$")
+_RUN_FILE_NAME = re.compile(
+    r"^run-(?P<stream>.+)-e\d+-c[0-9a-f]{16}-a(?P<oldest_ms>\d{13,})-t\d{5}\.parquet$"
+)
 
 
-def stream_of_batch_file(path: str) -> str | None:
-    """The stream that wrote a batch's file (`BatchFiles.file_name`); None for another name."""
-    match = _BATCH_FILE_NAME.match(path.rsplit("/", 1)[-1])
+def stream_of_staged_file(path: str) -> str | None:
+    """The stream that wrote a staged file (a batch's, or a run compaction merged); None for
+    another name."""
+    name = path.rsplit("/", 1)[-1]
+    match = _BATCH_FILE_NAME.match(name) or _RUN_FILE_NAME.match(name)
     return None if match is None else match["stream"]
+
+
+def run_oldest_ms(path: str) -> int | None:
+    """When the oldest row of a run (`RunFiles`) was staged; None for a file that is no run."""
+    match = _RUN_FILE_NAME.match(path.rsplit("/", 1)[-1])
+    return None if match is None else int(match["oldest_ms"])
 
 
 @dataclass(frozen=True)
@@ -165,6 +177,33 @@ class SettledFiles:
         return (
             f"settled-{self.stream}-e{self.writer_epoch}-c{self.inputs_digest}-"
             f"{_digest(self.table_name, partition_values)}.parquet"
+        )
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """Where and under which names one compaction's runs go; pickled to executors.
+
+    A run is a staged file that compaction merged from a batch's staged files: the rows of keys
+    not yet worth a settled file, sorted by key, one file per write task. Its name carries when
+    its oldest row was staged, so the compaction that settles it by age needs no read of it.
+    """
+
+    root: str
+    storage_options: dict[str, str] | None
+    stream: str
+    writer_epoch: int
+    inputs_digest: str
+    table_name: str
+    oldest_ms: int
+
+    def __repr__(self) -> str:
+        return f"RunFiles({self.root!r}, {self.table_name}, inputs {self.inputs_digest})"
+
+    def file_name(self, task_partition: int) -> str:
+        return (
+            f"run-{self.stream}-e{self.writer_epoch}-c{self.inputs_digest}-"
+            f"a{self.oldest_ms:013d}-t{task_partition:05d}.parquet"
         )
 
 
@@ -256,6 +295,54 @@ def write_settled_files(
     return write
 
 
+def write_merged_files(
+    settled: SettledFiles,
+    run: RunFiles,
+    settle_rows: int,
+    task_partition: Callable[[], int] = spark_task_partition,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The `mapInArrow` function of a compaction that merges: rows of whole (tenant, source)
+    keys in; a key with `settle_rows` rows or more settles (`write_settled`), the others' rows
+    go to one run file for the task, sorted by key; one row per written file out."""
+    spec = _SPECS[settled.table_name]
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        received = [batch for batch in batches if batch.num_rows > 0]
+        if not received:
+            return
+        # A total order (`sort_by` starts with the key): the run's bytes are a function of the
+        # rows, whatever order Spark hands them over in.
+        rows = _sorted(pa.Table.from_batches(received).cast(spec.schema), spec.sort_by)
+        worth_a_file = pa.array(_rows_per_key(rows) >= settle_rows)
+        written = write_settled(settled, rows.filter(worth_a_file), "compaction")
+        waiting = rows.filter(pc.invert(worth_a_file))
+        if waiting.num_rows:
+            name = run.file_name(task_partition())
+            filesystem, base = filesystem_of(run.root, run.storage_options)
+            laid_out = with_layout(waiting, spec, settled=False)
+            written += _write_partitions(
+                filesystem, base, spec, laid_out, lambda _: name, "compaction", run
+            )
+        yield _written_batch(written)
+
+    return write
+
+
+def _rows_per_key(rows: pa.Table) -> np.ndarray:
+    """Per row of `rows` (sorted by tenant and source): how many rows its key has."""
+    if rows.num_rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    tenant, source = rows["tenant"], rows["source"]
+    follows = rows.num_rows - 1
+    key_changes = pc.or_(
+        pc.not_equal(tenant.slice(1), tenant.slice(0, follows)),
+        pc.not_equal(source.slice(1), source.slice(0, follows)),
+    )
+    starts = np.flatnonzero(np.concatenate([[True], key_changes.to_numpy(zero_copy_only=False)]))
+    lengths = np.diff(np.append(starts, rows.num_rows))
+    return np.repeat(lengths, lengths)
+
+
 def write_settled(target: SettledFiles, rows: pa.Table, doing: str) -> list[WrittenFile]:
     """One file per partition of `rows` (in the table's `schema`), settled in its own
     partition, rows in the table's `sort_by` order: the bytes are a function of the rows."""
@@ -287,7 +374,7 @@ def _write_partitions(
     rows: pa.Table,
     file_name: Callable[[str], str],
     doing: str,
-    target: BatchFiles | SettledFiles,
+    target: BatchFiles | SettledFiles | RunFiles,
 ) -> list[WrittenFile]:
     """One file per partition of `rows` (in `spec.storage_schema`), named by `file_name` of the
     partition's folder."""
@@ -310,7 +397,7 @@ def _write_file(
     spec: TableSpec,
     file_name: Callable[[str], str],
     doing: str,
-    target: BatchFiles | SettledFiles,
+    target: BatchFiles | SettledFiles | RunFiles,
     partition_values: dict[str, str | None],
     part: pa.Table,
     stats: str,

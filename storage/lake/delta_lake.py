@@ -21,7 +21,13 @@ from deltalake.schema import Field as DeltaField
 from deltalake.transaction import AddAction, RemoveAction
 
 from storage.lake.commits import check_fence, commit_without_conflict, conditional
-from storage.lake.data_files import WrittenFile, filesystem_of, partition_text, stream_of_batch_file
+from storage.lake.data_files import (
+    WrittenFile,
+    filesystem_of,
+    partition_text,
+    run_oldest_ms,
+    stream_of_staged_file,
+)
 from storage.lake.s3_options import reaching, storage_options
 from storage.lake.snapshot_reader import (
     current_paths,
@@ -440,11 +446,22 @@ class DeltaLake:
                 path=row["path"],
                 size=row["size_bytes"],
                 partition_values={name: row[f"partition.{name}"] for name in spec.partition_by},
+                staged_ms=_staged_ms(row["path"], row["modification_time"]),
             )
             for row in rows
-            if stream is None or stream_of_batch_file(row["path"]) in (stream, None)
+            if stream is None or stream_of_staged_file(row["path"]) in (stream, None)
         ]
         return sorted(files, key=lambda file: file.path)
+
+
+def _staged_ms(path: str, modification_time: int) -> int:
+    """When the oldest row of a staged file was staged: a run's name says; a batch's file was
+    written then; a file no stream named (an outside `OPTIMIZE` merged staged files) may hold
+    rows of any age, so it counts as the oldest there can be."""
+    oldest = run_oldest_ms(path)
+    if oldest is not None:
+        return oldest
+    return modification_time if stream_of_staged_file(path) is not None else 0
 
 
 @dataclass(frozen=True)
@@ -454,6 +471,8 @@ class LakeFile:
     path: str
     size: int
     partition_values: dict[str, str | None]
+    staged_ms: int | None = None
+    """A staged file's: when its oldest row was staged (epoch ms). None for other files."""
 
 
 class LakeLayoutError(RuntimeError):

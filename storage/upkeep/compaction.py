@@ -17,6 +17,20 @@ Only this stream's own staged files are taken, so streams sharing a lake never c
 staged files no stream's name pattern matches (an outside `OPTIMIZE` merged some) are taken by
 whichever stream compacts next.
 
+Settling follows the data, not the tenant count (`SettlePolicy`). A settled file per tenant and
+interval would cost a PUT per tenant per interval, most of them for a handful of rows at many
+tenants. So a compaction either
+- merges: it reads the batches' staged files only, settles the keys with `settle_rows` rows or
+  more among them, and writes every other row to one *run* per write task: a staged file sorted
+  by key, whose name says when its oldest row was staged. Runs are not read again until
+- it settles everything: when the oldest staged row would pass the age limit before the next
+  compaction, every staged file (runs included) is read and each key gets one settled file per
+  partition, whatever the number of runs it waited in.
+
+Both are one commit per table that removes what they read and adds what they wrote, so the
+crash safety above holds for both, and the choice is a function of the committed files and the
+batch's timestamp: a replayed batch chooses as the original did.
+
 Runs on the driver, in the stream's `foreachBatch` (between batches); the rows themselves go
 from executor to executor, never through the driver.
 """
@@ -26,17 +40,21 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from storage.lake.data_files import (
     WRITTEN_FILE_DDL,
+    RunFiles,
     SettledFiles,
     WrittenFile,
     read_staged_files,
+    run_oldest_ms,
+    write_merged_files,
     write_settled_files,
 )
 from storage.lake.delta_lake import DeltaLake, LakeFile
@@ -51,11 +69,42 @@ SETTLE_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
+class SettlePolicy:
+    """When staged rows settle: `stream.compact_interval`, `merge_interval`, `settle_rows`."""
+
+    age_limit_ms: int = 0
+    """No staged row waits longer than this (plus one batch) to settle; 0: every compaction
+    settles everything."""
+    pass_interval_ms: int = 0
+    """How often compaction runs (at most `age_limit_ms`)."""
+    settle_rows: int = 1
+    """A key with this many rows among a merge's inputs settles them."""
+
+    @classmethod
+    def of(cls, age_limit_ms: int, merge_interval_ms: int, settle_rows: int) -> SettlePolicy:
+        return cls(age_limit_ms, min(merge_interval_ms, age_limit_ms), settle_rows)
+
+    def settles_all(self, staged: list[LakeFile], now_ms: int | None) -> bool:
+        """Whether a compaction at `now_ms` (None: the stream's last one, as an
+        `--available-now` run ends) settles every staged row, or only merges: the oldest row
+        would be older than the age limit by the next compaction, `pass_interval_ms` later."""
+        if now_ms is None or self.age_limit_ms <= self.pass_interval_ms:
+            return True
+        oldest_ms = min(file.staged_ms or 0 for file in staged)
+        return oldest_ms <= now_ms - (self.age_limit_ms - self.pass_interval_ms)
+
+
+SETTLE_EVERYTHING = SettlePolicy()
+
+
+@dataclass(frozen=True)
 class TableCompaction:
     table: str
     staged_files: int
     settled_files: int
+    run_files: int
     records: int
+    """Rows settled; rows moved to runs are not counted."""
     seconds: float
 
 
@@ -70,19 +119,22 @@ class Compaction:
     """Spark tasks that write settled files: the parallelism, never the file count."""
     log_checkpoint_files: int | None = None
     """A table's compaction that swaps this many files or more checkpoints its log."""
+    policy: SettlePolicy = SETTLE_EVERYTHING
 
     def run(
         self,
         spark: SparkSession,
         version: int,
+        now_ms: int | None = None,
         before_commit: Callable[[], None] = lambda: None,
         after_table: Callable[[], None] = lambda: None,
     ) -> list[TableCompaction]:
         """Compact every staged table; `version` (the batch it runs after) is the commits'
-        transaction version under `<stream>/compaction`."""
+        transaction version under `<stream>/compaction`, `now_ms` its timestamp (None: settle
+        everything)."""
         done = []
         for spec in STAGED_TABLES:
-            result = self._compact(spark, spec, version, before_commit)
+            result = self._compact(spark, spec, version, now_ms, before_commit)
             if result is not None:
                 done.append(result)
                 after_table()
@@ -93,6 +145,7 @@ class Compaction:
         spark: SparkSession,
         spec: TableSpec,
         version: int,
+        now_ms: int | None,
         before_commit: Callable[[], None],
     ) -> TableCompaction | None:
         started = time.monotonic()
@@ -100,30 +153,42 @@ class Compaction:
             staged = self.lake.staged_files(spec, self.stream)
             if not staged:
                 return None
-            settled = self._write_settled(spark, spec, staged)
+            if self.policy.settles_all(staged, now_ms):
+                written = self._write_settled(spark, spec, staged)
+            else:
+                # Runs stay as they are until they settle by age.
+                staged = [file for file in staged if run_oldest_ms(file.path) is None]
+                if not staged:
+                    return None
+                written = self._write_merged(spark, spec, staged)
             if self.lake.settle(
                 spec,
                 staged,
-                settled,
+                written,
                 self.stream,
                 version,
                 self.writer_epoch,
                 before_commit,
                 self.log_checkpoint_files,
             ):
+                runs = [file for file in written if run_oldest_ms(file.path) is not None]
                 result = TableCompaction(
                     table=spec.name,
                     staged_files=len(staged),
-                    settled_files=len(settled),
-                    records=sum(file.num_records for file in settled),
+                    settled_files=len(written) - len(runs),
+                    run_files=len(runs),
+                    records=sum(file.num_records for file in written)
+                    - sum(file.num_records for file in runs),
                     seconds=time.monotonic() - started,
                 )
                 log.info(
-                    "compacted %s: %d staged files into %d settled ones (%d rows) in %.2fs",
+                    "compacted %s: %d staged files into %d settled ones (%d rows) and %d runs "
+                    "in %.2fs",
                     spec.name,
                     result.staged_files,
                     result.settled_files,
                     result.records,
+                    result.run_files,
                     result.seconds,
                 )
                 return result
@@ -136,8 +201,27 @@ class Compaction:
     def _write_settled(
         self, spark: SparkSession, spec: TableSpec, staged: list[LakeFile]
     ) -> list[WrittenFile]:
+        return self._write(spark, spec, staged, write_settled_files(self._settled(spec, staged)))
+
+    def _write_merged(
+        self, spark: SparkSession, spec: TableSpec, staged: list[LakeFile]
+    ) -> list[WrittenFile]:
+        settled = self._settled(spec, staged)
+        run = RunFiles(
+            root=settled.root,
+            storage_options=settled.storage_options,
+            stream=settled.stream,
+            writer_epoch=settled.writer_epoch,
+            inputs_digest=settled.inputs_digest,
+            table_name=spec.name,
+            oldest_ms=min(file.staged_ms or 0 for file in staged),
+        )
+        merge = write_merged_files(settled, run, self.policy.settle_rows)
+        return self._write(spark, spec, staged, merge)
+
+    def _settled(self, spec: TableSpec, staged: list[LakeFile]) -> SettledFiles:
         inputs = "\n".join(file.path for file in staged)
-        target = SettledFiles(
+        return SettledFiles(
             root=self.lake.root,
             storage_options=self.lake.storage_options,
             stream=self.stream,
@@ -145,6 +229,14 @@ class Compaction:
             inputs_digest=hashlib.sha256(inputs.encode()).hexdigest()[:16],
             table_name=spec.name,
         )
+
+    def _write(
+        self,
+        spark: SparkSession,
+        spec: TableSpec,
+        staged: list[LakeFile],
+        writer: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+    ) -> list[WrittenFile]:
         paths = spark.createDataFrame([(file.path,) for file in staged], "path string")
         rows = paths.repartition(min(len(staged), self.tasks)).mapInArrow(
             read_staged_files(self.lake.root, self.lake.storage_options, spec.name),
@@ -155,5 +247,5 @@ class Compaction:
         by_key = rows.repartition(self.tasks, "tenant", "source")
         return [
             WrittenFile.from_row(row.asDict())
-            for row in by_key.mapInArrow(write_settled_files(target), WRITTEN_FILE_DDL).collect()
+            for row in by_key.mapInArrow(writer, WRITTEN_FILE_DDL).collect()
         ]

@@ -2,9 +2,10 @@
 cadence of batch timestamps, so a replayed batch decides exactly as the original did.
 
 Compaction runs after batch B when B's timestamp falls in a later interval of
-`stream.compact_interval` (aligned to the epoch) than batch B-1's: a row waits at most one
-interval plus one batch to settle. A batch replayed after a crash finishes the compaction it
-started (the staged files are listed again), so restarts leave the same tables.
+`stream.merge_interval` (aligned to the epoch; at most `stream.compact_interval`) than batch
+B-1's, and as of B's timestamp: what it settles and what it merges (`SettlePolicy`) keeps every
+row within the age limit plus one batch. A batch replayed after a crash finishes the compaction
+it started (the staged files are listed again), so restarts leave the same tables.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ def compaction_due(now_ms: int | None, previous_ms: int | None, interval_ms: int
 class CompactionSchedule:
     compaction: Compaction
     checkpoint_log: CheckpointLog
-    interval_ms: int
     fault_hook: FaultHook = NO_FAULTS
 
     def after_batch(self, spark: SparkSession, batch_id: int) -> list[TableCompaction]:
@@ -44,15 +44,21 @@ class CompactionSchedule:
         previous_ms = (
             None if batch_id == 0 else self.checkpoint_log.batch_timestamp_ms(batch_id - 1)
         )
-        if not compaction_due(now_ms, previous_ms, self.interval_ms):
+        if not compaction_due(now_ms, previous_ms, self.compaction.policy.pass_interval_ms):
             return []
-        return self.now(spark, batch_id)
+        return self._compact(spark, batch_id, now_ms)
 
     def now(self, spark: SparkSession, batch_id: int) -> list[TableCompaction]:
-        """Compact every staged file of this stream, as of batch `batch_id`."""
+        """Settle every staged row of this stream, as of batch `batch_id`."""
+        return self._compact(spark, batch_id, None)
+
+    def _compact(
+        self, spark: SparkSession, batch_id: int, now_ms: int | None
+    ) -> list[TableCompaction]:
         return self.compaction.run(
             spark,
             batch_id,
+            now_ms,
             before_commit=lambda: self.fault_hook.reached(
                 FaultPoint.BEFORE_COMPACTION_COMMIT, batch_id
             ),

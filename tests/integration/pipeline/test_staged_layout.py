@@ -60,7 +60,7 @@ def staged(
         many_tenants_conf,
         partitions=2,
         max_offsets_per_trigger=BATCH_SIZE,
-        environ={"TW_STREAM__COMPACT_INTERVAL": "1d"},
+        environ={"TW_STREAM__COMPACT_INTERVAL": "1d", "TW_STREAM__MERGE_INTERVAL": "1d"},
     )
     rng = random.Random(17)
     records = [

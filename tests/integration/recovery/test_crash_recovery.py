@@ -48,6 +48,13 @@ PROGRESS_LOGGER = "tenant_windows.progress"
 # Staged rows settle after every batch, so every crash point meets a compaction too, and the
 # tables compared include where each row is (staged or settled).
 COMPACT_EVERY_BATCH = {"TW_STREAM__COMPACT_INTERVAL": "0s"}
+# Compaction after every batch that only merges (the age limit is a day away): about half the
+# keys have enough rows in a batch to settle, the others wait in runs until the run's end.
+MERGE_EVERY_BATCH = {
+    "TW_STREAM__COMPACT_INTERVAL": "1d",
+    "TW_STREAM__MERGE_INTERVAL": "1ms",
+    "TW_STREAM__SETTLE_ROWS": "25",
+}
 
 
 # Session-scoped, so each pytest worker builds its own and the slow tests below spread over
@@ -77,10 +84,9 @@ def _crash_and_recover(
     workdir: Path,
     crash_at: str,
     before_restart: Callable[[Pipeline], None] | None = None,
+    environ: dict[str, str] = COMPACT_EVERY_BATCH,
 ) -> dict[str, pd.DataFrame]:
-    pipeline = replay_pipeline(
-        kafka, conf_dir, workdir, topic, BATCH_SIZE, environ=dict(COMPACT_EVERY_BATCH)
-    )
+    pipeline = replay_pipeline(kafka, conf_dir, workdir, topic, BATCH_SIZE, environ=dict(environ))
     return crash_and_recover(pipeline, spark, crash_at, before_restart)
 
 
@@ -106,6 +112,27 @@ def test_a_crash_at_a_named_point_leaves_the_same_output_after_restart(
     crash_at: str,
 ) -> None:
     recovered = _crash_and_recover(kafka, spark, conf_dir, dataset, tmp_path, crash_at)
+    assert_same_tables(recovered, clean_tables)
+
+
+@pytest.mark.parametrize(
+    "crash_at",
+    [f"{FaultPoint.BEFORE_COMPACTION_COMMIT}@1", f"{FaultPoint.AFTER_COMPACTION_COMMIT}@2"],
+)
+def test_a_crash_while_compaction_merges_leaves_the_same_output_after_restart(
+    kafka: Any,
+    spark: Any,
+    conf_dir: Path,
+    dataset: str,
+    clean_tables: dict[str, pd.DataFrame],
+    tmp_path: Path,
+    crash_at: str,
+) -> None:
+    # Where a row ends is its key's partition however it got there (settled by size, or from
+    # a run at the end), so the clean run that settles after every batch is the reference.
+    recovered = _crash_and_recover(
+        kafka, spark, conf_dir, dataset, tmp_path, crash_at, environ=MERGE_EVERY_BATCH
+    )
     assert_same_tables(recovered, clean_tables)
 
 

@@ -12,8 +12,12 @@ import pyarrow.parquet as pq
 
 from storage.lake.data_files import (
     BatchFiles,
+    RunFiles,
     SettledFiles,
     WrittenFile,
+    run_oldest_ms,
+    stream_of_staged_file,
+    write_merged_files,
     write_settled_files,
     write_task_files,
 )
@@ -111,3 +115,69 @@ def test_settled_files_are_a_function_of_their_rows_not_of_their_order(tmp_path:
             ]
         )
     assert contents[0] == contents[1]
+
+
+def _merge(root: Path, rows: pa.Table, settle_rows: int) -> list[WrittenFile]:
+    settled = SettledFiles(str(root), None, "web-1", 2, "0123456789abcdef", WINDOWS.name)
+    run = RunFiles(str(root), None, "web-1", 2, "0123456789abcdef", WINDOWS.name, T0_MS)
+    merge = write_merged_files(settled, run, settle_rows, task_partition=lambda: 5)
+    batches = list(merge(iter(rows.to_batches(max_chunksize=100))))
+    return [WrittenFile.from_row(row) for batch in batches for row in batch.to_pylist()]
+
+
+def test_a_merge_settles_the_keys_worth_a_file_and_runs_the_rest_in_one_staged_file(
+    tmp_path: Path,
+) -> None:
+    rows = rows_for_table(_pane_rows(3_000, seed=5), WINDOWS, batch_id=7)
+    per_key = {}
+    for tenant, source in zip(rows["tenant"].to_pylist(), rows["source"].to_pylist(), strict=True):
+        per_key[(tenant, source)] = per_key.get((tenant, source), 0) + 1
+    settle_rows = sorted(per_key.values())[len(per_key) // 2]  # about half the keys settle
+    big = {key for key, count in per_key.items() if count >= settle_rows}
+    assert 0 < len(big) < len(per_key)
+
+    files = _merge(tmp_path, rows, settle_rows)
+
+    [run] = [file for file in files if file.partition_values["layout_tenant"] == STAGED]
+    settled = [file for file in files if file is not run]
+    assert run.path.rsplit("/", 1)[-1].startswith(f"run-web-1-e2-c0123456789abcdef-a{T0_MS}-t00005")
+    assert stream_of_staged_file(run.path) == "web-1"
+    assert run_oldest_ms(run.path) == T0_MS
+    assert run_oldest_ms(settled[0].path) is None
+    run_rows = pq.read_table(tmp_path / WINDOWS.name / run.path)
+    run_keys = list(
+        zip(run_rows["tenant"].to_pylist(), run_rows["source"].to_pylist(), strict=True)
+    )
+    assert set(run_keys) == set(per_key) - big
+    assert run_keys == sorted(run_keys)  # a tenant's rows are together
+    settled_keys = {
+        (file.partition_values["layout_tenant"], file.partition_values["layout_source"])
+        for file in settled
+    }
+    assert settled_keys == big
+    # Every row once: in the run or in its key's settled files.
+    assert sum(file.num_records for file in files) == rows.num_rows
+    _assert_stats_describe_their_file(tmp_path, files)
+
+
+def test_a_merge_is_a_function_of_its_rows_not_of_their_order(tmp_path: Path) -> None:
+    rows = rows_for_table(_pane_rows(800, seed=6), WINDOWS, batch_id=7)
+    shuffled = rows.take(pa.array(random.Random(7).sample(range(rows.num_rows), rows.num_rows)))
+    contents = []
+    for name, table in (("a", rows), ("b", shuffled)):
+        files = sorted(_merge(tmp_path / name, table, settle_rows=6), key=lambda f: f.path)
+        contents.append(
+            [(f.path, (tmp_path / name / WINDOWS.name / f.path).read_bytes()) for f in files]
+        )
+    assert contents[0] == contents[1]
+    assert any("/run-" in path for path, _ in contents[0])
+
+
+def test_staged_file_names_say_which_stream_wrote_them_and_only_runs_carry_an_age() -> None:
+    batch = BatchFiles("/lake", None, "orders-eu", 3, 12, ("events",)).file_name(1, "events", "x")
+    run = RunFiles("/lake", None, "orders-eu", 3, "f" * 16, "events", 1_795_000_000_000)
+    assert stream_of_staged_file(f"layout_tenant=_staged/{batch}") == "orders-eu"
+    assert stream_of_staged_file(f"layout_tenant=_staged/{run.file_name(2)}") == "orders-eu"
+    assert run_oldest_ms(run.file_name(2)) == 1_795_000_000_000
+    assert run_oldest_ms(batch) is None
+    assert stream_of_staged_file("part-00000-optimized-by-someone.parquet") is None
