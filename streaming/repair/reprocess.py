@@ -206,8 +206,8 @@ def reprocess_key(job: ReprocessRun, files: KeyFiles) -> KeyOutcome:
                 source=files.source,
                 refused=f"{name} has rows of {job.tenant}/{files.source} in the range that the "
                 "stream has not settled yet: run again once they settle (within "
-                "stream.compact_interval of being written while the stream runs; `tenant-windows run --available-now` "
-                "settles every staged row when it ends)",
+                "stream.compact_interval of being written while the stream runs; "
+                "`tenant-windows run --available-now` settles every staged row when it ends)",
             )
     kept: dict[str, pa.Table] = {}
     for spec in WINDOWED_TABLES:
