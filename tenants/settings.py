@@ -265,7 +265,7 @@ class StreamSettings(_Frozen):
         ),
     )
     compact_interval_ms: NonNegativeDurationMs = Field(
-        default=14_400_000,
+        default=21_600_000,
         alias="compact_interval",
         description=(
             "The age limit of staged rows. A micro-batch stages its rows in a few files shared by "
@@ -287,7 +287,7 @@ class StreamSettings(_Frozen):
         ),
     )
     settle_rows: int = Field(
-        default=5_000,
+        default=2_000,
         gt=0,
         description=(
             "A key (tenant, source) whose new staged rows in a table number at least this many "

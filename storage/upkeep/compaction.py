@@ -100,6 +100,8 @@ SETTLE_EVERYTHING = SettlePolicy()
 @dataclass(frozen=True)
 class TableCompaction:
     table: str
+    settled_all: bool
+    """Every staged row settled (the age limit, or the run's end); False: a merge."""
     staged_files: int
     settled_files: int
     run_files: int
@@ -153,7 +155,8 @@ class Compaction:
             staged = self.lake.staged_files(spec, self.stream)
             if not staged:
                 return None
-            if self.policy.settles_all(staged, now_ms):
+            settles_all = self.policy.settles_all(staged, now_ms)
+            if settles_all:
                 written = self._write_settled(spark, spec, staged)
             else:
                 # Runs stay as they are until they settle by age.
@@ -174,6 +177,7 @@ class Compaction:
                 runs = [file for file in written if run_oldest_ms(file.path) is not None]
                 result = TableCompaction(
                     table=spec.name,
+                    settled_all=settles_all,
                     staged_files=len(staged),
                     settled_files=len(written) - len(runs),
                     run_files=len(runs),
@@ -182,9 +186,10 @@ class Compaction:
                     seconds=time.monotonic() - started,
                 )
                 log.info(
-                    "compacted %s: %d staged files into %d settled ones (%d rows) and %d runs "
-                    "in %.2fs",
+                    "compacted %s (%s): %d staged files into %d settled ones (%d rows) and %d "
+                    "runs in %.2fs",
                     spec.name,
+                    "settled everything" if settles_all else "merged",
                     result.staged_files,
                     result.settled_files,
                     result.records,

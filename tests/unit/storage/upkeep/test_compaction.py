@@ -7,6 +7,7 @@ import pytest
 
 from storage.lake.delta_lake import LakeFile
 from storage.upkeep.compaction import SETTLE_EVERYTHING, SettlePolicy
+from tenants.settings import StreamSettings
 
 MINUTE_MS = 60_000
 HOUR_MS = 60 * MINUTE_MS
@@ -25,12 +26,15 @@ def _staged(*ages_ms: int | None) -> list[LakeFile]:
     ]
 
 
-def test_the_defaults_merge_every_ten_minutes_and_settle_at_four_hours() -> None:
-    policy = SettlePolicy.of(4 * HOUR_MS, 10 * MINUTE_MS, 5_000)
+def test_the_defaults_merge_every_ten_minutes_and_settle_at_six_hours() -> None:
+    stream = StreamSettings()
+    policy = SettlePolicy.of(
+        stream.compact_interval_ms, stream.merge_interval_ms, stream.settle_rows
+    )
     assert policy.pass_interval_ms == 10 * MINUTE_MS
-    assert not policy.settles_all(_staged(MINUTE_MS, 3 * HOUR_MS), NOW_MS)
-    # Ten minutes on, the oldest row would be past four hours: everything settles now.
-    assert policy.settles_all(_staged(MINUTE_MS, 3 * HOUR_MS + 50 * MINUTE_MS), NOW_MS)
+    assert not policy.settles_all(_staged(MINUTE_MS, 5 * HOUR_MS), NOW_MS)
+    # Ten minutes on, the oldest row would be past six hours: everything settles now.
+    assert policy.settles_all(_staged(MINUTE_MS, 5 * HOUR_MS + 50 * MINUTE_MS), NOW_MS)
 
 
 @pytest.mark.parametrize("age_limit_ms", [0, 5_000, 10 * MINUTE_MS])
