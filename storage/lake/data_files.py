@@ -180,6 +180,11 @@ class SettledFiles:
         )
 
 
+RUN_ROW_GROUP_ROWS = 8_192
+"""A run holds many tenants' rows sorted by tenant and waits for hours: small row groups let a
+tenant's query read only the groups whose statistics hold it."""
+
+
 @dataclass(frozen=True)
 class RunFiles:
     """Where and under which names one compaction's runs go; pickled to executors.
@@ -321,7 +326,14 @@ def write_merged_files(
             filesystem, base = filesystem_of(run.root, run.storage_options)
             laid_out = with_layout(waiting, spec, settled=False)
             written += _write_partitions(
-                filesystem, base, spec, laid_out, lambda _: name, "compaction", run
+                filesystem,
+                base,
+                spec,
+                laid_out,
+                lambda _: name,
+                "compaction",
+                run,
+                row_group_rows=RUN_ROW_GROUP_ROWS,
             )
         yield _written_batch(written)
 
@@ -375,9 +387,10 @@ def _write_partitions(
     file_name: Callable[[str], str],
     doing: str,
     target: BatchFiles | SettledFiles | RunFiles,
+    row_group_rows: int | None = None,
 ) -> list[WrittenFile]:
     """One file per partition of `rows` (in `spec.storage_schema`), named by `file_name` of the
-    partition's folder."""
+    partition's folder; `row_group_rows` bounds its row groups (None: pyarrow's default)."""
     # At thousands of tenants a task writes thousands of small files, and each costs about as
     # much in file system calls as in encoding. pyarrow releases the GIL for both, so a few
     # threads overlap them.
@@ -385,7 +398,9 @@ def _write_partitions(
     with ThreadPoolExecutor(max_workers=WRITER_THREADS) as pool:
         return list(
             pool.map(
-                lambda split: _write_file(filesystem, base, spec, file_name, doing, target, *split),
+                lambda split: _write_file(
+                    filesystem, base, spec, file_name, doing, target, row_group_rows, *split
+                ),
                 splits,
             )
         )
@@ -398,6 +413,7 @@ def _write_file(
     file_name: Callable[[str], str],
     doing: str,
     target: BatchFiles | SettledFiles | RunFiles,
+    row_group_rows: int | None,
     partition_values: dict[str, str | None],
     part: pa.Table,
     stats: str,
@@ -409,7 +425,7 @@ def _write_file(
     # Snappy: a batch's files are small and short-lived (`optimize` rewrites them), and it
     # encodes about twice as fast as zstd here.
     encoded = pa.BufferOutputStream()
-    pq.write_table(data, encoded, compression="snappy")
+    pq.write_table(data, encoded, compression="snappy", row_group_size=row_group_rows)
     content = encoded.getvalue()
     full_path = f"{base}/{spec.name}/{relative}"
     try:

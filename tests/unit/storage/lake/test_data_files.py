@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from storage.lake.data_files import (
+    RUN_ROW_GROUP_ROWS,
     BatchFiles,
     RunFiles,
     SettledFiles,
@@ -150,6 +151,9 @@ def test_a_merge_settles_the_keys_worth_a_file_and_runs_the_rest_in_one_staged_f
     )
     assert set(run_keys) == set(per_key) - big
     assert run_keys == sorted(run_keys)  # a tenant's rows are together
+    # ... in row groups whose statistics let a tenant's query skip the others.
+    metadata = pq.ParquetFile(tmp_path / WINDOWS.name / run.path).metadata
+    assert metadata.num_row_groups == -(-run_rows.num_rows // RUN_ROW_GROUP_ROWS)
     settled_keys = {
         (file.partition_values["layout_tenant"], file.partition_values["layout_source"])
         for file in settled
