@@ -132,7 +132,7 @@ class BatchFiles:
         )
 
 
-# `BatchFiles.file_name` and `RunFiles.file_name`, read back: the stream is whatever precedes the
+# `BatchFiles.file_name` and `MergeFiles.run_name`, read back: the stream is whatever precedes the
 # fixed-format tail, so a stream name that itself contains dashes parses the same.
 _BATCH_FILE_NAME = re.compile(r"^part-(?P<stream>.+)-e\d+-b\d{10}-t\d{5}-[0-9a-f]{12}\.parquet$")
 _RUN_FILE_NAME = re.compile(
@@ -149,7 +149,7 @@ def stream_of_staged_file(path: str) -> str | None:
 
 
 def run_oldest_ms(path: str) -> int | None:
-    """When the oldest row of a run (`RunFiles`) was staged; None for a file that is no run."""
+    """When the oldest row of a run (`MergeFiles`) was staged; None for a file that is no run."""
     match = _RUN_FILE_NAME.match(path.rsplit("/", 1)[-1])
     return None if match is None else int(match["oldest_ms"])
 
@@ -186,26 +186,21 @@ tenant's query read only the groups whose statistics hold it."""
 
 
 @dataclass(frozen=True)
-class RunFiles:
-    """Where and under which names one compaction's runs go; pickled to executors.
+class MergeFiles(SettledFiles):
+    """Where and under which names a merging compaction's files go: its settled files, named as
+    any compaction's, and its runs.
 
-    A run is a staged file that compaction merged from a batch's staged files: the rows of keys
+    A run is a staged file that compaction merged from batches' staged files: the rows of keys
     not yet worth a settled file, sorted by key, one file per write task. Its name carries when
     its oldest row was staged, so the compaction that settles it by age needs no read of it.
     """
 
-    root: str
-    storage_options: dict[str, str] | None
-    stream: str
-    writer_epoch: int
-    inputs_digest: str
-    table_name: str
-    oldest_ms: int
+    oldest_ms: int = 0
 
     def __repr__(self) -> str:
-        return f"RunFiles({self.root!r}, {self.table_name}, inputs {self.inputs_digest})"
+        return f"MergeFiles({self.root!r}, {self.table_name}, inputs {self.inputs_digest})"
 
-    def file_name(self, task_partition: int) -> str:
+    def run_name(self, task_partition: int) -> str:
         return (
             f"run-{self.stream}-e{self.writer_epoch}-c{self.inputs_digest}-"
             f"a{self.oldest_ms:013d}-t{task_partition:05d}.parquet"
@@ -301,15 +296,14 @@ def write_settled_files(
 
 
 def write_merged_files(
-    settled: SettledFiles,
-    run: RunFiles,
+    target: MergeFiles,
     settle_rows: int,
     task_partition: Callable[[], int] = spark_task_partition,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The `mapInArrow` function of a compaction that merges: rows of whole (tenant, source)
     keys in; a key with `settle_rows` rows or more settles (`write_settled`), the others' rows
     go to one run file for the task, sorted by key; one row per written file out."""
-    spec = _SPECS[settled.table_name]
+    spec = _SPECS[target.table_name]
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         received = [batch for batch in batches if batch.num_rows > 0]
@@ -319,11 +313,11 @@ def write_merged_files(
         # rows, whatever order Spark hands them over in.
         rows = _sorted(pa.Table.from_batches(received).cast(spec.schema), spec.sort_by)
         worth_a_file = pa.array(_rows_per_key(rows) >= settle_rows)
-        written = write_settled(settled, rows.filter(worth_a_file), "compaction")
+        written = write_settled(target, rows.filter(worth_a_file), "compaction")
         waiting = rows.filter(pc.invert(worth_a_file))
         if waiting.num_rows:
-            name = run.file_name(task_partition())
-            filesystem, base = filesystem_of(run.root, run.storage_options)
+            name = target.run_name(task_partition())
+            filesystem, base = filesystem_of(target.root, target.storage_options)
             laid_out = with_layout(waiting, spec, settled=False)
             written += _write_partitions(
                 filesystem,
@@ -332,7 +326,7 @@ def write_merged_files(
                 laid_out,
                 lambda _: name,
                 "compaction",
-                run,
+                target,
                 row_group_rows=RUN_ROW_GROUP_ROWS,
             )
         yield _written_batch(written)
@@ -386,7 +380,7 @@ def _write_partitions(
     rows: pa.Table,
     file_name: Callable[[str], str],
     doing: str,
-    target: BatchFiles | SettledFiles | RunFiles,
+    target: BatchFiles | SettledFiles,
     row_group_rows: int | None = None,
 ) -> list[WrittenFile]:
     """One file per partition of `rows` (in `spec.storage_schema`), named by `file_name` of the
@@ -412,7 +406,7 @@ def _write_file(
     spec: TableSpec,
     file_name: Callable[[str], str],
     doing: str,
-    target: BatchFiles | SettledFiles | RunFiles,
+    target: BatchFiles | SettledFiles,
     row_group_rows: int | None,
     partition_values: dict[str, str | None],
     part: pa.Table,

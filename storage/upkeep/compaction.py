@@ -49,7 +49,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from storage.lake.data_files import (
     WRITTEN_FILE_DDL,
-    RunFiles,
+    MergeFiles,
     SettledFiles,
     WrittenFile,
     read_staged_files,
@@ -211,18 +211,11 @@ class Compaction:
     def _write_merged(
         self, spark: SparkSession, spec: TableSpec, staged: list[LakeFile]
     ) -> list[WrittenFile]:
-        settled = self._settled(spec, staged)
-        run = RunFiles(
-            root=settled.root,
-            storage_options=settled.storage_options,
-            stream=settled.stream,
-            writer_epoch=settled.writer_epoch,
-            inputs_digest=settled.inputs_digest,
-            table_name=spec.name,
+        target = MergeFiles(
+            **vars(self._settled(spec, staged)),
             oldest_ms=min(file.staged_ms or 0 for file in staged),
         )
-        merge = write_merged_files(settled, run, self.policy.settle_rows)
-        return self._write(spark, spec, staged, merge)
+        return self._write(spark, spec, staged, write_merged_files(target, self.policy.settle_rows))
 
     def _settled(self, spec: TableSpec, staged: list[LakeFile]) -> SettledFiles:
         inputs = "\n".join(file.path for file in staged)

@@ -166,13 +166,16 @@ class Pipeline:
             consumer.close()
         return {(tp.partition, offset) for tp in partitions for offset in range(ends[tp])}
 
-    def run_available_now(self, spark: Any, timeout_s: float = 240) -> None:
+    def run_available_now(self, spark: Any, timeout_s: float = 240, settle: bool = True) -> None:
+        """Read what the topic holds and stop; `settle=False` leaves staged rows staged, where
+        `tenant-windows run --available-now` settles every one at its end."""
         stream = StreamApp(self.settings, self.lake).start(spark, True)
         try:
             finished = stream.query.awaitTermination(timeout=timeout_s)
             assert finished, f"the query did not finish within {timeout_s}s"
             assert stream.query.exception() is None, stream.query.exception()
-            stream.compact_now(spark)  # as `tenant-windows run --available-now` does at its end
+            if settle:
+                stream.compact_now(spark)
         finally:
             stream.stop()
 

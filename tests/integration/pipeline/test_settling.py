@@ -23,7 +23,6 @@ from storage.lake.snapshot_reader import read_snapshot
 from storage.lake.tables import EVENTS, LAYOUT_PREFIX, STAGED
 from storage.query.scoped_sql import TenantSql
 from storage.upkeep.compaction import STAGED_TABLES
-from streaming.app import StreamApp
 from tests.support.pipeline_harness import Pipeline, record
 from tests.support.table_snapshots import snapshot
 from tests.support.timestamps import T0_MS
@@ -66,13 +65,7 @@ def merged(
         records += [record(tenant, "web", T0_MS + batch * 60_000) for tenant in SMALL]
         rng.shuffle(records)
         pipeline.produce(records)
-    # Straight through the app, not `run_available_now`: that settles everything at its end.
-    stream = StreamApp(pipeline.settings, pipeline.lake).start(spark, True)
-    try:
-        assert stream.query.awaitTermination(timeout=240)
-        assert stream.query.exception() is None
-    finally:
-        stream.stop()
+    pipeline.run_available_now(spark, settle=False)
     return pipeline
 
 

@@ -26,7 +26,6 @@ from storage.lake.snapshot_reader import read_snapshot
 from storage.lake.tables import EVENTS, LAKE_TABLES, STAGED, TableSpec
 from storage.query.scoped_sql import TenantSql
 from storage.upkeep.compaction import STAGED_TABLES
-from streaming.app import StreamApp
 from tests.support.pipeline_harness import Pipeline, record
 from tests.support.timestamps import T0_MS
 
@@ -70,13 +69,7 @@ def staged(
     ]
     rng.shuffle(records)
     pipeline.produce(records)
-    # Straight through the app, not `run_available_now`: that settles everything at its end.
-    stream = StreamApp(pipeline.settings, pipeline.lake).start(spark, True)
-    try:
-        assert stream.query.awaitTermination(timeout=240)
-        assert stream.query.exception() is None
-    finally:
-        stream.stop()
+    pipeline.run_available_now(spark, settle=False)
     return pipeline
 
 

@@ -90,16 +90,30 @@ def _crash_and_recover(
     return crash_and_recover(pipeline, spark, crash_at, before_restart)
 
 
+# Where a row ends is its key's partition however it got there (settled after every batch, by
+# size in a merge, or from a run at the end), so one clean run is the reference for both.
 @pytest.mark.parametrize(
-    "crash_at",
+    ("crash_at", "environ"),
     [
-        f"{FaultPoint.KAFKA_READ}@{BATCH_SIZE // 2 + 10}",
-        f"{FaultPoint.STATE_FUNCTION}@{BATCH_SIZE // 2 + 10}",
-        f"{FaultPoint.BATCH_START}@1",
-        f"{FaultPoint.BETWEEN_TABLE_COMMITS}@1",
-        f"{FaultPoint.AFTER_DELTA_COMMITS}@2",
-        f"{FaultPoint.BEFORE_COMPACTION_COMMIT}@1",
-        f"{FaultPoint.AFTER_COMPACTION_COMMIT}@2",
+        *(
+            pytest.param(point, COMPACT_EVERY_BATCH, id=point)
+            for point in (
+                f"{FaultPoint.KAFKA_READ}@{BATCH_SIZE // 2 + 10}",
+                f"{FaultPoint.STATE_FUNCTION}@{BATCH_SIZE // 2 + 10}",
+                f"{FaultPoint.BATCH_START}@1",
+                f"{FaultPoint.BETWEEN_TABLE_COMMITS}@1",
+                f"{FaultPoint.AFTER_DELTA_COMMITS}@2",
+                f"{FaultPoint.BEFORE_COMPACTION_COMMIT}@1",
+                f"{FaultPoint.AFTER_COMPACTION_COMMIT}@2",
+            )
+        ),
+        *(
+            pytest.param(point, MERGE_EVERY_BATCH, id=f"merging-{point}")
+            for point in (
+                f"{FaultPoint.BEFORE_COMPACTION_COMMIT}@1",
+                f"{FaultPoint.AFTER_COMPACTION_COMMIT}@2",
+            )
+        ),
     ],
 )
 def test_a_crash_at_a_named_point_leaves_the_same_output_after_restart(
@@ -110,28 +124,10 @@ def test_a_crash_at_a_named_point_leaves_the_same_output_after_restart(
     clean_tables: dict[str, pd.DataFrame],
     tmp_path: Path,
     crash_at: str,
+    environ: dict[str, str],
 ) -> None:
-    recovered = _crash_and_recover(kafka, spark, conf_dir, dataset, tmp_path, crash_at)
-    assert_same_tables(recovered, clean_tables)
-
-
-@pytest.mark.parametrize(
-    "crash_at",
-    [f"{FaultPoint.BEFORE_COMPACTION_COMMIT}@1", f"{FaultPoint.AFTER_COMPACTION_COMMIT}@2"],
-)
-def test_a_crash_while_compaction_merges_leaves_the_same_output_after_restart(
-    kafka: Any,
-    spark: Any,
-    conf_dir: Path,
-    dataset: str,
-    clean_tables: dict[str, pd.DataFrame],
-    tmp_path: Path,
-    crash_at: str,
-) -> None:
-    # Where a row ends is its key's partition however it got there (settled by size, or from
-    # a run at the end), so the clean run that settles after every batch is the reference.
     recovered = _crash_and_recover(
-        kafka, spark, conf_dir, dataset, tmp_path, crash_at, environ=MERGE_EVERY_BATCH
+        kafka, spark, conf_dir, dataset, tmp_path, crash_at, environ=environ
     )
     assert_same_tables(recovered, clean_tables)
 

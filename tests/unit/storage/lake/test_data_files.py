@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from storage.lake.data_files import (
     RUN_ROW_GROUP_ROWS,
     BatchFiles,
-    RunFiles,
+    MergeFiles,
     SettledFiles,
     WrittenFile,
     run_oldest_ms,
@@ -119,9 +119,8 @@ def test_settled_files_are_a_function_of_their_rows_not_of_their_order(tmp_path:
 
 
 def _merge(root: Path, rows: pa.Table, settle_rows: int) -> list[WrittenFile]:
-    settled = SettledFiles(str(root), None, "web-1", 2, "0123456789abcdef", WINDOWS.name)
-    run = RunFiles(str(root), None, "web-1", 2, "0123456789abcdef", WINDOWS.name, T0_MS)
-    merge = write_merged_files(settled, run, settle_rows, task_partition=lambda: 5)
+    target = MergeFiles(str(root), None, "web-1", 2, "0123456789abcdef", WINDOWS.name, T0_MS)
+    merge = write_merged_files(target, settle_rows, task_partition=lambda: 5)
     batches = list(merge(iter(rows.to_batches(max_chunksize=100))))
     return [WrittenFile.from_row(row) for batch in batches for row in batch.to_pylist()]
 
@@ -179,9 +178,9 @@ def test_a_merge_is_a_function_of_its_rows_not_of_their_order(tmp_path: Path) ->
 
 def test_staged_file_names_say_which_stream_wrote_them_and_only_runs_carry_an_age() -> None:
     batch = BatchFiles("/lake", None, "orders-eu", 3, 12, ("events",)).file_name(1, "events", "x")
-    run = RunFiles("/lake", None, "orders-eu", 3, "f" * 16, "events", 1_795_000_000_000)
+    run = MergeFiles("/lake", None, "orders-eu", 3, "f" * 16, "events", 1_795_000_000_000)
     assert stream_of_staged_file(f"layout_tenant=_staged/{batch}") == "orders-eu"
-    assert stream_of_staged_file(f"layout_tenant=_staged/{run.file_name(2)}") == "orders-eu"
-    assert run_oldest_ms(run.file_name(2)) == 1_795_000_000_000
+    assert stream_of_staged_file(f"layout_tenant=_staged/{run.run_name(2)}") == "orders-eu"
+    assert run_oldest_ms(run.run_name(2)) == 1_795_000_000_000
     assert run_oldest_ms(batch) is None
     assert stream_of_staged_file("part-00000-optimized-by-someone.parquet") is None
