@@ -19,10 +19,11 @@ whichever stream compacts next.
 
 Settling follows the data, not the tenant count (`SettlePolicy`). A settled file per tenant and
 interval would cost a PUT per tenant per interval, most of them for a handful of rows at many
-tenants. So a compaction either
-- merges: it reads the batches' staged files only, settles the keys with `settle_rows` rows or
-  more among them, and writes every other row to one *run* per write task: a staged file sorted
-  by key, whose name says when its oldest row was staged. Runs are not read again until
+tenants. So a compaction does one of two things per table:
+- it merges: it reads the batches' staged files only, settles the keys with `settle_rows` rows
+  or more among them, and writes every other row to one *run* per write task, a staged file
+  sorted by key whose name says when its oldest row was staged. Runs are not read again until
+  everything settles;
 - it settles everything: when the oldest staged row would pass the age limit before the next
   compaction, every staged file (runs included) is read and each key gets one settled file per
   partition, whatever the number of runs it waited in.
