@@ -191,6 +191,8 @@ TENANT_STATUS = TableSpec(
     (),
 )
 ALL_TABLES = (EVENTS, WINDOWS, LATE_EVENTS, QUARANTINE, TENANT_STATUS)
+STAGED_TABLES = tuple(spec for spec in ALL_TABLES if spec.staged)
+"""The tables whose rows are staged, then settled by compaction."""
 """The stream's output: every micro-batch commits to each of these (`pipeline.batch_sink`)."""
 
 # Notification deliveries (`delivery_outbox`): one row per attempt to tell an endpoint about

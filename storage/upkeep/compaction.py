@@ -59,11 +59,10 @@ from storage.lake.data_files import (
     write_settled_files,
 )
 from storage.lake.delta_lake import DeltaLake, LakeFile
-from storage.lake.tables import ALL_TABLES, TableSpec
+from storage.lake.tables import STAGED_TABLES, TableSpec
 
 log = logging.getLogger(__name__)
 
-STAGED_TABLES = tuple(spec for spec in ALL_TABLES if spec.staged)
 # The staged files a compaction read were taken by another commit in between (an `optimize`,
 # or a stream compacting foreign files): it lists them again this many times.
 SETTLE_ATTEMPTS = 5

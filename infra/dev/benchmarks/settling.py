@@ -41,8 +41,7 @@ from infra.dev.benchmarks.scale import PROJECT_CONF
 from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_stack import LocalKafka
 from storage.lake.delta_lake import DeltaLake, compaction_app_id
-from storage.lake.tables import ALL_TABLES
-from storage.upkeep.compaction import STAGED_TABLES
+from storage.lake.tables import ALL_TABLES, STAGED_TABLES
 from streaming.app import StreamApp
 from streaming.pipeline.spark_session import build_spark
 from tenants.registry import load_registry

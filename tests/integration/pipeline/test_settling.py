@@ -20,9 +20,8 @@ import pytest
 
 from storage.lake.data_files import run_oldest_ms
 from storage.lake.snapshot_reader import read_snapshot
-from storage.lake.tables import EVENTS, LAYOUT_PREFIX, STAGED
+from storage.lake.tables import EVENTS, LAYOUT_PREFIX, STAGED, STAGED_TABLES
 from storage.query.scoped_sql import TenantSql
-from storage.upkeep.compaction import STAGED_TABLES
 from tests.support.pipeline_harness import Pipeline, record
 from tests.support.table_snapshots import snapshot
 from tests.support.timestamps import T0_MS

@@ -23,9 +23,8 @@ from deltalake import DeltaTable, write_deltalake
 from infra.cli.main import main
 from storage.lake.delta_lake import DeltaLake, LakeLayoutError
 from storage.lake.snapshot_reader import read_snapshot
-from storage.lake.tables import EVENTS, LAKE_TABLES, STAGED, TableSpec
+from storage.lake.tables import EVENTS, LAKE_TABLES, STAGED, STAGED_TABLES, TableSpec
 from storage.query.scoped_sql import TenantSql
-from storage.upkeep.compaction import STAGED_TABLES
 from tests.support.pipeline_harness import Pipeline, record
 from tests.support.timestamps import T0_MS
 
