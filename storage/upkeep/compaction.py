@@ -174,15 +174,14 @@ class Compaction:
                 before_commit,
                 self.log_checkpoint_files,
             ):
-                runs = [file for file in written if run_oldest_ms(file.path) is not None]
+                settled = [file for file in written if run_oldest_ms(file.path) is None]
                 result = TableCompaction(
                     table=spec.name,
                     settled_all=settles_all,
                     staged_files=len(staged),
-                    settled_files=len(written) - len(runs),
-                    run_files=len(runs),
-                    records=sum(file.num_records for file in written)
-                    - sum(file.num_records for file in runs),
+                    settled_files=len(settled),
+                    run_files=len(written) - len(settled),
+                    records=sum(file.num_records for file in settled),
                     seconds=time.monotonic() - started,
                 )
                 log.info(

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from infra.dev.benchmarks.scale import PROJECT_CONF
+from infra.dev.benchmarks.sample_lake import PROJECT_CONF
 from infra.dev.load_generator import LoadSpec, generate
 from streaming.records.routing import route_frame
 from streaming.state.bucket_processor import run_bucket, sorted_batch

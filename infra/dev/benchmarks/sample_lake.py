@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -15,6 +18,57 @@ from tenants.registry import load_registry
 from tenants.settings import AppSettings, load_settings
 
 PROJECT_CONF = Path(__file__).resolve().parents[3] / "conf"
+
+
+def write_tenants_conf(
+    conf: Path,
+    tenant_ids: Iterable[str],
+    sources: tuple[str, ...],
+    sources_from: Path = PROJECT_CONF,
+) -> Path:
+    """A config folder at `conf`: the sources of the config at `sources_from`, and a file per
+    tenant that has `sources` with their default rules."""
+    (conf / "tenants").mkdir(parents=True)
+    shutil.copy(sources_from / "sources.yaml", conf / "sources.yaml")
+    body = f"sources: [{', '.join(sources)}]\n"
+    for tenant in tenant_ids:
+        (conf / "tenants" / f"{tenant}.yaml").write_text(f"id: {tenant}\n{body}")
+    return conf
+
+
+def bench_settings(
+    conf: Path,
+    bootstrap_servers: str,
+    topic: str,
+    workdir: Path,
+    name: str,
+    overrides: Mapping[str, Any] | None = None,
+) -> AppSettings:
+    """The project's `app.yaml` for a benchmark's stream `name`: config `conf`, the topic, and
+    its lake and checkpoint in `workdir`; `overrides` by dotted name on top."""
+    return load_settings(
+        PROJECT_CONF / "app.yaml",
+        environ={},
+        overrides={
+            "conf_dir": str(conf),
+            "kafka.bootstrap_servers": bootstrap_servers,
+            "kafka.topic": topic,
+            "lake.root": str(workdir / "lake"),
+            "stream.checkpoint_dir": str(workdir / "checkpoint"),
+            "stream.name": name,
+            **(overrides or {}),
+        },
+    )
+
+
+def without_limits(settings: AppSettings, **stream: Any) -> AppSettings:
+    """Capacity, not policy: the tenants of a benchmark run as fast as the stream can, so the
+    project's default quota and window budget are lifted; `stream` changes more of its
+    settings (by field name)."""
+    lifted = settings.stream.model_copy(
+        update={"default_quota": None, "window_budget": None, **stream}
+    )
+    return settings.model_copy(update={"stream": lifted})
 
 
 def event_times(conf: Path) -> dict[str, EventTimeSpec]:
@@ -35,18 +89,8 @@ def stream_sample_lake(
     `workdir/lake` with `run --available-now`'s path, compacted; the settings and the lake."""
     kafka.create_topic(name, 2)
     send(generate(spec, event_times(conf)), kafka.bootstrap_servers, name, timeout_s=timeout_s)
-    settings = load_settings(
-        PROJECT_CONF / "app.yaml",
-        environ={},
-        overrides={
-            "conf_dir": str(conf),
-            "kafka.bootstrap_servers": kafka.bootstrap_servers,
-            "kafka.topic": name,
-            "lake.root": str(workdir / "lake"),
-            "stream.checkpoint_dir": str(workdir / "checkpoint"),
-            "stream.name": name,
-            "stream.trigger_interval": "2s",
-        },
+    settings = bench_settings(
+        conf, kafka.bootstrap_servers, name, workdir, name, {"stream.trigger_interval": "2s"}
     )
     lake = DeltaLake.from_settings(settings.lake)
     stream = StreamApp(settings, lake).start(spark, True)

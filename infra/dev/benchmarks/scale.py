@@ -62,6 +62,12 @@ from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from infra.dev.benchmarks import quix_peer
+from infra.dev.benchmarks.sample_lake import (
+    PROJECT_CONF,
+    bench_settings,
+    without_limits,
+    write_tenants_conf,
+)
 from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_process import descendants, rss_mib
 from infra.dev.local_stack import LocalKafka
@@ -76,9 +82,8 @@ from streaming.state.bucket_processor import BUCKET_COLUMN, STATE_SCHEMA, bucket
 from streaming.state.union_rows import OUTPUT_SCHEMA
 from tenants.models import SourceConfig
 from tenants.registry import load_registry
-from tenants.settings import AppSettings, load_settings
+from tenants.settings import AppSettings
 
-PROJECT_CONF = Path(__file__).resolve().parents[3] / "conf"
 QUERY_TIMEOUT_S = 3_600
 
 
@@ -175,7 +180,7 @@ class _Dataset:
         conf = workdir / "conf"
         tenant_ids = tuple(f"t{n:06d}" for n in range(tenants))
         sources = ("web", "billing")[: args.sources]
-        _write_conf(conf, tenant_ids, sources)
+        write_tenants_conf(conf, tenant_ids, sources)
         registry = load_registry(conf)
         spec = LoadSpec(
             tenants=tenant_ids,
@@ -198,34 +203,16 @@ class _Dataset:
             timeout_s=1_800,
         )
         print(f"{tenants} tenants: produced {sent} records in {time.monotonic() - started:.0f}s")
-        settings = load_settings(
-            PROJECT_CONF / "app.yaml",
-            environ={},
-            overrides={
-                "conf_dir": str(conf),
-                "kafka.bootstrap_servers": kafka.bootstrap_servers,
-                "kafka.topic": topic,
-                "kafka.max_offsets_per_trigger": args.max_offsets,
-                "lake.root": str(workdir / "lake"),
-                "stream.checkpoint_dir": str(workdir / "checkpoint"),
-                "stream.name": f"scale-{tenants}",
-            },
+        settings = bench_settings(
+            conf,
+            kafka.bootstrap_servers,
+            topic,
+            workdir,
+            f"scale-{tenants}",
+            {"kafka.max_offsets_per_trigger": args.max_offsets},
         )
-        # Capacity, not policy: the tenants here are meant to run as fast as the stream can,
-        # so the project's default quota and window budget are lifted.
-        unlimited = settings.stream.model_copy(
-            update={"default_quota": None, "window_budget": None}
-        )
-        settings = settings.model_copy(update={"stream": unlimited})
+        settings = without_limits(settings)
         return cls(tenants, sent, settings, workdir, registry.sources)
-
-
-def _write_conf(conf: Path, tenant_ids: tuple[str, ...], sources: tuple[str, ...]) -> None:
-    (conf / "tenants").mkdir(parents=True)
-    shutil.copy(PROJECT_CONF / "sources.yaml", conf / "sources.yaml")
-    body = f"sources: [{', '.join(sources)}]\n"
-    for tenant in tenant_ids:
-        (conf / "tenants" / f"{tenant}.yaml").write_text(f"id: {tenant}\n{body}")
 
 
 # --- the three stages --------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from infra.dev.benchmarks.scale import PROJECT_CONF
+from infra.dev.benchmarks.sample_lake import bench_settings, without_limits, write_tenants_conf
 from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_stack import LocalKafka
 from storage.lake.delta_lake import DeltaLake, compaction_app_id
@@ -45,7 +45,7 @@ from storage.lake.tables import ALL_TABLES, STAGED_TABLES
 from streaming.app import StreamApp
 from streaming.pipeline.spark_session import build_spark
 from tenants.registry import load_registry
-from tenants.settings import AppSettings, StreamSettings, load_settings
+from tenants.settings import AppSettings, StreamSettings
 
 DEFAULTS = StreamSettings()
 POLL_S = 1.0
@@ -140,10 +140,7 @@ def _preload(kafka: LocalKafka, workdir: Path, args: argparse.Namespace) -> AppS
     topic = "settling"
     kafka.create_topic(topic, args.partitions)
     conf = workdir / "conf"
-    (conf / "tenants").mkdir(parents=True)
-    shutil.copy(PROJECT_CONF / "sources.yaml", conf / "sources.yaml")
-    for n in range(args.tenants):
-        (conf / "tenants" / f"t{n:06d}.yaml").write_text(f"id: t{n:06d}\nsources: [web]\n")
+    write_tenants_conf(conf, (f"t{n:06d}" for n in range(args.tenants)), ("web",))
     registry = load_registry(conf)
     spec = LoadSpec(
         tenants=_weighted_tenants(args),
@@ -162,30 +159,20 @@ def _preload(kafka: LocalKafka, workdir: Path, args: argparse.Namespace) -> AppS
     )
     print(f"produced {sent} records in {time.monotonic() - started:.0f}s", flush=True)
     trigger_s = DEFAULTS.trigger_interval_ms / 1000
-    settings = load_settings(
-        PROJECT_CONF / "app.yaml",
-        environ={},
-        overrides={
-            "conf_dir": str(conf),
-            "kafka.bootstrap_servers": kafka.bootstrap_servers,
-            "kafka.topic": topic,
-            "kafka.max_offsets_per_trigger": int(args.rate * trigger_s),
-            "lake.root": str(workdir / "lake"),
-            "stream.checkpoint_dir": str(workdir / "checkpoint"),
-            "stream.name": "settling",
-        },
+    settings = bench_settings(
+        conf,
+        kafka.bootstrap_servers,
+        topic,
+        workdir,
+        "settling",
+        {"kafka.max_offsets_per_trigger": int(args.rate * trigger_s)},
     )
-    stream = settings.stream.model_copy(
-        update={
-            # Capacity, not policy: no quota or window budget slows the tenants down.
-            "default_quota": None,
-            "window_budget": None,
-            "compact_interval_ms": round(DEFAULTS.compact_interval_ms / args.age_speedup),
-            "merge_interval_ms": round(DEFAULTS.merge_interval_ms / args.merge_speedup),
-            "settle_rows": max(1, round(DEFAULTS.settle_rows / args.merge_speedup)),
-        }
+    return without_limits(
+        settings,
+        compact_interval_ms=round(DEFAULTS.compact_interval_ms / args.age_speedup),
+        merge_interval_ms=round(DEFAULTS.merge_interval_ms / args.merge_speedup),
+        settle_rows=max(1, round(DEFAULTS.settle_rows / args.merge_speedup)),
     )
-    return settings.model_copy(update={"stream": stream})
 
 
 def _run(spark: SparkSession, settings: AppSettings, args: argparse.Namespace) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
+from infra.dev.benchmarks.sample_lake import write_tenants_conf
 from storage.lake.data_files import run_oldest_ms
 from storage.lake.snapshot_reader import read_snapshot
 from storage.lake.tables import EVENTS, LAYOUT_PREFIX, STAGED, STAGED_TABLES
@@ -41,11 +42,9 @@ EVENT_KEY = ["topic", "partition", "offset", "window_id"]
 def merged(
     kafka: Any, spark: Any, conf_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Pipeline:
-    conf = tmp_path_factory.mktemp("conf")
-    (conf / "tenants").mkdir()
-    (conf / "sources.yaml").write_text((conf_dir / "sources.yaml").read_text())
-    for tenant in [BIG, *SMALL]:
-        (conf / "tenants" / f"{tenant}.yaml").write_text(f"id: {tenant}\nsources: [web]\n")
+    conf = write_tenants_conf(
+        tmp_path_factory.mktemp("conf"), [BIG, *SMALL], ("web",), sources_from=conf_dir
+    )
     pipeline = Pipeline.create(
         kafka,
         tmp_path_factory.mktemp("merged"),

@@ -21,6 +21,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from infra.cli.main import main
+from infra.dev.benchmarks.sample_lake import write_tenants_conf
 from storage.lake.delta_lake import DeltaLake, LakeLayoutError
 from storage.lake.snapshot_reader import read_snapshot
 from storage.lake.tables import EVENTS, LAKE_TABLES, STAGED, STAGED_TABLES, TableSpec
@@ -39,12 +40,9 @@ EVENT_KEY = ["topic", "partition", "offset", "window_id"]
 
 @pytest.fixture(scope="module")
 def many_tenants_conf(conf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    conf = tmp_path_factory.mktemp("conf")
-    (conf / "tenants").mkdir()
-    (conf / "sources.yaml").write_text((conf_dir / "sources.yaml").read_text())
-    for tenant in TENANTS:
-        (conf / "tenants" / f"{tenant}.yaml").write_text(f"id: {tenant}\nsources: [web]\n")
-    return conf
+    return write_tenants_conf(
+        tmp_path_factory.mktemp("conf"), TENANTS, ("web",), sources_from=conf_dir
+    )
 
 
 @pytest.fixture(scope="module")
