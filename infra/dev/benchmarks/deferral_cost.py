@@ -39,6 +39,11 @@ from pyspark.sql.streaming.listener import (
 )
 
 from infra.dev.benchmarks.read_ceiling import tree_cpu_seconds
+from infra.dev.benchmarks.sample_lake import (
+    PROJECT_CONF,
+    bench_settings,
+    without_limits,
+)
 from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_stack import LocalKafka
 from storage.lake.delta_lake import DeltaLake
@@ -51,9 +56,8 @@ from streaming.pipeline.spark_session import build_spark
 from tenants.config_store import ConfigSnapshots
 from tenants.models import Quota
 from tenants.registry import load_registry
-from tenants.settings import AppSettings, load_settings
+from tenants.settings import AppSettings
 
-PROJECT_CONF = Path(__file__).resolve().parents[3] / "conf"
 TOPIC = "deferral-cost"
 PARTITIONS = 4
 NOTHING = Quota(records_per_second=1e-9, burst=1)
@@ -88,19 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _settings(bootstrap_servers: str, workdir: Path) -> AppSettings:
-    settings = load_settings(
-        PROJECT_CONF / "app.yaml",
-        environ={},
-        overrides={
-            "conf_dir": str(PROJECT_CONF),
-            "kafka.bootstrap_servers": bootstrap_servers,
-            "kafka.topic": TOPIC,
-            "lake.root": str(workdir / "lake"),
-            "stream.checkpoint_dir": str(workdir / "checkpoint"),
-        },
-    )
-    unlimited = settings.stream.model_copy(update={"default_quota": None, "window_budget": None})
-    return settings.model_copy(update={"stream": unlimited})
+    return without_limits(bench_settings(PROJECT_CONF, bootstrap_servers, TOPIC, workdir))
 
 
 def _reader_costs(settings: AppSettings, workdir: Path) -> dict[str, float]:

@@ -41,6 +41,10 @@ from deltalake import DeltaTable
 from kafka import KafkaProducer
 from pyspark.sql import SparkSession
 
+from infra.dev.benchmarks.sample_lake import (
+    bench_settings,
+    write_tenants_conf,
+)
 from infra.dev.load_generator import set_event_time
 from infra.dev.local_stack import LocalKafka
 from storage.lake.delta_lake import DeltaLake
@@ -50,9 +54,8 @@ from streaming.kafka.client import KafkaSecurity, kafka_python_producer
 from streaming.pipeline.spark_session import build_spark
 from tenants.models import EventTimeSpec
 from tenants.registry import load_registry
-from tenants.settings import AppSettings, load_settings
+from tenants.settings import AppSettings
 
-PROJECT_CONF = Path(__file__).resolve().parents[3] / "conf"
 TOPIC = "noisy-neighbour"
 ELSEWHERE = "noisy-neighbour-elsewhere"
 """With `--burst-elsewhere`, the burst goes here: a topic the stream does not read, so the run
@@ -163,22 +166,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def probe_settings(bootstrap_servers: str, workdir: Path) -> AppSettings:
     """The project's settings, with a 1 s trigger, on this run's broker, lake and tenants."""
-    conf = workdir / "conf"
-    (conf / "tenants").mkdir(parents=True)
-    shutil.copy(PROJECT_CONF / "sources.yaml", conf / "sources.yaml")
-    for tenant in (*QUIET, NOISY):
-        (conf / "tenants" / f"{tenant}.yaml").write_text(f"id: {tenant}\nsources: [{SOURCE}]\n")
-    return load_settings(
-        PROJECT_CONF / "app.yaml",
-        environ={},
-        overrides={
-            "conf_dir": str(conf),
-            "kafka.bootstrap_servers": bootstrap_servers,
-            "kafka.topic": TOPIC,
-            "lake.root": str(workdir / "lake"),
-            "stream.checkpoint_dir": str(workdir / "checkpoint"),
-            "stream.trigger_interval": "1s",
-        },
+    conf = write_tenants_conf(workdir / "conf", (*QUIET, NOISY), (SOURCE,))
+    return bench_settings(
+        conf, bootstrap_servers, TOPIC, workdir, overrides={"stream.trigger_interval": "1s"}
     )
 
 

@@ -41,11 +41,13 @@ def bench_settings(
     bootstrap_servers: str,
     topic: str,
     workdir: Path,
-    name: str,
+    name: str | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> AppSettings:
-    """The project's `app.yaml` for a benchmark's stream `name`: config `conf`, the topic, and
-    its lake and checkpoint in `workdir`; `overrides` by dotted name on top."""
+    """The project's `app.yaml` for a benchmark's stream `name` (None: `app.yaml`'s): config
+    `conf`, the topic, and its lake and checkpoint in `workdir`; `overrides` by dotted name on
+    top."""
+    named = {} if name is None else {"stream.name": name}
     return load_settings(
         PROJECT_CONF / "app.yaml",
         environ={},
@@ -55,7 +57,7 @@ def bench_settings(
             "kafka.topic": topic,
             "lake.root": str(workdir / "lake"),
             "stream.checkpoint_dir": str(workdir / "checkpoint"),
-            "stream.name": name,
+            **named,
             **(overrides or {}),
         },
     )
