@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs
 
+from storage.lake.packed_rows import unpacked
 from storage.lake.tables import ALL_TABLES, TableSpec, rows_for_table, with_layout
 
 WRITTEN_FILE_FIELDS = [
@@ -224,16 +225,17 @@ def spark_task_partition() -> int:
 def write_task_files(
     target: BatchFiles, task_partition: Callable[[], int] = spark_task_partition
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The `mapInArrow` function: union rows in, one row per written file out.
+    """The `mapInArrow` function: union rows in, packed (`packed_rows`), one row per written
+    file out.
 
-    It needs only this module, `storage.lake.tables` and pyarrow: executors import no more.
+    It needs only this module, `storage.lake.tables`, `storage.lake.packed_rows` and pyarrow:
+    executors import no more.
     """
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        received = [batch for batch in batches if batch.num_rows > 0]
-        if not received:
+        union = unpacked(batches)
+        if union is None or union.num_rows == 0:
             return
-        union = pa.Table.from_batches(received)
         filesystem, base = filesystem_of(target.root, target.storage_options)
         partition = task_partition()
         written = []

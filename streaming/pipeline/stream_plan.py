@@ -23,7 +23,7 @@ from streaming.state.bucket_processor import (
     bucket_expression,
     make_bucket_processor,
 )
-from streaming.state.union_rows import OUTPUT_SCHEMA
+from streaming.state.union_rows import PACKED_OUTPUT_SCHEMA
 from tenants.config_store import ConfigSnapshots
 from tenants.settings import AppSettings
 
@@ -62,7 +62,8 @@ def windowed_rows(
     fault_hook: FaultHook = NO_FAULTS,
     key_summaries: KeySummaries | None = None,
 ) -> DataFrame:
-    """The union rows of every output table, for one micro-batch of Kafka records; each bucket
+    """The union rows of every output table, packed (`storage.lake.packed_rows`), for one
+    micro-batch of Kafka records; each bucket
     reports its keys to `key_summaries`, if given (the metrics)."""
     routed = kafka_records.selectExpr(*KAFKA_COLUMNS_SQL).mapInPandas(
         make_router(snapshots, settings.stream.max_record_bytes), ROUTED_SCHEMA
@@ -72,7 +73,7 @@ def windowed_rows(
         make_bucket_processor(
             snapshots, settings.stream.config_recheck_interval_ms, fault_hook, key_summaries
         ),
-        outputStructType=OUTPUT_SCHEMA,
+        outputStructType=PACKED_OUTPUT_SCHEMA,
         stateStructType=STATE_SCHEMA,
         outputMode="append",
         # A bucket is called back when its first idle key's `idle_timeout` passes, or to look

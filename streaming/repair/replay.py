@@ -30,7 +30,6 @@ import pyarrow.compute as pc
 from storage.lake.tables import EVENTS, LATE_EVENTS, QUARANTINE, WINDOWS, rows_for_table
 from streaming.records.routing import route_frame
 from streaming.state.bucket_processor import run_bucket, sorted_batch
-from streaming.state.union_rows import OUTPUT_ARROW_SCHEMA
 from tenants.registry import TenantRegistry
 
 RECORD_SCHEMA = pa.schema(
@@ -151,9 +150,8 @@ def replay_key(
         routed = route_frame(batch.reset_index(drop=True), rules, max_record_bytes)
         run = run_bucket(blob, sorted_batch([routed]), rules, processing_time_ms)
         blob = run.blob
-        union = pa.Table.from_pandas(run.rows, schema=OUTPUT_ARROW_SCHEMA, preserve_index=False)
         for spec in REPLAYED_TABLES:
-            rows = rows_for_table(union, spec, batch_id)
+            rows = rows_for_table(run.rows, spec, batch_id)
             if rows.num_rows:
                 out[spec.name].append(rows)
     return {

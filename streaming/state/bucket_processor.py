@@ -13,7 +13,8 @@ keys of its bucket at once:
    with fixed windows, by rule set, all at once as columns (`columnar_windows`); sessions and
    keys whose open windows were opened with older rules record by record (`key_windows.advance`);
 5. emit one union row per output row, tagged with the table it belongs to (`kind`), built
-   column-wise once per bucket (`union_rows`). The sink splits them by `kind`.
+   column-wise once per bucket (`union_rows`) and handed to Spark packed as a few Arrow IPC
+   values (`storage.lake.packed_rows`). The sink's writer splits them by `kind`.
 
 The per-key watermark is untouched by bucketing: each key keeps its own watermark and windows in
 the bucket's state (`bucket_state`), whichever way it is advanced.
@@ -45,6 +46,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from storage.lake.packed_rows import PACKED_COLUMN, packed
 from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
 from streaming.records.parsing import QuarantineReason
 from streaming.state.bucket_state import STATE_LAYOUT, BucketState, Key, StoredKey
@@ -138,15 +140,15 @@ def make_bucket_processor(
         _save(state, result, processing_time_ms, config_recheck_interval_ms)
         if key_summaries is not None:
             key_summaries.report(int(bucket[0]), result.keys, processing_time_ms)
-        yield result.rows
+        yield pd.DataFrame({PACKED_COLUMN: packed(result.rows)}, dtype=object)
 
     return process
 
 
 @dataclass(frozen=True)
 class BucketRun:
-    rows: pd.DataFrame
-    """The union rows of the bucket's batch."""
+    rows: pa.Table
+    """The union rows of the bucket's batch (`union_rows.OUTPUT_ARROW_SCHEMA`)."""
     blob: bytes | None
     """The bucket's new state; None: no key left."""
     next_idle_deadline_ms: int | None
@@ -172,7 +174,7 @@ def _run_bucket(
     _process_bucket(batch, keys, registry, processing_time_ms, out)
     rows = keys.rows()
     return BucketRun(
-        out.frame(),
+        out.table(),
         keys.to_bytes(rows) if rows.num_rows else None,
         keys.next_idle_deadline_ms(),
         rows,

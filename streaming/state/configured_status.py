@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from storage.lake.data_files import BatchFiles, WrittenFile, filesystem_of, write_task_files
+from storage.lake.packed_rows import packed_table
 from storage.lake.tables import TENANT_STATUS
 from streaming.checkpoint.checkpoint_log import CheckpointLog
 from streaming.state.bucket_state import Key
@@ -91,7 +92,7 @@ class ConfiguredKeyRows:
         rows = status_rows(keys, processing_time_ms)
         return [
             WrittenFile.from_row(row)
-            for batch in write(iter(rows.to_batches()))
+            for batch in write(iter(packed_table(rows).to_batches()))
             for row in batch.to_pylist()
         ]
 

@@ -1,9 +1,10 @@
 """The stateful stage's output: one union row per output row, tagged with its table (`kind`).
 
-A bucket call emits rows for five tables through one pandas frame, so they share one schema,
-`OUTPUT_SCHEMA`: every table's columns, null where a table has none. `UnionRows` gathers a
+A bucket call emits rows for five tables as one Arrow table, so they share one schema,
+`OUTPUT_ARROW_SCHEMA`: every table's columns, null where a table has none. `UnionRows` gathers a
 bucket call's rows, from keys advanced as columns and keys advanced record by record, and builds
-the frame once; the sink splits it by `kind` (`storage.lake.tables.rows_for_table`).
+the table once. It crosses Spark packed (`storage.lake.packed_rows`, `PACKED_OUTPUT_SCHEMA`), and
+the sink's writer splits it by `kind` (`storage.lake.tables.rows_for_table`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from storage.lake.packed_rows import PACKED_COLUMN
 from storage.lake.tables import EVENTS, LATE_EVENTS, QUARANTINE, TENANT_STATUS, WINDOWS
 from streaming.state.bucket_state import Key, StoredKey
 from streaming.windowing.columnar_windows import BucketAdvance, optional_times, window_ids
@@ -72,11 +74,8 @@ _OUTPUT_FIELDS: list[tuple[str, DataType]] = [
 ]
 OUTPUT_SCHEMA = StructType([StructField(name, data_type) for name, data_type in _OUTPUT_FIELDS])
 OUTPUT_ARROW_SCHEMA = to_arrow_schema(OUTPUT_SCHEMA)
-_NULLABLE_PANDAS_TYPES = {
-    pa.int64(): pd.Int64Dtype(),
-    pa.int32(): pd.Int32Dtype(),
-    pa.bool_(): pd.BooleanDtype(),
-}
+PACKED_OUTPUT_SCHEMA = StructType([StructField(PACKED_COLUMN, BinaryType())])
+"""What the stateful stage hands Spark: its union rows packed (`storage.lake.packed_rows`)."""
 _RECORD_COLUMNS = ["topic", "partition", "offset", "kafka_timestamp_ms", "key", "value"]
 
 
@@ -92,12 +91,12 @@ class Lifecycle(StrEnum):
 
 @dataclass
 class UnionRows:
-    """The union rows of one bucket call, gathered per table and built into one frame.
+    """The union rows of one bucket call, gathered per table and built into one table.
 
     Keys advanced as columns give their rows as Arrow tables at once. Keys that went record by
     record give windowing objects, turned into columns once per bucket, one list comprehension
     per column. The union is assembled in Arrow, where a column another table does not have
-    costs one null array, and converted to pandas once.
+    costs one null array.
     """
 
     batch: pd.DataFrame
@@ -215,7 +214,7 @@ class UnionRows:
         self.batch["error"] = errors
         self.quarantine_mask = self.batch["reason"].notna().to_numpy()
 
-    def frame(self) -> pd.DataFrame:
+    def table(self) -> pa.Table:
         parts = [
             part
             for part in (
@@ -228,8 +227,7 @@ class UnionRows:
             )
             if part is not None
         ]
-        table = pa.concat_tables(parts) if parts else OUTPUT_ARROW_SCHEMA.empty_table()
-        return table.to_pandas(types_mapper=_NULLABLE_PANDAS_TYPES.get)
+        return pa.concat_tables(parts) if parts else OUTPUT_ARROW_SCHEMA.empty_table()
 
     def _event_rows(self) -> pa.Table | None:
         if not self.assignments:

@@ -79,7 +79,7 @@ from streaming.pipeline.spark_session import build_spark
 from streaming.pipeline.stream_plan import read_kafka, windowed_rows
 from streaming.records.routing import KAFKA_COLUMNS_SQL, ROUTED_SCHEMA, make_router
 from streaming.state.bucket_processor import BUCKET_COLUMN, STATE_SCHEMA, bucket_expression
-from streaming.state.union_rows import OUTPUT_SCHEMA
+from streaming.state.union_rows import PACKED_OUTPUT_SCHEMA
 from tenants.models import SourceConfig
 from tenants.registry import load_registry
 from tenants.settings import AppSettings
@@ -353,7 +353,11 @@ def _plan_stage(stage: str) -> Callable[[SparkSession, _Dataset], StageFigures]:
                 frame.selectExpr("*", bucket_expression(settings.stream.state_buckets))
                 .groupBy(BUCKET_COLUMN)
                 .applyInPandasWithState(
-                    _nothing, OUTPUT_SCHEMA, STATE_SCHEMA, "append", GroupStateTimeout.NoTimeout
+                    _nothing,
+                    PACKED_OUTPUT_SCHEMA,
+                    STATE_SCHEMA,
+                    "append",
+                    GroupStateTimeout.NoTimeout,
                 )
             )
         return _measure(
@@ -373,7 +377,7 @@ def _plan_stage(stage: str) -> Callable[[SparkSession, _Dataset], StageFigures]:
 def _nothing(_bucket: Any, frames: Iterator[pd.DataFrame], _state: Any) -> Iterator[pd.DataFrame]:
     for _ in frames:
         pass
-    yield pd.DataFrame({name: [] for name in OUTPUT_SCHEMA.fieldNames()})
+    yield pd.DataFrame({name: [] for name in PACKED_OUTPUT_SCHEMA.fieldNames()})
 
 
 _STAGES: dict[str, Callable[[SparkSession, _Dataset], StageFigures]] = {

@@ -27,6 +27,7 @@ from storage.lake.data_files import (
     write_task_files,
 )
 from storage.lake.delta_lake import DeltaLake
+from storage.lake.packed_rows import packed_table
 from storage.lake.snapshot_reader import read_newest_first, tenant_file_sizes
 from storage.lake.tables import EVENTS, STAGED, TENANT_STATUS
 from storage.lake.writer_lease import WriterLease
@@ -64,7 +65,7 @@ def _commit_batch(
 ) -> bool:
     target = BatchFiles(lake.root, None, stream, epoch, batch_id, (EVENTS.name,))
     batches = write_task_files(target, lambda: task)(
-        iter(_event_rows(tenants, batch_id).to_batches())
+        iter(packed_table(_event_rows(tenants, batch_id)).to_batches())
     )
     files = [WrittenFile.from_row(row) for batch in batches for row in batch.to_pylist()]
     return lake.commit_files(EVENTS, files, stream, batch_id, epoch)
@@ -147,7 +148,9 @@ def test_a_retried_batch_writes_the_same_file_names(tmp_path: Path) -> None:
     target = BatchFiles(lake.root, None, "orders", 1, 7, (EVENTS.name,))
     names = []
     for _attempt in range(2):
-        written = write_task_files(target, lambda: 0)(iter(_event_rows(["acme"], 7).to_batches()))
+        written = write_task_files(target, lambda: 0)(
+            iter(packed_table(_event_rows(["acme"], 7)).to_batches())
+        )
         names.append([row["path"] for batch in written for row in batch.to_pylist()])
     assert names[0] == names[1]
 
@@ -297,7 +300,7 @@ def test_the_latest_row_per_key_is_read_from_the_newest_batches_only(tmp_path: P
         active = keys if batch_id <= 24 else keys[:1]
         target = BatchFiles(lake.root, None, "orders", epoch, batch_id, (TENANT_STATUS.name,))
         rows = status_rows(active, T0_MS + batch_id)
-        written = write_task_files(target, lambda: 0)(iter(rows.to_batches()))
+        written = write_task_files(target, lambda: 0)(iter(packed_table(rows).to_batches()))
         files = [WrittenFile.from_row(row) for batch in written for row in batch.to_pylist()]
         assert lake.commit_files(TENANT_STATUS, files, "orders", batch_id, epoch)
 

@@ -13,11 +13,12 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from infra.dev.load_generator import LoadSpec
 from storage.lake.delta_lake import DeltaLake
+from storage.lake.packed_rows import packed_table
 from storage.lake.tables import ALL_TABLES
 from storage.lake.writer_lease import WriterLease
 from streaming.kafka.source import register as register_kafka_source
 from streaming.pipeline.batch_sink import MicroBatchSink
-from streaming.state.union_rows import OUTPUT_SCHEMA, union_table
+from streaming.state.union_rows import PACKED_OUTPUT_SCHEMA, union_table
 from tenants.registry import load_registry
 from tenants.settings import StreamSettings
 from tests.support.datasets import sample_records
@@ -143,27 +144,29 @@ def test_the_sink_called_twice_for_one_batch_id_writes_once(spark: Any, tmp_path
     lake = DeltaLake(str(tmp_path / "lake"))
     lake.ensure_tables()
     rows = spark.createDataFrame(
-        union_table(
-            {
-                "kind": ["events", "windows", "quarantine"],
-                "tenant": ["acme", "acme", None],
-                "source": ["web", "web", None],
-                "window_start_ms": [T0_MS, T0_MS, None],
-                "window_end_ms": [T0_MS + 60_000, T0_MS + 60_000, None],
-                "pane_index": [0, 0, None],
-                "timing": ["ON_TIME", "ON_TIME", None],
-                "is_final": [None, True, None],
-                "count": [None, 1, None],
-                "event_time_ms": [T0_MS + 5, None, None],
-                "partition": [0, None, 0],
-                "offset": [0, None, 1],
-                "kafka_timestamp_ms": [T0_MS, None, T0_MS],
-                "value": [b'{"tenant":"acme"}', None, b"{"],
-                "reason": [None, None, "malformed_json"],
-            },
-            3,
-        ),
-        OUTPUT_SCHEMA,
+        packed_table(
+            union_table(
+                {
+                    "kind": ["events", "windows", "quarantine"],
+                    "tenant": ["acme", "acme", None],
+                    "source": ["web", "web", None],
+                    "window_start_ms": [T0_MS, T0_MS, None],
+                    "window_end_ms": [T0_MS + 60_000, T0_MS + 60_000, None],
+                    "pane_index": [0, 0, None],
+                    "timing": ["ON_TIME", "ON_TIME", None],
+                    "is_final": [None, True, None],
+                    "count": [None, 1, None],
+                    "event_time_ms": [T0_MS + 5, None, None],
+                    "partition": [0, None, 0],
+                    "offset": [0, None, 1],
+                    "kafka_timestamp_ms": [T0_MS, None, T0_MS],
+                    "value": [b'{"tenant":"acme"}', None, b"{"],
+                    "reason": [None, None, "malformed_json"],
+                },
+                3,
+            )
+        ).to_pandas(),
+        PACKED_OUTPUT_SCHEMA,
     )
     epoch = WriterLease.for_stream(lake, StreamSettings(name="replay-test")).acquire()
     sink = MicroBatchSink(lake, app_id="replay-test", writer_epoch=epoch)

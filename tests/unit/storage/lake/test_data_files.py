@@ -22,6 +22,7 @@ from storage.lake.data_files import (
     write_settled_files,
     write_task_files,
 )
+from storage.lake.packed_rows import packed_table
 from storage.lake.tables import STAGED, WINDOWS, rows_for_table
 from streaming.state.union_rows import union_table
 from tests.support.timestamps import T0_MS
@@ -70,7 +71,9 @@ def _assert_stats_describe_their_file(root: Path, files: list[WrittenFile]) -> N
 def test_a_task_writes_one_staged_file_per_table_whatever_the_tenant_count(tmp_path: Path) -> None:
     union = _pane_rows(2_000, seed=1)
     target = BatchFiles(str(tmp_path), None, "s", 1, 7, (WINDOWS.name,))
-    [written] = list(write_task_files(target, task_partition=lambda: 3)(iter(union.to_batches())))
+    [written] = list(
+        write_task_files(target, task_partition=lambda: 3)(iter(packed_table(union).to_batches()))
+    )
     files = [WrittenFile.from_row(row) for row in written.to_pylist()]
     assert len(files) == 1
     assert files[0].partition_values == {

@@ -17,6 +17,7 @@ from deltalake import DeltaTable
 from storage.lake.commits import FencedError, fence_app_id
 from storage.lake.data_files import BatchFiles, WrittenFile, write_task_files
 from storage.lake.delta_lake import DeltaLake
+from storage.lake.packed_rows import packed_table
 from storage.lake.tables import ALL_TABLES, QUARANTINE
 from storage.lake.writer_lease import LEASE_TABLE, StreamLeaseHeldError, WriterLease
 from streaming.state.union_rows import union_table
@@ -54,7 +55,7 @@ def _commit_one_row(lake: DeltaLake, batch_id: int, writer_epoch: int) -> bool:
         1,
     )
     target = BatchFiles(lake.root, None, STREAM, writer_epoch, batch_id, (QUARANTINE.name,))
-    written = write_task_files(target, lambda: 0)(iter(union_row.to_batches()))
+    written = write_task_files(target, lambda: 0)(iter(packed_table(union_row).to_batches()))
     files = [WrittenFile.from_row(row) for batch in written for row in batch.to_pylist()]
     return lake.commit_files(QUARANTINE, files, STREAM, batch_id, writer_epoch)
 

@@ -24,7 +24,6 @@ from streaming.repair.replay import (
     replay_key,
 )
 from streaming.state.bucket_processor import run_bucket, sorted_batch
-from streaming.state.union_rows import OUTPUT_ARROW_SCHEMA
 from tenants.registry import TenantRegistry
 from tests.support.bucket_inputs import registry_with
 from tests.support.timestamps import T0_MS
@@ -85,9 +84,8 @@ def _stream(
         processing_time_ms = T0_MS + 3_600_000 + batch_id * 40_000
         run = run_bucket(blob, sorted_batch([routed]), rules, processing_time_ms)
         blob = run.blob
-        union = pa.Table.from_pandas(run.rows, schema=OUTPUT_ARROW_SCHEMA, preserve_index=False)
         for spec in (*REPLAYED_TABLES, TENANT_STATUS):
-            out.setdefault(spec.name, []).append(rows_for_table(union, spec, batch_id))
+            out.setdefault(spec.name, []).append(rows_for_table(run.rows, spec, batch_id))
     return {name: pa.concat_tables(parts) for name, parts in out.items()}
 
 

@@ -11,6 +11,7 @@ import random
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 
 from streaming.records.routing import route_frame
 from streaming.state.bucket_processor import _process_bucket, sorted_batch, wake_up_after_ms
@@ -23,13 +24,20 @@ from tests.support.bucket_inputs import json_layout_blob, registry_with, routed_
 from tests.support.sample_conf import SAMPLE_CONF
 from tests.support.timestamps import T0_MS
 
+# Integers and flags with nulls stay integers and flags, as the tests compare them.
+NULLABLE_TYPES = {
+    pa.int64(): pd.Int64Dtype(),
+    pa.int32(): pd.Int32Dtype(),
+    pa.bool_(): pd.BooleanDtype(),
+}
+
 
 def _run_bucket(
     batch: pd.DataFrame, keys: BucketState, registry: TenantRegistry, now_ms: int
 ) -> pd.DataFrame:
     out = UnionRows(sorted_batch([batch]))
     _process_bucket(out.batch, keys, registry, now_ms, out)
-    return out.frame()
+    return out.table().to_pandas(types_mapper=NULLABLE_TYPES.get)
 
 
 def test_many_keys_in_one_bucket_match_each_key_processed_alone(tmp_path: Path) -> None:

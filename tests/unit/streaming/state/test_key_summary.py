@@ -115,7 +115,8 @@ def test_a_bucket_run_reports_what_its_status_rows_say(tmp_path: Path) -> None:
     run = run_bucket(None, batch, registry, T0_MS + 70_000)
     summary = summarise_bucket(run.keys, T0_MS + 70_000, None)
 
-    status = run.rows[run.rows["kind"] == "tenant_status"].set_index("tenant")
+    rows = run.rows.to_pandas()
+    status = rows[rows["kind"] == "tenant_status"].set_index("tenant")
     assert summary.keys == len(status) == 2
     assert summary.open_windows == status["open_windows"].sum() > 0
     delays = status["max_event_time_ms"] - status["watermark_ms"]
