@@ -107,6 +107,9 @@ class UnionRows:
     panes: list[tuple[Key, Pane]] = field(default_factory=list)
     statuses: list[tuple[Key, StoredKey, int, Lifecycle]] = field(default_factory=list)
     quarantine_mask: np.ndarray | None = None
+    _arrow_batch: dict[str, pa.Array] = field(default_factory=dict)
+    """The batch's columns in Arrow, converted once each: a bucket's rules groups and tables
+    each take rows from them."""
 
     def add_columns(
         self,
@@ -212,6 +215,8 @@ class UnionRows:
             return
         self.batch["reason"] = reasons
         self.batch["error"] = errors
+        self._arrow_batch.pop("reason", None)
+        self._arrow_batch.pop("error", None)
         self.quarantine_mask = self.batch["reason"].notna().to_numpy()
 
     def table(self) -> pa.Table:
@@ -293,7 +298,17 @@ class UnionRows:
 
     def _batch_columns(self, indexes: np.ndarray, names: list[str]) -> dict[str, Any]:
         """The batch's rows at `indexes`, in the given columns."""
-        return {name: self.batch[name].take(indexes) for name in names}
+        return {name: self._arrow_column_of_batch(name).take(indexes) for name in names}
+
+    def _arrow_column_of_batch(self, name: str) -> pa.Array:
+        column = self._arrow_batch.get(name)
+        if column is None:
+            # pandas' missing values (None, NaN or NA) become nulls.
+            column = pa.Array.from_pandas(
+                self.batch[name], type=OUTPUT_ARROW_SCHEMA.field(name).type
+            )
+            self._arrow_batch[name] = column
+        return column
 
     def _pane_rows(self) -> pa.Table | None:
         if not self.panes:
@@ -346,7 +361,7 @@ class UnionRows:
 def union_table(columns: dict[str, Any], rows: int) -> pa.Table:
     """A table of the union schema: `columns` as given, every other column null.
 
-    A column is a list of values, a NumPy array or a column of the batch (a pandas Series).
+    A column is a list of values, a NumPy array or an Arrow array.
     """
     arrays = [
         _arrow_column(columns[field.name], field.type)
@@ -360,7 +375,4 @@ def union_table(columns: dict[str, Any], rows: int) -> pa.Table:
 def _arrow_column(values: Any, arrow_type: pa.DataType) -> pa.Array:
     if isinstance(values, pa.Array):
         return values if values.type == arrow_type else values.cast(arrow_type)
-    if isinstance(values, pd.Series):
-        # A column of the batch: pandas' missing values (None, NaN or NA) become nulls.
-        return pa.Array.from_pandas(values, type=arrow_type)
     return pa.array(values, arrow_type)

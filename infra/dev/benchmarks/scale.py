@@ -143,6 +143,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--jitter", default="5s", help="out-of-orderness of event times")
     parser.add_argument("--late-share", type=float, default=0.02)
     parser.add_argument("--stages", default="read,builtin,product")
+    parser.add_argument(
+        "--state-buckets", type=int, default=None, help="stream.state_buckets (app.yaml's if unset)"
+    )
     parser.add_argument("--json", type=Path, default=Path("data/bench/scale.json"))
     return parser
 
@@ -209,7 +212,14 @@ class _Dataset:
             topic,
             workdir,
             f"scale-{tenants}",
-            {"kafka.max_offsets_per_trigger": args.max_offsets},
+            {
+                "kafka.max_offsets_per_trigger": args.max_offsets,
+                **(
+                    {}
+                    if args.state_buckets is None
+                    else {"stream.state_buckets": args.state_buckets}
+                ),
+            },
         )
         settings = without_limits(settings)
         return cls(tenants, sent, settings, workdir, registry.sources)
