@@ -1,7 +1,7 @@
 """Live onboarding without losing determinism: published, immutable snapshots of the registry.
 
-The driver validates `conf/` between micro-batches and, when it changed and is valid, publishes
-a snapshot stamped "effective from" the current time. Every micro-batch reads the snapshot in
+The driver polls `conf/` in a thread of its own (`ConfigWatcher.watch`) and, when it changed and
+is valid, publishes a snapshot stamped "effective from" the current time. Every micro-batch reads the snapshot in
 force at its own batch timestamp (which Spark keeps in its offset log), so a batch replayed
 after a restart sees exactly the config it saw the first time, and executors never read a
 half-edited `conf/`. An invalid change is logged and ignored: the last good snapshot stays.
