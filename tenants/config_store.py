@@ -1,10 +1,11 @@
 """Live onboarding without losing determinism: published, immutable snapshots of the registry.
 
 The driver polls `conf/` in a thread of its own (`ConfigWatcher.watch`) and, when it changed and
-is valid, publishes a snapshot stamped "effective from" the current time. Every micro-batch reads the snapshot in
-force at its own batch timestamp (which Spark keeps in its offset log), so a batch replayed
-after a restart sees exactly the config it saw the first time, and executors never read a
-half-edited `conf/`. An invalid change is logged and ignored: the last good snapshot stays.
+is valid, publishes a snapshot stamped "effective from" the current time. Every micro-batch reads
+the snapshot in force at its own batch timestamp (which Spark keeps in its offset log), so a
+batch replayed after a restart sees exactly the config it saw the first time, and executors
+never read a half-edited `conf/`. An invalid change is logged and ignored: the last good
+snapshot stays.
 
 Snapshots older than any batch that may still run again are deleted when a new one is
 published: a stream onboarding tenants every day would otherwise keep a full copy of its

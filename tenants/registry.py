@@ -10,6 +10,7 @@ when it is first resolved.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -154,6 +155,15 @@ class TenantRegistry:
         if self._index is not None and not self._index.sets_quota(tenant):
             return None
         return self.tenants[tenant].quota
+
+    @functools.cached_property
+    def sets_any_quota(self) -> bool:
+        """Whether any tenant has a quota of its own: looked at once per registry, so a reader
+        with no quota to apply skips admission without a look per tenant."""
+        index = self._index
+        if index is not None:
+            return any(index.sets_quota(tenant) for tenant in self.tenants)
+        return any(config.quota is not None for config in self.tenants.values())
 
     def notifies_anyone(self) -> bool:
         """Whether any key has an endpoint to tell about its panes; builds the config only of

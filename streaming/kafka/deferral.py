@@ -256,10 +256,16 @@ def admit_partition(records: pa.Table, partition: int, task: TaskAdmission) -> p
     """Admit one partition's new `records` (Kafka schema, offset order): write what is
     deferred and the next ledger, then return the released records and the admitted ones."""
     deferral = task.deferral
+    ledger = deferral.store.ledger(task.start_batch, partition)
+    if task.budget is None and not ledger.tenants and not _any_quota(deferral, task.now_ms):
+        # Nothing waits, no budget and no quota: `admit` would window every record and leave
+        # no ledger. Deciding so without a look at each record's tenant keeps a stream that
+        # uses no quotas free of work per tenant here.
+        return records
     tenants = peek_tenants(records.column("value"))
     quota_of = _quota_lookup(deferral, task.now_ms)
     decision = admit(
-        deferral.store.ledger(task.start_batch, partition),
+        ledger,
         tenants,
         quota_of,
         task.budget,
@@ -290,6 +296,15 @@ def peek_tenants(values: pa.ChunkedArray | pa.Array) -> list[str]:
         tenant = record.get("tenant") if type(record) is dict else None
         tenants.append(tenant if type(tenant) is str else UNPARSED_TENANT)
     return tenants
+
+
+def _any_quota(deferral: Deferral, now_ms: int) -> bool:
+    if deferral.default_quota is not None:
+        return True
+    try:
+        return deferral.snapshots.registry_at(now_ms).sets_any_quota
+    except LookupError:
+        return False
 
 
 def _quota_lookup(deferral: Deferral, now_ms: int) -> Callable[[str], Quota | None]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ from streaming.kafka.planning import DeferralPlanner
 from streaming.kafka.reader import ARROW_SCHEMA
 from tenants.config_store import ConfigSnapshots
 from tenants.models import Quota
+from tenants.registry import load_registry
+from tests.support.sample_conf import SAMPLE_CONF
 
 OPTIONS = {"subscribe": "t", "kafka.bootstrap.servers": "127.0.0.1:9"}
 
@@ -188,3 +191,29 @@ def kafka_part(offset: Mapping[str, int]) -> dict[str, int]:
 
 def test_an_empty_ledger_reads_back_empty(tmp_path: Path) -> None:
     assert _deferral(tmp_path, None).store.ledger("nothing", 0) == Ledger()
+
+
+def test_a_tenant_s_own_quota_holds_it_back_though_the_stream_has_no_default_or_budget(
+    tmp_path: Path,
+) -> None:
+    conf = tmp_path / "conf"
+    (conf / "tenants").mkdir(parents=True)
+    (conf / "sources.yaml").write_text((SAMPLE_CONF / "sources.yaml").read_text())
+    (conf / "tenants" / "calm.yaml").write_text("id: calm\nsources: [web]\n")
+    snapshots = ConfigSnapshots(str(tmp_path / "snapshots"))
+    snapshots.publish(load_registry(conf), effective_from_ms=0)
+    deferral = replace(_deferral(tmp_path, None), snapshots=snapshots)
+    records = _records(0, ["noisy"] * 4 + ["calm"])
+    # No tenant has a quota: every record is windowed as read, nothing is remembered.
+    assert admit_partition(records, 0, TaskAdmission(deferral, None, "b1", 10_000, None)).equals(
+        records
+    )
+    assert deferral.store.ledgers("b1") == {}
+
+    (conf / "tenants" / "noisy.yaml").write_text(
+        "id: noisy\nsources: [web]\nquota: {records_per_second: 2, burst: 2}\n"
+    )
+    snapshots.publish(load_registry(conf), effective_from_ms=20_000)
+    windowed = admit_partition(records, 0, TaskAdmission(deferral, None, "b2", 20_000, None))
+    assert windowed.column("offset").to_pylist() == [0, 1, 4]
+    assert deferral.store.ledger("b2", 0).backlog == 2
