@@ -234,32 +234,40 @@ def write_task_files(
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         union = unpacked(batches)
-        if union is None or union.num_rows == 0:
+        if union is None:
             return
-        filesystem, base = filesystem_of(target.root, target.storage_options)
-        partition = task_partition()
-        written = []
-        for table_name in target.table_names:
-            spec = _SPECS[table_name]
-            rows = rows_for_table(union, spec, target.batch_id)
-            if rows.num_rows == 0:
-                continue
-            if spec.staged:
-                # One staged file per task, ordered so that a tenant's rows are together.
-                rows = with_layout(_sorted(rows, ("tenant", "source")), spec, settled=False)
-            written += _write_partitions(
-                filesystem,
-                base,
-                spec,
-                rows,
-                functools.partial(target.file_name, partition, spec.name),
-                f"batch {target.batch_id}",
-                target,
-            )
+        written = write_batch_rows(target, union, task_partition())
         if written:
             yield _written_batch(written)
 
     return write
+
+
+def write_batch_rows(target: BatchFiles, union: pa.Table, task_partition: int) -> list[WrittenFile]:
+    """The files of one task's union rows: a staged file per staged table, a file per partition
+    of the others, named for `task_partition`."""
+    if union.num_rows == 0:
+        return []
+    filesystem, base = filesystem_of(target.root, target.storage_options)
+    written = []
+    for table_name in target.table_names:
+        spec = _SPECS[table_name]
+        rows = rows_for_table(union, spec, target.batch_id)
+        if rows.num_rows == 0:
+            continue
+        if spec.staged:
+            # One staged file per task, ordered so that a tenant's rows are together.
+            rows = with_layout(_sorted(rows, ("tenant", "source")), spec, settled=False)
+        written += _write_partitions(
+            filesystem,
+            base,
+            spec,
+            rows,
+            functools.partial(target.file_name, task_partition, spec.name),
+            f"batch {target.batch_id}",
+            target,
+        )
+    return written
 
 
 def read_staged_files(

@@ -20,8 +20,7 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.lake.data_files import BatchFiles, WrittenFile, filesystem_of, write_task_files
-from storage.lake.packed_rows import packed_table
+from storage.lake.data_files import BatchFiles, WrittenFile, filesystem_of, write_batch_rows
 from storage.lake.tables import TENANT_STATUS
 from streaming.checkpoint.checkpoint_log import CheckpointLog
 from streaming.state.bucket_state import Key
@@ -85,16 +84,11 @@ class ConfiguredKeyRows:
         keys = [key for key in keys if key not in touched]
         if not keys:
             return []
-        write = write_task_files(
+        return write_batch_rows(
             replace(target, table_names=(TENANT_STATUS.name,)),
-            task_partition=lambda: DRIVER_TASK_PARTITION,
+            status_rows(keys, processing_time_ms),
+            DRIVER_TASK_PARTITION,
         )
-        rows = status_rows(keys, processing_time_ms)
-        return [
-            WrittenFile.from_row(row)
-            for batch in write(iter(packed_table(rows).to_batches()))
-            for row in batch.to_pylist()
-        ]
 
     def _new_keys(self, batch_id: int, now_ms: int) -> list[Key]:
         current = self.snapshots.registry_at(now_ms)
