@@ -257,17 +257,17 @@ def admit_partition(records: pa.Table, partition: int, task: TaskAdmission) -> p
     deferred and the next ledger, then return the released records and the admitted ones."""
     deferral = task.deferral
     ledger = deferral.store.ledger(task.start_batch, partition)
-    if task.budget is None and not ledger.tenants and not _any_quota(deferral, task.now_ms):
+    quota_of = _quota_lookup(deferral, task.now_ms)
+    if task.budget is None and not ledger.tenants and quota_of is None:
         # Nothing waits, no budget and no quota: `admit` would window every record and leave
         # no ledger. Deciding so without a look at each record's tenant keeps a stream that
         # uses no quotas free of work per tenant here.
         return records
     tenants = peek_tenants(records.column("value"))
-    quota_of = _quota_lookup(deferral, task.now_ms)
     decision = admit(
         ledger,
         tenants,
-        quota_of,
+        quota_of or _no_quota,
         task.budget,
         task.now_ms,
         file=f"{task.end_batch}/{partition}.parquet",
@@ -284,6 +284,10 @@ def admit_partition(records: pa.Table, partition: int, task: TaskAdmission) -> p
     return pa.concat_tables([released.cast(records.schema), admitted])
 
 
+def _no_quota(_tenant: str) -> None:
+    return None
+
+
 def peek_tenants(values: pa.ChunkedArray | pa.Array) -> list[str]:
     """Each value's top-level `tenant`; UNPARSED_TENANT where there is none to read. The router
     reads the same field, so a key's records always share a queue."""
@@ -298,20 +302,16 @@ def peek_tenants(values: pa.ChunkedArray | pa.Array) -> list[str]:
     return tenants
 
 
-def _any_quota(deferral: Deferral, now_ms: int) -> bool:
-    if deferral.default_quota is not None:
-        return True
-    try:
-        return deferral.snapshots.registry_at(now_ms).sets_any_quota
-    except LookupError:
-        return False
-
-
-def _quota_lookup(deferral: Deferral, now_ms: int) -> Callable[[str], Quota | None]:
+def _quota_lookup(deferral: Deferral, now_ms: int) -> Callable[[str], Quota | None] | None:
+    """Each tenant's quota at `now_ms`; None when no tenant has one."""
     try:
         registry = deferral.snapshots.registry_at(now_ms)
     except LookupError:
+        if deferral.default_quota is None:
+            return None
         return lambda tenant: deferral.default_quota
+    if deferral.default_quota is None and not registry.sets_any_quota:
+        return None
     memo: dict[str, Quota | None] = {}
 
     def quota_of(tenant: str) -> Quota | None:

@@ -27,7 +27,7 @@ from streaming.kafka.reader import ARROW_SCHEMA
 from tenants.config_store import ConfigSnapshots
 from tenants.models import Quota
 from tenants.registry import load_registry
-from tests.support.sample_conf import SAMPLE_CONF
+from tests.support.bucket_inputs import registry_with
 
 OPTIONS = {"subscribe": "t", "kafka.bootstrap.servers": "127.0.0.1:9"}
 
@@ -196,12 +196,9 @@ def test_an_empty_ledger_reads_back_empty(tmp_path: Path) -> None:
 def test_a_tenant_s_own_quota_holds_it_back_though_the_stream_has_no_default_or_budget(
     tmp_path: Path,
 ) -> None:
-    conf = tmp_path / "conf"
-    (conf / "tenants").mkdir(parents=True)
-    (conf / "sources.yaml").write_text((SAMPLE_CONF / "sources.yaml").read_text())
-    (conf / "tenants" / "calm.yaml").write_text("id: calm\nsources: [web]\n")
     snapshots = ConfigSnapshots(str(tmp_path / "snapshots"))
-    snapshots.publish(load_registry(conf), effective_from_ms=0)
+    snapshots.publish(registry_with(tmp_path, ["calm"]), effective_from_ms=0)
+    conf = tmp_path / "conf"  # where `registry_with` wrote it
     deferral = replace(_deferral(tmp_path, None), snapshots=snapshots)
     records = _records(0, ["noisy"] * 4 + ["calm"])
     # No tenant has a quota: every record is windowed as read, nothing is remembered.
