@@ -191,9 +191,9 @@ TENANT_STATUS = TableSpec(
     (),
 )
 ALL_TABLES = (EVENTS, WINDOWS, LATE_EVENTS, QUARANTINE, TENANT_STATUS)
+"""The stream's output: every micro-batch commits to each of these (`pipeline.batch_sink`)."""
 STAGED_TABLES = tuple(spec for spec in ALL_TABLES if spec.staged)
 """The tables whose rows are staged, then settled by compaction."""
-"""The stream's output: every micro-batch commits to each of these (`pipeline.batch_sink`)."""
 
 # Notification deliveries (`delivery_outbox`): one row per attempt to tell an endpoint about
 # a committed pane. Written by the notifier, never by a micro-batch, so not in ALL_TABLES.

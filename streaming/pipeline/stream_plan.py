@@ -63,8 +63,8 @@ def windowed_rows(
     key_summaries: KeySummaries | None = None,
 ) -> DataFrame:
     """The union rows of every output table, packed (`storage.lake.packed_rows`), for one
-    micro-batch of Kafka records; each bucket
-    reports its keys to `key_summaries`, if given (the metrics)."""
+    micro-batch of Kafka records; each bucket reports its keys to `key_summaries`, if given (the
+    metrics)."""
     routed = kafka_records.selectExpr(*KAFKA_COLUMNS_SQL).mapInPandas(
         make_router(snapshots, settings.stream.max_record_bytes), ROUTED_SCHEMA
     )

@@ -206,20 +206,11 @@ class _Dataset:
             timeout_s=1_800,
         )
         print(f"{tenants} tenants: produced {sent} records in {time.monotonic() - started:.0f}s")
+        overrides: dict[str, Any] = {"kafka.max_offsets_per_trigger": args.max_offsets}
+        if args.state_buckets is not None:
+            overrides["stream.state_buckets"] = args.state_buckets
         settings = bench_settings(
-            conf,
-            kafka.bootstrap_servers,
-            topic,
-            workdir,
-            f"scale-{tenants}",
-            {
-                "kafka.max_offsets_per_trigger": args.max_offsets,
-                **(
-                    {}
-                    if args.state_buckets is None
-                    else {"stream.state_buckets": args.state_buckets}
-                ),
-            },
+            conf, kafka.bootstrap_servers, topic, workdir, f"scale-{tenants}", overrides
         )
         settings = without_limits(settings)
         return cls(tenants, sent, settings, workdir, registry.sources)
