@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
+from pyspark import StorageLevel
 from pyspark.sql import SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -240,9 +241,15 @@ class Compaction:
             from_arrow_schema(spec.schema),
         )
         # Every row of a (tenant, source) key reaches one task, so each settled partition gets
-        # exactly one file; only the file list comes back to the driver.
+        # exactly one file; only the file list comes back to the driver. The tasks write in
+        # parallel into the executors' cache, and the list comes back one task's share at a
+        # time: settling everything writes a file per key, and a million keys' list collected
+        # at once outgrew a 1 GB driver heap. A lost cache block re-runs its task, which
+        # rewrites the same files (the names and bytes are a function of the inputs).
         by_key = rows.repartition(self.tasks, "tenant", "source")
-        return [
-            WrittenFile.from_row(row.asDict())
-            for row in by_key.mapInArrow(writer, WRITTEN_FILE_DDL).collect()
-        ]
+        written = by_key.mapInArrow(writer, WRITTEN_FILE_DDL).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            written.count()
+            return [WrittenFile.from_row(row.asDict()) for row in written.toLocalIterator()]
+        finally:
+            written.unpersist()
