@@ -464,6 +464,15 @@ class QuerySettings(QueryLimits):
         description="Memory for tenants' rows kept between statements; the least recently "
         "queried tenant's rows go first.",
     )
+    table_follow_interval_ms: int = Field(
+        default=250,
+        gt=0,
+        description=(
+            "How often `serve` reads the tables' new commits, in a thread of its own, so no "
+            "statement waits for them: a commit is queryable this long (plus reading it) after "
+            "it lands."
+        ),
+    )
 
 
 class AppSettings(_Frozen):

@@ -6,7 +6,7 @@ import argparse
 import logging
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from sqlglot import exp
 
     from storage.lake.delta_lake import DeltaLake
+    from storage.lake.table_files import TableFiles
     from storage.query.local_sql import LocalSql
 
 
@@ -205,12 +206,14 @@ class _InProcess:
     tables: Mapping[str, DeltaTable | None]
     limits: QueryLimits | None
     _engine: LocalSql = field(init=False)
+    _files: _FilesOnFirstRead = field(init=False)
 
     def __post_init__(self) -> None:
         from storage.query.local_sql import LocalSql
 
         query = self.settings.query
         self._engine = LocalSql(self.lake, query.local_max_tenant_bytes, query.local_cache_bytes)
+        self._files = _FilesOnFirstRead(self.tables, self.args.tenant)
 
     def answer(self, tree: exp.Query) -> str | _Refusal | None:
         from storage.query.local_sql import StatementTimeout
@@ -226,7 +229,7 @@ class _InProcess:
             answer = self._engine.answer(
                 self.args.tenant,
                 tree,
-                self.tables,
+                self._files,
                 limits.max_joins,
                 rows + 1,  # one more than printed: the table format says there are more
                 limits.statement_timeout_ms / 1000,
@@ -243,6 +246,32 @@ class _InProcess:
             return render_rows(answer, self.args.format, rows)
         except NotPrintable:
             return None
+
+
+class _FilesOnFirstRead(Mapping[str, "TableFiles | None"]):
+    """Each table's files for the scope, listed when a statement first reads the table: a
+    statement over `events` lists no other table's files."""
+
+    def __init__(self, tables: Mapping[str, DeltaTable | None], tenant: str | None) -> None:
+        self._tables = tables
+        self._tenant = tenant
+        self._files: dict[str, TableFiles | None] = {}
+
+    def __getitem__(self, name: str) -> TableFiles | None:
+        if name not in self._files:
+            from storage.lake.table_files import TableFiles
+
+            table = self._tables[name]
+            self._files[name] = (
+                None if table is None else TableFiles.of_table(table, only_tenant=self._tenant)
+            )
+        return self._files[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tables)
+
+    def __len__(self) -> int:
+        return len(self._tables)
 
 
 @dataclass

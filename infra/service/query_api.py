@@ -441,8 +441,10 @@ def serve(settings: AppSettings, host: str, port: int, master: str | None) -> No
         if settings.query.local_engine
         else None
     )
+    service = QueryService(spark, lake, limits, local)
+    service.follow_tables(settings.query.table_follow_interval_ms / 1000)
     app = create_app(
-        QueryService(spark, lake, limits, local),
+        service,
         KeyCheck(settings.conf_dir, resolved_operator_key(settings), recheck_s),
         lambda tenant: tenant_key_status(lake, tenant),
         metrics,
@@ -454,4 +456,5 @@ def serve(settings: AppSettings, host: str, port: int, master: str | None) -> No
     try:
         uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)
     finally:
+        service.close()
         metrics.close()

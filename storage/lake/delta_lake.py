@@ -36,8 +36,8 @@ from storage.lake.snapshot_reader import (
     read_newest_first,
     read_snapshot,
     tenant_file_actions,
-    tenant_files,
 )
+from storage.lake.table_files import tenant_files
 from storage.lake.tables import LAKE_TABLES, STAGED, TableSpec, with_layout
 from tenants.settings import LakeSettings
 
@@ -417,7 +417,7 @@ class DeltaLake:
 
     def tenant_files(self, spec: TableSpec, tenant: str) -> list[LakeFile]:
         """The current version's files that may hold rows of `tenant`: its partitions' and the
-        staged ones its statistics do not rule out (`snapshot_reader.tenant_files`)."""
+        staged ones its statistics do not rule out (`snapshot_reader.tenant_file_actions`)."""
         actions = tenant_file_actions(self.open(spec), tenant)
         partitions = [c for c in actions.column_names if c.startswith("partition.")]
         return [

@@ -39,17 +39,38 @@ def read_snapshot(
 ) -> pa.Table:
     """The rows of `table`'s loaded version, in `schema` (a column a file lacks reads as null);
     `files` (URIs of the version) reads only those."""
-    filesystem, _ = filesystem_of(table.table_uri, storage_options)
     if files is None:
         files = table.file_uris(file_pruning_predicate=partitions)
-    partition_schema = partition_columns(table)
+    return read_files(
+        table.table_uri,
+        partition_columns(table),
+        files,
+        schema,
+        storage_options,
+        columns,
+        row_filter,
+    )
+
+
+def read_files(
+    table_uri: str,
+    partition_schema: pa.Schema,
+    files: Sequence[str],
+    schema: pa.Schema,
+    storage_options: Mapping[str, str] | None,
+    columns: Sequence[str] | None = None,
+    row_filter: ds.Expression | None = None,
+) -> pa.Table:
+    """The rows of `files` (URIs) of the table at `table_uri`, in `schema`; the partition
+    columns are read from the files' Hive-style folder names."""
+    filesystem, _ = filesystem_of(table_uri, storage_options)
     dataset = ds.dataset(
         [filesystem_path(uri) for uri in files],
         schema=pa.schema([*schema, *(f for f in partition_schema if f.name not in schema.names)]),
         format="parquet",
         filesystem=filesystem,
         partitioning=ds.partitioning(partition_schema, flavor="hive"),
-        partition_base_dir=filesystem_path(table.table_uri).rstrip("/"),
+        partition_base_dir=filesystem_path(table_uri).rstrip("/"),
     )
     wanted = list(schema.names if columns is None else columns)
     try:
@@ -92,42 +113,11 @@ def current_paths(table: DeltaTable) -> set[str]:
     return {unquote(path) for path in pa.table(table.get_add_actions())["path"].to_pylist()}
 
 
-def tenant_files(table: DeltaTable, tenant: str) -> list[str]:
-    """URIs of the loaded version's files that may hold rows of `tenant`: in a table partitioned
-    by tenant, its own partition's files; in the staged layout, those plus the staged files; in
-    either, minus every file whose `tenant` statistics rule the tenant out."""
-    return list(tenant_file_sizes(table, tenant))
-
-
-def tenant_file_sizes(table: DeltaTable, tenant: str) -> dict[str, int]:
-    """`tenant_files`, each with its size in bytes as stored."""
-    return _file_sizes(table, tenant_file_actions(table, tenant))
-
-
-def file_sizes(table: DeltaTable) -> dict[str, int]:
-    """URIs of the loaded version's files, each with its size in bytes as stored."""
-    return _file_sizes(table, pa.table(table.get_add_actions(flatten=True)))
-
-
-def _file_sizes(table: DeltaTable, actions: pa.Table) -> dict[str, int]:
-    if actions.num_rows == 0:
-        return {}
-    sizes = dict(
-        zip(
-            (unquote(path) for path in actions["path"].to_pylist()),
-            actions["size_bytes"].to_pylist(),
-            strict=True,
-        )
-    )
-    return {
-        uri: sizes[relative]
-        for uri in _uris_around(table, actions)
-        if (relative := _relative(uri, table.table_uri)) in sizes
-    }
-
-
 def tenant_file_actions(table: DeltaTable, tenant: str) -> pa.Table:
-    """The add actions (flattened) of the files `tenant_files` names."""
+    """The add actions (flattened) of the loaded version's files that may hold rows of `tenant`:
+    in a table partitioned by tenant, its own partition's files; in the staged layout, those
+    plus the staged files; in either, minus every file whose `tenant` statistics rule the
+    tenant out."""
     actions = pa.table(table.get_add_actions(flatten=True))
     if actions.num_rows == 0:
         return actions

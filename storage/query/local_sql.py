@@ -5,8 +5,8 @@ A Spark job costs 130-190 ms for the smallest statement, and eight at once queue
 query host (docs/querying.md, "Latency"). Most of a tenant's ad-hoc statements read a few
 thousand rows; those the query service answers here, in milliseconds:
 
-- **Rows** (`TenantRows`): a tenant's rows of each table, read with pyarrow from the files its
-  Delta snapshot lists for that tenant (`snapshot_reader.tenant_files`), once per data file.
+- **Rows** (`TenantRows`): a tenant's rows of each table, read with pyarrow from the files the
+  table's index lists for that tenant (`table_files.TableFiles.files_of`), once per data file.
   Delta never changes a file, so a new table version costs only the files it added.
 - **Scope by construction:** each tenant has a DuckDB database of its own that holds nothing. A
   statement's cursor registers that tenant's Arrow tables and nothing else. File access,
@@ -41,11 +41,11 @@ import duckdb
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 from sqlglot import exp
 
 from storage.lake.delta_lake import DeltaLake
-from storage.lake.snapshot_reader import file_sizes, read_snapshot, tenant_file_sizes
+from storage.lake.snapshot_reader import read_files
+from storage.lake.table_files import TableFiles
 from storage.lake.tables import ALL_TABLES, EVENTS, LAKE_TABLES, WINDOWS, TableSpec
 from storage.query.view_tables import WINDOW_CONTENTS
 
@@ -313,20 +313,20 @@ class TenantRows:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def of(
-        self, tenant: str | None, spec: TableSpec, table: DeltaTable | None, max_bytes: int
+        self, tenant: str | None, spec: TableSpec, table: TableFiles | None, max_bytes: int
     ) -> pa.Table | None:
-        """`tenant`'s rows of `table`'s loaded version (None: every tenant's), or None if they
-        pass `max_bytes`. A table that does not exist (None) has no rows."""
+        """`tenant`'s rows of `table`'s version (None: every tenant's), or None if they pass
+        `max_bytes`. A table that does not exist (None) has no rows."""
         if table is None:
             return spec.schema.empty_table()
-        key, version = (tenant, spec.name), table.version()
+        key, version = (tenant, spec.name), table.version
         with self._lock:
             kept = self._kept.get(key)
             if kept is not None:
                 self._kept.move_to_end(key)
                 if kept.version == version:
                     return kept.rows
-        sizes = _file_sizes(table, tenant)
+        sizes = table.files_of(tenant)
         if sum(sizes.values()) > max_bytes:  # stored sizes: compressed, so fewer than in memory
             self._keep(key, _Kept(version, (), None, 0))
             return None
@@ -334,11 +334,12 @@ class TenantRows:
         pieces = [piece for piece in (kept.pieces if kept else ()) if piece.files <= files]
         missing = files.difference(*(piece.files for piece in pieces))
         if missing:
-            rows = read_snapshot(
-                table,
+            rows = read_files(
+                table.table_uri,
+                table.partition_schema,
+                sorted(missing),
                 spec.schema,
                 self.lake.storage_options,
-                files=sorted(missing),
                 row_filter=None if tenant is None else pc.field("tenant") == tenant,
             )
             pieces.append(_Piece(frozenset(missing), rows))
@@ -364,12 +365,6 @@ class TenantRows:
                 self._kept_bytes -= evicted.nbytes
 
 
-def _file_sizes(table: DeltaTable, tenant: str | None) -> dict[str, int]:
-    """The files of `table`'s loaded version that may hold `tenant`'s rows (None: all of them),
-    each with its size as stored."""
-    return file_sizes(table) if tenant is None else tenant_file_sizes(table, tenant)
-
-
 @dataclass
 class LocalSql:
     """Answers small statements in-process (see the module's doc): a tenant's, or with scope
@@ -392,12 +387,12 @@ class LocalSql:
         self,
         tenant: str | None,
         tree: exp.Query,
-        tables: Mapping[str, DeltaTable | None],
+        tables: Mapping[str, TableFiles | None],
         max_joins: int,
         max_rows: int,
         timeout_s: float,
     ) -> pa.Table | None:
-        """At most `max_rows` rows of the statement's result over `tables` (loaded at the
+        """At most `max_rows` rows of the statement's result over `tables` (their files at the
         versions to read; None: a table not written, which has no rows), as Spark would give
         them; None when Spark must answer. `tenant` None: the operator's views, every tenant's
         rows. `StatementTimeout` when reading the rows and running the statement together take

@@ -42,6 +42,7 @@ from pyspark.logger import PySparkLogger
 from pyspark.sql import DataFrame, SparkSession
 
 from storage.lake.delta_lake import DeltaLake
+from storage.lake.table_files import TableFiles
 from storage.lake.tables import ALL_TABLES, LAKE_TABLES
 from storage.query.latest_tables import LatestTables
 from storage.query.local_sql import LocalSql, StatementTimeout
@@ -138,7 +139,7 @@ class QueryService:
             data_version = (
                 (-1 - as_of_version,)  # negative: never the same as a current snapshot's
                 if as_of_version is not None
-                else tuple(-1 if table is None else table.version() for table in tables.values())
+                else tuple(-1 if table is None else table.version for table in tables.values())
             )
             result_key = (scope, statement, data_version, limits)
             with self._lock:
@@ -158,24 +159,37 @@ class QueryService:
         table, truncated = remembered
         return QueryResult(table, truncated, int((time.monotonic() - started) * 1000))
 
-    def _tables(self, scope: str | None, as_of_version: int | None) -> dict[str, Any]:
-        """The scope's Delta tables, loaded at the versions the statement reads (None: a table
-        not written yet, or without that version; Spark's views say so)."""
-        tables: dict[str, Any] = {}
+    def follow_tables(self, interval_s: float) -> None:
+        """Read the tables' new commits in a thread every `interval_s`, so that no statement
+        waits for them (`LatestTables`), until `close`."""
+        self._latest.follow(interval_s)
+
+    def close(self) -> None:
+        self._latest.close()
+
+    def _tables(self, scope: str | None, as_of_version: int | None) -> dict[str, TableFiles | None]:
+        """The scope's tables' files at the versions the statement reads (None: a table not
+        written yet, or without that version; Spark's views say so)."""
+        tables: dict[str, TableFiles | None] = {}
         for spec in LAKE_TABLES if scope is OPERATOR else ALL_TABLES:
             try:
                 if as_of_version is None:
-                    table = self._latest.latest(spec)
+                    files = self._latest.latest(spec)
                 else:
                     table = self.lake.open(spec)
                     table.load_as_version(as_of_version)
+                    files = TableFiles.of_table(table, only_tenant=scope)
             except Exception:
-                table = None
-            tables[spec.name] = table
+                files = None
+            tables[spec.name] = files
         return tables
 
     def _answer_locally(
-        self, scope: str | None, statement: str, tables: dict[str, Any], limits: QueryLimits
+        self,
+        scope: str | None,
+        statement: str,
+        tables: dict[str, TableFiles | None],
+        limits: QueryLimits,
     ) -> pa.Table | None:
         """The statement's rows from the in-process engine, where it answers as Spark would."""
         if self.local is None or scope is OPERATOR or None in tables.values():

@@ -20,7 +20,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from storage.lake.delta_lake import DeltaLake
-from storage.lake.snapshot_reader import partition_columns, read_snapshot, tenant_files
+from storage.lake.snapshot_reader import partition_columns, read_snapshot
+from storage.lake.table_files import tenant_files
 from storage.lake.tables import ALL_TABLES, DELIVERIES, EVENTS, LAKE_TABLES, WINDOWS, TableSpec
 from storage.query.view_tables import (
     WINDOW_CONTENTS,
@@ -75,7 +76,7 @@ def read_table(
     version: int | None = None,
 ) -> DataFrame:
     """The table's current snapshot, or the one at `version`; with `tenant`, only the files that
-    may hold that tenant's rows are listed (`snapshot_reader.tenant_files`: its partition and
+    may hold that tenant's rows are listed (`table_files.tenant_files`: its partition and
     the staged files its statistics do not rule out), so a scoped query never opens another
     tenant's settled files. The caller still filters the rows."""
     uri = lake.table_uri(spec)

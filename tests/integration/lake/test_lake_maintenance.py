@@ -28,7 +28,8 @@ from storage.lake.data_files import (
 )
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.packed_rows import packed_table
-from storage.lake.snapshot_reader import read_newest_first, tenant_file_sizes
+from storage.lake.snapshot_reader import read_newest_first
+from storage.lake.table_files import TableFiles
 from storage.lake.tables import EVENTS, STAGED, TENANT_STATUS
 from storage.lake.writer_lease import WriterLease
 from streaming.observe.stream_status import latest_per_key
@@ -330,7 +331,8 @@ def test_one_tenants_files_are_its_partition_and_the_staged_files_that_may_hold_
     table = DeltaTable(lake.table_uri(EVENTS))
 
     for tenant in ("t05", "t20", "t35"):
-        files = tenant_file_sizes(table, tenant)
+        files = TableFiles.of_table(table).files_of(tenant)
+        assert files == TableFiles.of_table(table, only_tenant=tenant).files_of(tenant)
         holding = {
             uri
             for uri in table.file_uris()
@@ -340,4 +342,6 @@ def test_one_tenants_files_are_its_partition_and_the_staged_files_that_may_hold_
         assert holding <= set(files), tenant
         assert all(f"layout_tenant={tenant}/" in uri or STAGED in uri for uri in files)
         assert all(size == Path(uri).stat().st_size for uri, size in files.items())
-    assert len(tenant_file_sizes(table, "t20")) == 1  # no staged file's statistics cover it
+    assert (
+        len(TableFiles.of_table(table).files_of("t20")) == 1
+    )  # no staged file's statistics cover it

@@ -5,6 +5,7 @@ every statement it takes must match Spark's rows, column names and types."""
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from storage.lake.table_files import TableFiles
 from storage.lake.tables import ALL_TABLES
 from storage.query.local_sql import LocalSql
+from storage.query.query_service import QueryService
 from storage.query.scoped_sql import TenantSql
 from storage.query.sql_guard import check_query
 from storage.query.view_tables import TENANT_VIEW_NAMES
+from tenants.models import QueryLimits
 from tests.support.pipeline_harness import Pipeline, record
 from tests.support.sql_escapes import ESCAPES_SEEING_ONLY_THE_TENANT, PASSWD_MARK
 from tests.support.timestamps import T0_MS
@@ -127,7 +131,7 @@ def local(pipeline: Pipeline) -> LocalSql:
 
 
 def local_answer(local: LocalSql, pipeline: Pipeline, statement: str) -> pa.Table | None:
-    tables = {spec.name: pipeline.lake.open(spec) for spec in ALL_TABLES}
+    tables = {spec.name: TableFiles.of_table(pipeline.lake.open(spec)) for spec in ALL_TABLES}
     tree = check_query(statement, TENANT_VIEW_NAMES)
     return local.answer(TENANT, tree, tables, MAX_JOINS, 10_001, 30.0)
 
@@ -315,6 +319,40 @@ def test_a_new_table_version_reads_only_its_new_files(
     second = local_answer(local, pipeline, statement)
     assert second is not None and second.to_pylist() == [{"n": 5}]
     assert second.to_pylist() == spark_answer(spark, pipeline, statement).to_pylist()
+
+
+def test_a_service_following_the_tables_sees_each_run_and_every_row_once_meanwhile(
+    spark: Any, kafka: Any, conf_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`serve` reads new commits in a thread (`LatestTables.follow`): each batch's rows reach
+    its statements, and no version it reads (a batch's, or a compaction's swap of files) shows
+    a row twice or loses one."""
+    pipeline = Pipeline.create(kafka, tmp_path_factory.mktemp("local_sql_follow"), conf_dir)
+    local = LocalSql(pipeline.lake, max_tenant_bytes=64 << 20, cache_bytes=256 << 20)
+    service = QueryService(spark, pipeline.lake, lambda _: QueryLimits(), local)
+    statement = "SELECT count(*) AS n FROM events"
+    seen: list[int] = []
+
+    def count_reaches(expected: int) -> bool:
+        for _ in range(200):  # bounded: 10 s at most
+            answer = service.run(TENANT, statement).table.to_pylist()
+            seen.append(answer[0]["n"])
+            if seen[-1] == expected:
+                return True
+            time.sleep(0.05)
+        return False
+
+    service.follow_tables(0.02)
+    try:
+        pipeline.produce([record(TENANT, "web", T0_MS + n * 1000) for n in range(3)])
+        pipeline.run_available_now(spark)  # batches, then compaction's swap of their files
+        assert count_reaches(3)
+        pipeline.produce([record(TENANT, "web", T0_MS + n * 1000) for n in range(3, 5)])
+        pipeline.run_available_now(spark)
+        assert count_reaches(5)
+    finally:
+        service.close()
+    assert set(seen) <= {3, 5}, seen
 
 
 def test_a_tenant_past_its_byte_budget_is_left_to_spark(pipeline: Pipeline) -> None:

@@ -1,0 +1,247 @@
+"""A table's data files at one version, by tenant: built once from a snapshot, then moved forward
+one commit at a time.
+
+A reader that answers one tenant's statements needs that tenant's files only. delta-rs gives
+them by materialising every file of the version first: at 100,000 tenants a table holds a file
+per tenant, and loading a version after a compaction (200,000 `add`s) took over a second of a
+query that reads a few kilobytes. `TableFiles` keeps the files indexed by the tenant whose
+partition holds them, and `advanced` applies the log's new commits to it: a batch's commit
+costs its own few actions, a compaction's its own swap, and a tenant's lookup a dictionary's.
+
+Only `add` and `remove` actions move files. A commit the index cannot follow (new metadata,
+which may re-partition the table, or a deletion vector) or a commit no longer in the log makes
+`advanced` return None: the caller loads the version from delta-rs (`of_table`) instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+from urllib.parse import unquote
+
+import orjson
+import pyarrow as pa
+import pyarrow.fs as pafs
+from deltalake import DeltaTable
+
+from storage.lake.data_files import filesystem_of
+from storage.lake.snapshot_reader import partition_columns, tenant_file_actions
+from storage.lake.tables import LAYOUT_PREFIX, STAGED
+
+_TENANT_COLUMNS = (f"{LAYOUT_PREFIX}tenant", "tenant")
+"""Partition columns naming the tenant a file belongs to: this release's layout column, or
+`tenant` itself in a lake written before the staged layout."""
+
+
+@dataclass(frozen=True)
+class DataFile:
+    uri: str
+    size: int
+    min_tenant: str | None = None
+    max_tenant: str | None = None
+    """The file's `tenant` statistics; None: unknown, so it may hold any tenant."""
+
+    def may_hold(self, tenant: str) -> bool:
+        if self.min_tenant is None or self.max_tenant is None:
+            return True
+        return self.min_tenant <= tenant <= self.max_tenant
+
+
+_Files = Mapping[str, DataFile]
+"""By path relative to the table, as the file system names it (the log percent-encodes it)."""
+
+
+@dataclass(frozen=True)
+class TableFiles:
+    table_uri: str
+    version: int
+    partition_schema: pa.Schema
+    tenant_column: str | None
+    """The partition column whose value is a file's tenant; None: files are not by tenant."""
+    by_tenant: Mapping[str, _Files]
+    """Each tenant's files in its own partition."""
+    shared: _Files
+    """Every other file: staged ones, holding many tenants' rows, or all of an unpartitioned
+    table's."""
+    only_tenant: str | None = None
+    """Set: the index holds this tenant's files only (and the shared ones), as a one-off
+    reader of one tenant needs; it answers for no other."""
+
+    @classmethod
+    def of_table(cls, table: DeltaTable, only_tenant: str | None = None) -> TableFiles:
+        """The files of `table`'s loaded version; with `only_tenant`, that tenant's only."""
+        partitions = partition_columns(table)
+        tenant_column = next((c for c in _TENANT_COLUMNS if c in partitions.names), None)
+        actions = (
+            pa.table(table.get_add_actions(flatten=True))
+            if only_tenant is None
+            # Filtered as Arrow: a one-off reader pays nothing per other tenant's file.
+            else tenant_file_actions(table, only_tenant)
+        )
+        columns = {
+            name: actions[name].to_pylist() if name in actions.column_names else None
+            for name in ("path", "size_bytes", "min.tenant", "max.tenant")
+        }
+        owners = (
+            actions[f"partition.{tenant_column}"].to_pylist()
+            if tenant_column is not None
+            else [None] * actions.num_rows
+        )
+        index = _Index(table.table_uri, only_tenant)
+        for row, owner in enumerate(owners):
+            tenant = _owner(owner)
+            index.add(
+                str(columns["path"][row]),  # type: ignore[index]
+                int(columns["size_bytes"][row]),  # type: ignore[index]
+                tenant,
+                *(
+                    (_at(columns["min.tenant"], row), _at(columns["max.tenant"], row))
+                    if tenant is None
+                    else (None, None)
+                ),
+            )
+        return index.frozen(table.version(), partitions, tenant_column)
+
+    def files_of(self, tenant: str | None) -> dict[str, int]:
+        """URIs of the files that may hold `tenant`'s rows (None: every file), with their sizes
+        as stored: its own partition's, and the shared files its statistics do not rule out."""
+        if tenant != self.only_tenant and self.only_tenant is not None:
+            raise ValueError(f"these files are {self.only_tenant!r}'s only, not {tenant!r}'s")
+        if tenant is None:
+            every = [*self.shared.values()]
+            for files in self.by_tenant.values():
+                every.extend(files.values())
+            return {file.uri: file.size for file in every}
+        own = self.by_tenant.get(tenant, {})
+        shared = (file for file in self.shared.values() if file.may_hold(tenant))
+        return {file.uri: file.size for file in (*own.values(), *shared)}
+
+    def advanced(self, storage_options: Mapping[str, str] | None) -> TableFiles | None:
+        """This table at its newest version, from the commits after this one (self when there
+        are none); None when a commit cannot be followed (see the module's doc)."""
+        filesystem, table_path = filesystem_of(self.table_uri, storage_options)
+        log_dir = f"{table_path.rstrip('/')}/_delta_log"
+        commits: list[list[dict[str, Any]]] = []
+        while True:
+            path = f"{log_dir}/{self.version + len(commits) + 1:020d}.json"
+            if filesystem.get_file_info(path).type == pafs.FileType.NotFound:
+                break
+            with filesystem.open_input_stream(path) as stream:
+                lines = stream.readall().splitlines()
+            commits.append([orjson.loads(line) for line in lines if line.strip()])
+        if not commits:
+            return self
+        return self._after(commits)
+
+    def _after(self, commits: Iterable[list[dict[str, Any]]]) -> TableFiles | None:
+        index = _Index(self.table_uri, self.only_tenant, self.by_tenant, self.shared)
+        version = self.version
+        for actions in commits:
+            version += 1
+            for action in actions:
+                if "metaData" in action:
+                    return None
+                if (removed := action.get("remove")) is not None:
+                    if removed.get("deletionVector"):
+                        return None
+                    index.remove(removed["path"], _tenant(removed, self.tenant_column))
+                elif (added := action.get("add")) is not None:
+                    if added.get("deletionVector"):
+                        return None
+                    tenant = _tenant(added, self.tenant_column)
+                    low, high = _tenant_stats(added) if tenant is None else (None, None)
+                    index.add(added["path"], int(added["size"]), tenant, low, high)
+        return index.frozen(version, self.partition_schema, self.tenant_column)
+
+
+class _Index:
+    """`TableFiles`' mappings while they change: copied on the first change of each, so the
+    version it started from is left as it was."""
+
+    def __init__(
+        self,
+        table_uri: str,
+        only_tenant: str | None,
+        by_tenant: Mapping[str, _Files] | None = None,
+        shared: _Files | None = None,
+    ) -> None:
+        self._table_uri = table_uri
+        # URIs as delta-rs' `file_uris` names them: a local table's as plain paths.
+        self._root = table_uri.rstrip("/").removeprefix("file://")
+        self._only_tenant = only_tenant
+        self._by_tenant: dict[str, _Files] = dict(by_tenant or {})
+        self._shared: dict[str, DataFile] = dict(shared or {})
+        self._changed: dict[str, dict[str, DataFile]] = {}
+
+    def add(
+        self, path: str, size: int, tenant: str | None, low: str | None, high: str | None
+    ) -> None:
+        if tenant is not None and self._only_tenant not in (None, tenant):
+            return
+        relative = unquote(path)
+        self._files(tenant)[relative] = DataFile(f"{self._root}/{relative}", size, low, high)
+
+    def remove(self, path: str, tenant: str | None) -> None:
+        if tenant is not None and self._only_tenant not in (None, tenant):
+            return
+        self._files(tenant).pop(unquote(path), None)
+        if tenant is not None and not self._changed[tenant]:
+            del self._by_tenant[tenant], self._changed[tenant]
+
+    def _files(self, tenant: str | None) -> dict[str, DataFile]:
+        if tenant is None:
+            return self._shared
+        files = self._changed.get(tenant)
+        if files is None:
+            files = self._changed[tenant] = dict(self._by_tenant.get(tenant, {}))
+            self._by_tenant[tenant] = files
+        return files
+
+    def frozen(
+        self, version: int, partition_schema: pa.Schema, tenant_column: str | None
+    ) -> TableFiles:
+        return TableFiles(
+            table_uri=self._table_uri,
+            version=version,
+            partition_schema=partition_schema,
+            tenant_column=tenant_column,
+            by_tenant=MappingProxyType(self._by_tenant),
+            shared=MappingProxyType(self._shared),
+            only_tenant=self._only_tenant,
+        )
+
+
+def _tenant(action: Mapping[str, Any], tenant_column: str | None) -> str | None:
+    """The tenant whose partition holds the action's file; None: a shared file."""
+    if tenant_column is None:
+        return None
+    return _owner((action.get("partitionValues") or {}).get(tenant_column))
+
+
+def _owner(partition_value: Any) -> str | None:
+    if partition_value is None or partition_value == STAGED:
+        return None
+    return str(partition_value)
+
+
+def _tenant_stats(added: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    stats = added.get("stats")
+    if not stats:
+        return None, None
+    parsed = orjson.loads(stats)
+    return (
+        (parsed.get("minValues") or {}).get("tenant"),
+        (parsed.get("maxValues") or {}).get("tenant"),
+    )
+
+
+def _at(values: list[Any] | None, row: int) -> str | None:
+    return None if values is None or values[row] is None else str(values[row])
+
+
+def tenant_files(table: DeltaTable, tenant: str) -> list[str]:
+    """URIs of the loaded version's files that may hold rows of `tenant`
+    (`snapshot_reader.tenant_file_actions`)."""
+    return list(TableFiles.of_table(table, only_tenant=tenant).files_of(tenant))
