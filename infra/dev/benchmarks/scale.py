@@ -72,7 +72,10 @@ from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_process import descendants, rss_mib
 from infra.dev.local_stack import LocalKafka
 from storage.lake.delta_lake import DeltaLake, compaction_app_id
-from storage.lake.tables import ALL_TABLES, TENANT_STATUS, WINDOWS
+from storage.lake.tables import ALL_TABLES, EVENTS, TENANT_STATUS, WINDOWS
+from storage.query.latest_tables import LatestTables
+from storage.query.local_sql import LocalSql
+from storage.query.query_service import QueryService
 from storage.query.sql_views import register_views
 from streaming.app import StreamApp
 from streaming.pipeline.spark_session import build_spark
@@ -80,9 +83,9 @@ from streaming.pipeline.stream_plan import read_kafka, windowed_rows
 from streaming.records.routing import KAFKA_COLUMNS_SQL, ROUTED_SCHEMA, make_router
 from streaming.state.bucket_processor import BUCKET_COLUMN, STATE_SCHEMA, bucket_expression
 from streaming.state.union_rows import PACKED_OUTPUT_SCHEMA
-from tenants.models import SourceConfig
+from tenants.models import QueryLimits, SourceConfig
 from tenants.registry import load_registry
-from tenants.settings import AppSettings
+from tenants.settings import AppSettings, QuerySettings
 
 QUERY_TIMEOUT_S = 3_600
 
@@ -268,9 +271,11 @@ def _product_stage(spark: SparkSession, dataset: _Dataset) -> StageFigures:
     try:
         streamed = _log_writes(lake, dataset.settings.stream.name)
         figures.extra["one_tenant_query_s"] = _one_tenant_query_s(spark, lake, "t000000")
+        served = _ServedQuery(spark, lake, "t000000")
         started = time.monotonic()
         app.compact_now(spark)  # as `run --available-now` does at its end
         compaction_s = time.monotonic() - started
+        figures.extra.update(served.after_compaction())
     finally:
         app.stop()
     compacted = _log_writes(lake, dataset.settings.stream.name)
@@ -549,6 +554,48 @@ def _one_tenant_query_s(spark: SparkSession, lake: DeltaLake, tenant: str) -> fl
     register_views(spark, lake, tenant)
     spark.sql("SELECT count(*) FROM events").collect()
     return round(time.monotonic() - started, 2)
+
+
+class _ServedQuery:
+    """One tenant's statement on a warm query service (`serve`: the in-process engine, tables
+    followed in a thread), opened before a compaction and asked just after it."""
+
+    STATEMENT = "SELECT count(*) AS n FROM events"
+
+    def __init__(self, spark: SparkSession, lake: DeltaLake, tenant: str) -> None:
+        self.tenant = tenant
+        self.lake = lake
+        self.service = QueryService(spark, lake, lambda _: QueryLimits(), _local_sql(lake))
+        self.service.follow_tables(QuerySettings().table_follow_interval_ms / 1000)
+        # What the follower's thread pays for the compaction's commit, on a reader of its own.
+        self.reader = LatestTables(lake)
+        self.reader.latest(EVENTS)
+        started = time.monotonic()
+        self.before = self.service.run(tenant, self.STATEMENT).table.to_pylist()
+        self.open_s = time.monotonic() - started
+
+    def after_compaction(self) -> dict[str, float]:
+        try:
+            started = time.monotonic()
+            after = self.service.run(self.tenant, self.STATEMENT).table.to_pylist()
+            served_s = time.monotonic() - started
+            started = time.monotonic()
+            self.reader.latest(EVENTS)
+            follow_s = time.monotonic() - started
+        finally:
+            self.service.close()
+        if after != self.before:
+            raise RuntimeError(f"the compaction changed the tenant's rows: {self.before} {after}")
+        return {
+            "one_tenant_served_open_s": round(self.open_s, 3),
+            "one_tenant_served_compacted_s": round(served_s, 3),
+            "follow_compaction_commit_s": round(follow_s, 3),
+        }
+
+
+def _local_sql(lake: DeltaLake) -> LocalSql:
+    query = QuerySettings()
+    return LocalSql(lake, query.local_max_tenant_bytes, query.local_cache_bytes)
 
 
 def _one_tenant_sql_cli_s(settings: AppSettings, tenant: str) -> float:

@@ -50,6 +50,8 @@ def test_every_stage_reads_every_record_and_reports_its_figures(
     # them in one file per partition.
     assert 0 < product.extra["adds_per_batch"]["events"]["max"] <= 4
     assert product.extra["compaction_files"] >= 40
+    # The warm service's answer just after the compaction was timed, and was the same rows.
+    assert product.extra["one_tenant_served_compacted_s"] > 0
 
 
 def test_the_noisy_neighbour_probe_sees_every_quiet_record_of_every_phase(
