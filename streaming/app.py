@@ -340,6 +340,7 @@ def run_stream(
     """
     app = StreamApp(settings, fault_hook=fault_hook, on_batch=on_batch)
     app.claim()
+    started = time.monotonic()
     try:
         spark = build_spark(
             settings.stream.name, master, settings.stream.shuffle_partitions, dict(spark_conf or {})
@@ -347,6 +348,9 @@ def run_stream(
     except BaseException:
         app.stop()
         raise
+    # Where a start's time goes (issue 38 asks for the split): the session here, the query's
+    # start below, then the first batch's own progress line.
+    log.info("Spark session started in %.1fs", time.monotonic() - started)
     debugging = log.isEnabledFor(logging.DEBUG)
     if not debugging:
         _set_spark_log_level(spark, SPARK_FAILURE_LOGGERS, "OFF")
@@ -371,7 +375,9 @@ def run_stream(
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     try:
+        started = time.monotonic()
         app.start(spark, available_now)
+        log.info("query started in %.1fs", time.monotonic() - started)
         query = app.query
         while query.isActive and not stop_requested.is_set():
             query.awaitTermination(timeout=1)

@@ -1,0 +1,380 @@
+"""The continuous stream as users run it: start-up, freshness, keeping up, restarts (issue 38).
+
+    .venv/bin/python -m infra.dev.benchmarks.continuous [--tenants 4] [--rate 40] [--seconds 60]
+        [--restarts 3] [--json data/bench/continuous.json]
+
+`tenant-windows run` runs in a process of its own, as users start it: the project's
+`conf/app.yaml` with a 1 s trigger (`--trigger-interval`), `--tenants` tenants, a local broker.
+A producer process sends `--rate` records a second, round-robin over the tenants, for the
+whole run; this process reads each file `events` commits add, once, and notes when each record
+(by partition and offset) first shows up there. It reports:
+
+1. **start:** from launching `run` to its first committed batch, split by the lines the stream
+   logs as it goes: the lease claimed (Python and the config before it), the Spark session
+   started, the query started (checkpoint, Data Source, plan), the first batch's progress;
+2. **freshness:** sent -> readable in `events`, p50, p95 and max, over the records sent in the
+   `--seconds` after the first committed batch (start-up left out);
+3. **keeping up:** how long after it was sent the last of those records was readable, and the
+   resident memory of the stream's processes (`run`, its JVM and Python workers) each minute;
+4. **restarts:** `--restarts` times, SIGKILL every process of the stream (by PID) and start it
+   again at once; the time to its first committed batch, split as in 1. Records keep coming.
+
+Every loop is bounded by the run's deadline; only processes this benchmark started are ended.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+from infra.dev.benchmarks.sample_lake import bench_settings, write_tenants_conf
+from infra.dev.load_generator import set_event_time
+from infra.dev.local_process import descendants, rss_mib
+from infra.dev.local_stack import LocalKafka
+from storage.lake.delta_lake import DeltaLake
+from storage.lake.tables import EVENTS
+from streaming.kafka.client import KafkaSecurity, kafka_python_producer
+from tenants.registry import load_registry
+from tenants.settings import AppSettings
+
+TOPIC = "continuous"
+SOURCE = "billing"
+START_LIMIT_S = 180
+"""A start that has not committed a batch by then failed."""
+DRAIN_LIMIT_S = 120
+"""After the measured records, how long the watcher waits for the last of them at most."""
+WATCH_INTERVAL_S = 0.05
+# The stream's lines that mark a start's phases, in order (`streaming.app.run_stream`,
+# `storage.lake.writer_lease`, and the first batch's progress line).
+PHASES = (
+    ("lease claimed", re.compile(r"stream '.*' claimed by instance")),
+    ("Spark session", re.compile(r"Spark session started in")),
+    ("query started", re.compile(r"query started in")),
+    ("first batch", re.compile(r'"batch_id":')),
+)
+
+
+@dataclass
+class Start:
+    """One start of the stream: seconds from launching `run` to each phase's line."""
+
+    kind: str
+    phases_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def first_batch_s(self) -> float | None:
+        return self.phases_s.get("first batch")
+
+
+class StreamProcess:
+    """`tenant-windows run` in its own session; its lines stamped as they arrive."""
+
+    def __init__(self, command: list[str], log_path: Path) -> None:
+        self.command = command
+        self.log_path = log_path
+        self._process: subprocess.Popen[str] | None = None
+        self._reader: threading.Thread | None = None
+
+    def start(self, kind: str) -> Start:
+        """Launch it and wait for its first committed batch."""
+        start = Start(kind)
+        launched = time.monotonic()
+        process = subprocess.Popen(
+            self.command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+        )
+        self._process = process
+        first_batch = threading.Event()
+
+        def read(stream: IO[str]) -> None:
+            with self.log_path.open("a") as log:
+                for line in stream:  # ends when the process's output closes
+                    log.write(line)
+                    for phase, pattern in PHASES:
+                        if phase not in start.phases_s and pattern.search(line):
+                            start.phases_s[phase] = round(time.monotonic() - launched, 2)
+                            if phase == "first batch":
+                                first_batch.set()
+
+        assert process.stdout is not None
+        self._reader = threading.Thread(target=read, args=(process.stdout,), daemon=True)
+        self._reader.start()
+        if not first_batch.wait(START_LIMIT_S):
+            raise RuntimeError(f"no batch committed within {START_LIMIT_S}s; see {self.log_path}")
+        return start
+
+    def pids(self) -> list[int]:
+        """The stream's processes while it runs (none once it has exited: its PID may be
+        another process's by then)."""
+        if self._process is None or self._process.poll() is not None:
+            return []
+        return [self._process.pid, *descendants(self._process.pid)]
+
+    def rss_mib(self) -> float:
+        return sum(rss_mib(pid) for pid in self.pids())
+
+    def kill(self) -> None:
+        """SIGKILL the stream and every process it started, by PID."""
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if self._process is not None:
+            self._process.wait(timeout=30)
+        if self._reader is not None:
+            self._reader.join(timeout=30)
+
+    def stop(self) -> None:
+        """SIGTERM: a graceful stop, as an operator's; SIGKILL after a minute."""
+        if self._process is None or self._process.poll() is not None:
+            return
+        self._process.send_signal(signal.SIGTERM)
+        try:
+            self._process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tenants", type=int, default=4)
+    parser.add_argument("--rate", type=int, default=40, help="records/s, all tenants")
+    parser.add_argument("--seconds", type=float, default=60, help="measured after the start")
+    parser.add_argument("--restarts", type=int, default=3)
+    parser.add_argument("--trigger-interval", default="1s")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--json", type=Path, default=Path("data/bench/continuous.json"))
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="tw-continuous-"))
+    try:
+        with LocalKafka(workdir / "kafka") as kafka:
+            kafka.create_topic(TOPIC, args.partitions)
+            figures = run(kafka.bootstrap_servers, workdir, args)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(report(figures))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    tenants = [f"t{number:03d}" for number in range(args.tenants)]
+    conf = write_tenants_conf(workdir / "conf", tenants, (SOURCE,))
+    settings = bench_settings(conf, bootstrap_servers, TOPIC, workdir)
+    command = [
+        sys.executable, "-m", "infra.cli", "run",
+        "--conf", str(conf), "--bootstrap-servers", bootstrap_servers, "--topic", TOPIC,
+        "--lake-root", settings.lake.root, "--checkpoint-dir", settings.stream.checkpoint_dir,
+        "--trigger-interval", args.trigger_interval,
+    ]  # fmt: skip
+    stream = StreamProcess(command, workdir / "stream.log")
+    sent = multiprocessing.get_context("spawn").Manager().dict()
+    stop_producing = multiprocessing.get_context("spawn").Event()
+    producer = multiprocessing.get_context("spawn").Process(
+        target=_produce, args=(settings, tenants, args.rate, sent, stop_producing), daemon=True
+    )
+    watcher = _Watcher(DeltaLake.from_settings(settings.lake).table_uri(EVENTS))
+    starts: list[Start] = []
+    rss_per_minute: list[float] = []
+    try:
+        producer.start()
+        watcher.start()
+        starts.append(stream.start("start"))
+        measured_from = time.monotonic()
+        measure_until = measured_from + args.seconds
+        next_sample = measured_from
+        while (now := time.monotonic()) < measure_until:  # bounded by --seconds
+            if now >= next_sample:
+                rss_per_minute.append(round(stream.rss_mib()))
+                next_sample += 60
+            time.sleep(min(1.0, max(0.0, measure_until - now)))
+        measured = _sent_between(dict(sent), measured_from, measure_until)
+        last_seen = watcher.wait_for(measured, DRAIN_LIMIT_S)
+        rss_per_minute.append(round(stream.rss_mib()))
+        for _ in range(args.restarts):
+            stream.kill()
+            starts.append(stream.start("restart after SIGKILL"))
+        stream.stop()
+    finally:
+        stream.kill()
+        stop_producing.set()
+        producer.join(30)
+        if producer.is_alive():
+            producer.kill()
+        watcher.stop()
+    latencies = sorted(
+        watcher.seen_s[key] - sent_s for key, sent_s in measured.items() if key in watcher.seen_s
+    )
+    last_sent = max(measured.values(), default=None)
+    return {
+        "tenants": args.tenants,
+        "rate": args.rate,
+        "seconds": args.seconds,
+        "trigger_interval": args.trigger_interval,
+        "starts": [asdict(start) for start in starts],
+        "measured_records": len(measured),
+        "unseen": len(measured) - len(latencies),
+        "latency_s": _percentiles(latencies),
+        "last_record_readable_after_s": (
+            None if last_seen is None or last_sent is None else round(last_seen - last_sent, 2)
+        ),
+        "rss_mib_per_minute": rss_per_minute,
+    }
+
+
+def _produce(
+    settings: AppSettings,
+    tenants: list[str],
+    rate: int,
+    sent: Any,
+    stop: Any,
+) -> None:
+    """Send `rate` records a second until `stop`; note when each was sent, by (partition,
+    offset). Bounded by the stop event and a day's sends."""
+    event_time = load_registry(settings.conf_dir).sources[SOURCE].event_time
+    producer = kafka_python_producer(
+        settings.kafka.bootstrap_servers, KafkaSecurity.of(settings.kafka), acks=1, linger_ms=0
+    )
+    stamps: dict[tuple[int, int], float] = {}
+    next_s = time.monotonic()
+    try:
+        for number in range(rate * 86_400):
+            if stop.is_set():
+                break
+            tenant = tenants[number % len(tenants)]
+            record: dict[str, object] = {"tenant": tenant, "source": SOURCE, "amount": number}
+            set_event_time(record, event_time, int(time.time() * 1000))
+            sent_s = time.monotonic()
+            future = producer.send(TOPIC, key=tenant.encode(), value=json.dumps(record).encode())
+            future.add_callback(
+                lambda metadata, sent_s=sent_s: stamps.__setitem__(
+                    (metadata.partition, metadata.offset), sent_s
+                )
+            )
+            if number % rate == 0 and stamps:
+                sent.update(stamps)
+                stamps.clear()
+            next_s += 1 / rate
+            time.sleep(max(0.0, next_s - time.monotonic()))
+        producer.flush(timeout=30)
+        sent.update(stamps)
+    finally:
+        producer.close(timeout=10)
+
+
+def _sent_between(
+    sent: dict[tuple[int, int], float], first_s: float, last_s: float
+) -> dict[tuple[int, int], float]:
+    return {key: sent_s for key, sent_s in sent.items() if first_s <= sent_s < last_s}
+
+
+class _Watcher:
+    """Reads each file `events` commits add, once; notes when each record first shows up."""
+
+    def __init__(self, table_uri: str) -> None:
+        self.table_uri = table_uri
+        self.seen_s: dict[tuple[int, int], float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def wait_for(self, records: dict[tuple[int, int], float], limit_s: float) -> float | None:
+        """When the last of `records` was seen (None: not all were within `limit_s`)."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if records.keys() <= self.seen_s.keys():
+                    return max((self.seen_s[key] for key in records), default=None)
+            time.sleep(0.2)
+        return None
+
+    def _watch(self) -> None:
+        read: set[str] = set()
+        table: DeltaTable | None = None
+        while not self._stop.wait(WATCH_INTERVAL_S):  # ends with the run
+            try:
+                if table is None:
+                    table = DeltaTable(self.table_uri)
+                else:
+                    table.update_incremental()
+            except Exception:  # the table appears with the stream's first commit
+                continue
+            for file_uri in table.file_uris():
+                if file_uri in read:
+                    continue
+                read.add(file_uri)
+                rows = pq.read_table(file_uri, columns=["partition", "offset"])
+                seen_s = time.monotonic()
+                with self._lock:
+                    for key in zip(
+                        rows["partition"].to_pylist(), rows["offset"].to_pylist(), strict=True
+                    ):
+                        self.seen_s.setdefault(key, seen_s)
+
+
+def _percentiles(latencies: list[float]) -> dict[str, float] | None:
+    if not latencies:
+        return None
+    quantiles = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
+    return {
+        "p50": round(quantiles[49], 2),
+        "p95": round(quantiles[94], 2),
+        "max": round(latencies[-1], 2),
+    }
+
+
+def report(figures: dict[str, Any]) -> str:
+    lines = [
+        f"{figures['tenants']} tenants, {figures['rate']} records/s, trigger "
+        f"{figures['trigger_interval']}, {figures['seconds']:.0f} s measured",
+        f"{'start':<24}" + "".join(f"{phase:>15}" for phase, _ in PHASES),
+    ]
+    for start in figures["starts"]:
+        phases = start["phases_s"]
+        lines.append(
+            f"{start['kind']:<24}"
+            + "".join(f"{phases.get(phase, float('nan')):>15.2f}" for phase, _ in PHASES)
+        )
+    latency = figures["latency_s"] or {}
+    lines += [
+        f"freshness (sent -> readable in events) over {figures['measured_records']} records: "
+        f"p50 {latency.get('p50')} s, p95 {latency.get('p95')} s, max {latency.get('max')} s; "
+        f"unseen {figures['unseen']}",
+        f"last record readable {figures['last_record_readable_after_s']} s after it was sent",
+        f"stream RSS MiB per minute: {figures['rss_mib_per_minute']}",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
