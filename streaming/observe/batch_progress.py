@@ -194,6 +194,7 @@ class ProgressListener(StreamingQueryListener):
         self.observer = observer
         self._pending: dict[int, BatchOutcome] = {}
         self._changed = threading.Condition()
+        self._reported_first = False
 
     def record(self, outcome: BatchOutcome) -> None:
         """Called by the sink when a batch's commits are done; reported with its progress event."""
@@ -235,6 +236,11 @@ class ProgressListener(StreamingQueryListener):
         return None
 
     def _report(self, outcome: BatchOutcome, progress: Any) -> None:
+        if not self._reported_first:
+            # A start's first batch carries the start's one-off costs (Python workers, the
+            # state's first load): where its time went, as Spark splits it.
+            self._reported_first = True
+            log.info("the run's first batch, %d: %s ms", outcome.batch_id, progress.durationMs)
         summary = batch_progress(self.stream, outcome, progress)
         if self.deferral is not None:
             counts, backlog = self.deferral.batch_counts(_batch_key_of(progress))

@@ -25,6 +25,7 @@ Every loop is bounded by the run's deadline; only processes this benchmark start
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import json
 import multiprocessing
@@ -71,6 +72,8 @@ PHASES = (
     ("first batch", re.compile(r'"batch_id":')),
 )
 
+FIRST_BATCH_SPLIT = re.compile(r"the run's first batch, \d+: (\{.*\}) ms")
+
 
 @dataclass
 class Start:
@@ -78,6 +81,8 @@ class Start:
 
     kind: str
     phases_s: dict[str, float] = field(default_factory=dict)
+    first_batch_ms: dict[str, int] = field(default_factory=dict)
+    """Spark's split of the first batch (`durationMs`), as the stream logs it."""
 
     @property
     def first_batch_s(self) -> float | None:
@@ -113,6 +118,8 @@ class StreamProcess:
             with self.log_path.open("a") as log:
                 for line in stream:  # ends when the process's output closes
                     log.write(line)
+                    if (split := FIRST_BATCH_SPLIT.search(line)) is not None:
+                        start.first_batch_ms = ast.literal_eval(split.group(1))
                     for phase, pattern in PHASES:
                         if phase not in start.phases_s and pattern.search(line):
                             start.phases_s[phase] = round(time.monotonic() - launched, 2)
@@ -365,6 +372,7 @@ def report(figures: dict[str, Any]) -> str:
             f"{start['kind']:<24}"
             + "".join(f"{phases.get(phase, float('nan')):>15.2f}" for phase, _ in PHASES)
         )
+        lines.append(f"{'':<24}first batch, ms: {start['first_batch_ms']}")
     latency = figures["latency_s"] or {}
     lines += [
         f"freshness (sent -> readable in events) over {figures['measured_records']} records: "
