@@ -45,12 +45,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
-from pyspark import StorageLevel
 from pyspark.sql import SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from storage.lake.data_files import (
-    WRITTEN_FILE_DDL,
+    MANIFEST_DDL,
+    Manifests,
     MergeFiles,
     SettledFiles,
     WrittenFile,
@@ -67,6 +67,8 @@ log = logging.getLogger(__name__)
 # The staged files a compaction read were taken by another commit in between (an `optimize`,
 # or a stream compacting foreign files): it lists them again this many times.
 SETTLE_ATTEMPTS = 5
+MANIFESTS_FOLDER = "_compaction_manifests"
+"""Under the lake's root: the lists of files a compaction's tasks wrote, while it runs."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,11 @@ class Compaction:
         """Compact every staged table; `version` (the batch it runs after) is the commits'
         transaction version under `<stream>/compaction`, `now_ms` its timestamp (None: settle
         everything)."""
+        # An instance that crashed mid-compaction left its manifests; each start has a new
+        # epoch, so an older epoch's are never read again.
+        Manifests.remove_older(
+            self.lake.root, self.lake.storage_options, self._manifests_folder, self.writer_epoch
+        )
         done = []
         for spec in STAGED_TABLES:
             result = self._compact(spark, spec, version, now_ms, before_commit)
@@ -203,6 +210,10 @@ class Compaction:
             "attempts; the next compaction tries again"
         )
 
+    @property
+    def _manifests_folder(self) -> str:
+        return f"{MANIFESTS_FOLDER}/{self.stream}"
+
     def _write_settled(
         self, spark: SparkSession, spec: TableSpec, staged: list[LakeFile]
     ) -> list[WrittenFile]:
@@ -241,15 +252,16 @@ class Compaction:
             from_arrow_schema(spec.schema),
         )
         # Every row of a (tenant, source) key reaches one task, so each settled partition gets
-        # exactly one file; only the file list comes back to the driver. The tasks write in
-        # parallel into the executors' cache, and the list comes back one task's share at a
-        # time: settling everything writes a file per key, and a million keys' list collected
-        # at once outgrew a 1 GB driver heap. A lost cache block re-runs its task, which
-        # rewrites the same files (the names and bytes are a function of the inputs).
+        # exactly one file. The file list reaches the driver through one manifest per task,
+        # never through the JVM (`Manifests`).
         by_key = rows.repartition(self.tasks, "tenant", "source")
-        written = by_key.mapInArrow(writer, WRITTEN_FILE_DDL).persist(StorageLevel.MEMORY_AND_DISK)
+        manifests = Manifests(
+            self.lake.root,
+            self.lake.storage_options,
+            f"{self._manifests_folder}/epoch-{self.writer_epoch}/{spec.name}",
+        )
         try:
-            written.count()
-            return [WrittenFile.from_row(row.asDict()) for row in written.toLocalIterator()]
+            listed = by_key.mapInArrow(manifests.listing(writer), MANIFEST_DDL).collect()
+            return manifests.read([row.manifest for row in listed])
         finally:
-            written.unpersist()
+            manifests.remove()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -12,7 +13,9 @@ import pyarrow.parquet as pq
 
 from storage.lake.data_files import (
     RUN_ROW_GROUP_ROWS,
+    WRITTEN_FILE_SCHEMA,
     BatchFiles,
+    Manifests,
     MergeFiles,
     SettledFiles,
     WrittenFile,
@@ -187,3 +190,49 @@ def test_staged_file_names_say_which_stream_wrote_them_and_only_runs_carry_an_ag
     assert run_oldest_ms(run.run_name(2)) == 1_795_000_000_000
     assert run_oldest_ms(batch) is None
     assert stream_of_staged_file("part-00000-optimized-by-someone.parquet") is None
+
+
+def _written(task: int, count: int) -> list[WrittenFile]:
+    return [
+        WrittenFile(
+            table_name="events",
+            path=f"layout_tenant=t{task}-{n}/part-{n}.parquet",
+            size=100 + n,
+            partition_values={"layout_tenant": f"t{task}-{n}"},
+            modification_time=T0_MS,
+            stats='{"numRecords": 1}',
+            num_records=1,
+        )
+        for n in range(count)
+    ]
+
+
+def test_tasks_list_their_files_in_manifests_the_driver_reads_back(tmp_path: Path) -> None:
+    manifests = Manifests(str(tmp_path), None, "_compaction_manifests/orders/epoch-3/events")
+    rows = []
+    for task, count in ((0, 3), (1, 0), (2, 2)):
+        files = _written(task, count)
+
+        def writer(_batches: object, files: list[WrittenFile] = files) -> Iterator[pa.RecordBatch]:
+            yield pa.RecordBatch.from_pylist(
+                [file.to_row() for file in files], schema=WRITTEN_FILE_SCHEMA
+            )
+
+        rows += [
+            row
+            for batch in manifests.listing(writer, task_partition=lambda task=task: task)(iter([]))
+            for row in batch.to_pylist()
+        ]
+    assert [row["files"] for row in rows] == [3, 2]  # a task that wrote nothing lists nothing
+    read = manifests.read([row["manifest"] for row in rows])
+    assert read == _written(0, 3) + _written(2, 2)
+
+    # A crashed instance's (an older epoch's) manifests go when a newer one compacts.
+    older = Manifests(str(tmp_path), None, "_compaction_manifests/orders/epoch-2/events")
+    leftover = pa.RecordBatch.from_pylist([_written(9, 1)[0].to_row()], WRITTEN_FILE_SCHEMA)
+    list(older.listing(lambda _: iter([leftover]), task_partition=lambda: 0)(iter([])))
+    Manifests.remove_older(str(tmp_path), None, "_compaction_manifests/orders", epoch=3)
+    folder = tmp_path / "_compaction_manifests" / "orders"
+    assert sorted(path.name for path in folder.iterdir()) == ["epoch-3"]
+    manifests.remove()
+    assert not (folder / "epoch-3" / "events").exists()
