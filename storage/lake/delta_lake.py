@@ -50,6 +50,8 @@ class TableMaintenance:
 
 
 DELETE_ATTEMPTS = 5
+TableOpener = Callable[[TableSpec], DeltaTable]
+"""A table at its newest version (`DeltaLake.open`, or `KeptTables.current`)."""
 
 
 class DeltaLake:
@@ -214,9 +216,12 @@ class DeltaLake:
                     raise
                 attempts += 1
 
-    def committed_batch(self, spec: TableSpec, app_id: str) -> int | None:
-        """The highest batch id `app_id` has committed to the table, if any."""
-        return self.open(spec).transaction_version(app_id)
+    def committed_batch(
+        self, spec: TableSpec, app_id: str, open_table: TableOpener | None = None
+    ) -> int | None:
+        """The highest batch id `app_id` has committed to the table, if any; `open_table`
+        gives the table at its newest version (default: opened anew)."""
+        return (open_table or self.open)(spec).transaction_version(app_id)
 
     def vacuum(self, retention_ms: int, dry_run: bool) -> dict[str, list[str]]:
         """Delete files no table version within `retention_ms` references, per table.
@@ -274,9 +279,10 @@ class DeltaLake:
         batch_id: int,
         writer_epoch: int,
         before_commit: Callable[[], None] = lambda: None,
+        open_table: TableOpener | None = None,
     ) -> bool:
         """Commit `files` (written by executors) as batch `batch_id` of `app_id`, in one commit,
-        unless the table already holds that batch.
+        unless the table already holds that batch; `open_table` as for `committed_batch`.
 
         Only while the table is fenced with `writer_epoch` (see `writer_lease`): the check
         and the commit use one snapshot, and the commit fails if anything landed after it, so a
@@ -296,7 +302,7 @@ class DeltaLake:
         ]
 
         def attempt() -> bool:
-            table = self.open(spec)
+            table = (open_table or self.open)(spec)
             check_fence(table, app_id, writer_epoch)
             committed = table.transaction_version(app_id)
             if committed is not None and committed >= batch_id:
