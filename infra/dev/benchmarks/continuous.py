@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import IO, Any
 
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 
 from infra.dev.benchmarks.sample_lake import bench_settings, write_tenants_conf
+from infra.dev.benchmarks.table_watch import added_files
 from infra.dev.load_generator import set_event_time
 from infra.dev.local_process import descendants, rss_mib
 from infra.dev.local_stack import LocalKafka
@@ -326,27 +326,14 @@ class _Watcher:
         return None
 
     def _watch(self) -> None:
-        read: set[str] = set()
-        table: DeltaTable | None = None
-        while not self._stop.wait(WATCH_INTERVAL_S):  # ends with the run
-            try:
-                if table is None:
-                    table = DeltaTable(self.table_uri)
-                else:
-                    table.update_incremental()
-            except Exception:  # the table appears with the stream's first commit
-                continue
-            for file_uri in table.file_uris():
-                if file_uri in read:
-                    continue
-                read.add(file_uri)
-                rows = pq.read_table(file_uri, columns=["partition", "offset"])
-                seen_s = time.monotonic()
-                with self._lock:
-                    for key in zip(
-                        rows["partition"].to_pylist(), rows["offset"].to_pylist(), strict=True
-                    ):
-                        self.seen_s.setdefault(key, seen_s)
+        for file_uri in added_files(self.table_uri, self._stop, WATCH_INTERVAL_S):
+            rows = pq.read_table(file_uri, columns=["partition", "offset"])
+            seen_s = time.monotonic()
+            with self._lock:
+                for key in zip(
+                    rows["partition"].to_pylist(), rows["offset"].to_pylist(), strict=True
+                ):
+                    self.seen_s.setdefault(key, seen_s)
 
 
 def _percentiles(latencies: list[float]) -> dict[str, float] | None:

@@ -37,7 +37,6 @@ from typing import Any
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 from kafka import KafkaProducer
 from pyspark.sql import SparkSession
 
@@ -45,6 +44,7 @@ from infra.dev.benchmarks.sample_lake import (
     bench_settings,
     write_tenants_conf,
 )
+from infra.dev.benchmarks.table_watch import added_files
 from infra.dev.load_generator import set_event_time
 from infra.dev.local_stack import LocalKafka
 from storage.lake.delta_lake import DeltaLake
@@ -342,29 +342,16 @@ def _produce_noisy(
 def _watch(settings: AppSettings, probe: Probe, stop: threading.Event) -> None:
     """Read each file `events` commits add, once, and note when quiet records first show up."""
     uri = DeltaLake.from_settings(settings.lake).table_uri(EVENTS)
-    read: set[str] = set()
-    table: DeltaTable | None = None
-    while not stop.wait(0.2):  # ends with the run
-        try:
-            if table is None:
-                table = DeltaTable(uri)
-            else:
-                table.update_incremental()
-        except Exception:  # the table appears with the stream's first commit
-            continue
-        for file_uri in table.file_uris():
-            if file_uri in read:
-                continue
-            read.add(file_uri)
-            rows = pq.read_table(file_uri, columns=["tenant", "partition", "offset"])
-            rows = rows.filter(pc.is_in(rows["tenant"], value_set=pc.cast(QUIET, "string")))
-            seen_s = probe.now_s()
-            with probe.lock:
-                coordinates = zip(
-                    rows["partition"].to_pylist(), rows["offset"].to_pylist(), strict=True
-                )
-                for key in coordinates:
-                    probe.seen_s.setdefault(key, seen_s)
+    for file_uri in added_files(uri, stop, 0.2):
+        rows = pq.read_table(file_uri, columns=["tenant", "partition", "offset"])
+        rows = rows.filter(pc.is_in(rows["tenant"], value_set=pc.cast(QUIET, "string")))
+        seen_s = probe.now_s()
+        with probe.lock:
+            coordinates = zip(
+                rows["partition"].to_pylist(), rows["offset"].to_pylist(), strict=True
+            )
+            for key in coordinates:
+                probe.seen_s.setdefault(key, seen_s)
 
 
 def _unseen(probe: Probe) -> int:
