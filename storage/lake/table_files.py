@@ -9,8 +9,9 @@ partition holds them, and `advanced` applies the log's new commits to it: a batc
 costs its own few actions, a compaction's its own swap, and a tenant's lookup a dictionary's.
 
 Only `add` and `remove` actions move files. A commit the index cannot follow (new metadata,
-which may re-partition the table, or a deletion vector) or a commit no longer in the log makes
-`advanced` return None: the caller loads the version from delta-rs (`of_table`) instead.
+which may re-partition the table, a deletion vector, a `remove` that does not name its
+partition) makes `advanced` return None: the caller loads the version from delta-rs
+(`of_table`) instead.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ class DataFile:
         return self.min_tenant <= tenant <= self.max_tenant
 
 
+MAX_COMMITS_PER_ADVANCE = 1_000
+"""A reader far behind catches up over several calls, each one a bounded read."""
+
 _Files = Mapping[str, DataFile]
 """By path relative to the table, as the file system names it (the log percent-encodes it)."""
 
@@ -80,10 +84,9 @@ class TableFiles:
             # Filtered as Arrow: a one-off reader pays nothing per other tenant's file.
             else tenant_file_actions(table, only_tenant)
         )
-        columns = {
-            name: actions[name].to_pylist() if name in actions.column_names else None
-            for name in ("path", "size_bytes", "min.tenant", "max.tenant")
-        }
+        paths = actions["path"].to_pylist()
+        sizes = actions["size_bytes"].to_pylist()
+        lows, highs = (_column(actions, f"{end}.tenant") for end in ("min", "max"))
         owners = (
             actions[f"partition.{tenant_column}"].to_pylist()
             if tenant_column is not None
@@ -92,15 +95,13 @@ class TableFiles:
         index = _Index(table.table_uri, only_tenant)
         for row, owner in enumerate(owners):
             tenant = _owner(owner)
+            shared = tenant is None  # only a shared file's statistics are looked at
             index.add(
-                str(columns["path"][row]),  # type: ignore[index]
-                int(columns["size_bytes"][row]),  # type: ignore[index]
+                paths[row],
+                int(sizes[row]),
                 tenant,
-                *(
-                    (_at(columns["min.tenant"], row), _at(columns["max.tenant"], row))
-                    if tenant is None
-                    else (None, None)
-                ),
+                lows[row] if shared else None,
+                highs[row] if shared else None,
             )
         return index.frozen(table.version(), partitions, tenant_column)
 
@@ -119,12 +120,13 @@ class TableFiles:
         return {file.uri: file.size for file in (*own.values(), *shared)}
 
     def advanced(self, storage_options: Mapping[str, str] | None) -> TableFiles | None:
-        """This table at its newest version, from the commits after this one (self when there
-        are none); None when a commit cannot be followed (see the module's doc)."""
+        """This table at a newer version, from the commits after this one (at most
+        `MAX_COMMITS_PER_ADVANCE`; self when there are none); None when a commit cannot be
+        followed (see the module's doc)."""
         filesystem, table_path = filesystem_of(self.table_uri, storage_options)
         log_dir = f"{table_path.rstrip('/')}/_delta_log"
         commits: list[list[dict[str, Any]]] = []
-        while True:
+        for _ in range(MAX_COMMITS_PER_ADVANCE):
             path = f"{log_dir}/{self.version + len(commits) + 1:020d}.json"
             if filesystem.get_file_info(path).type == pafs.FileType.NotFound:
                 break
@@ -144,7 +146,10 @@ class TableFiles:
                 if "metaData" in action:
                     return None
                 if (removed := action.get("remove")) is not None:
-                    if removed.get("deletionVector"):
+                    # A remove need not say its partition (Delta makes it optional); without
+                    # it, which tenant's files held it is unknown here.
+                    unplaced = self.tenant_column is not None and not removed.get("partitionValues")
+                    if removed.get("deletionVector") or unplaced:
                         return None
                     index.remove(removed["path"], _tenant(removed, self.tenant_column))
                 elif (added := action.get("add")) is not None:
@@ -237,8 +242,11 @@ def _tenant_stats(added: Mapping[str, Any]) -> tuple[str | None, str | None]:
     )
 
 
-def _at(values: list[Any] | None, row: int) -> str | None:
-    return None if values is None or values[row] is None else str(values[row])
+def _column(actions: pa.Table, name: str) -> list[str | None]:
+    """A statistics column as text (None where a file has none, or no file has it)."""
+    if name not in actions.column_names:
+        return [None] * actions.num_rows
+    return [None if value is None else str(value) for value in actions[name].to_pylist()]
 
 
 def tenant_files(table: DeltaTable, tenant: str) -> list[str]:

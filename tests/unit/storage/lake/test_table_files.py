@@ -3,6 +3,7 @@ version, whatever the commits did."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -122,3 +123,15 @@ def test_one_tenants_index_lists_its_files_as_the_whole_one_and_answers_for_no_o
     assert len(followed.files_of("acme")) == 3
     with pytest.raises(ValueError, match="'acme'"):
         followed.files_of("zeta")
+
+
+def test_a_remove_that_does_not_name_its_partition_is_left_to_a_fresh_load(
+    tmp_path: Path,
+) -> None:
+    uri = str(tmp_path / "events")
+    _write(uri, _settled("acme"))
+    files = TableFiles.of_table(DeltaTable(uri))
+    (path,) = pa.table(DeltaTable(uri).get_add_actions()).column("path").to_pylist()
+    remove = {"remove": {"path": path, "deletionTimestamp": 1, "dataChange": True}}
+    (tmp_path / "events" / "_delta_log" / f"{1:020d}.json").write_text(json.dumps(remove) + "\n")
+    assert files.advanced(None) is None
