@@ -16,7 +16,7 @@ partition) makes `advanced` return None: the caller loads the version from delta
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -122,43 +122,43 @@ class TableFiles:
     def advanced(self, storage_options: Mapping[str, str] | None) -> TableFiles | None:
         """This table at a newer version, from the commits after this one (at most
         `MAX_COMMITS_PER_ADVANCE`; self when there are none); None when a commit cannot be
-        followed (see the module's doc)."""
+        followed (see the module's doc). A commit is read a line (an action) at a time: a
+        compaction's swap at a million keys is a 1.5 GB commit."""
         filesystem, table_path = filesystem_of(self.table_uri, storage_options)
         log_dir = f"{table_path.rstrip('/')}/_delta_log"
-        commits: list[list[dict[str, Any]]] = []
+        index = _Index(self.table_uri, self.only_tenant, self.by_tenant, self.shared)
+        version = self.version
         for _ in range(MAX_COMMITS_PER_ADVANCE):
-            path = f"{log_dir}/{self.version + len(commits) + 1:020d}.json"
+            path = f"{log_dir}/{version + 1:020d}.json"
             if filesystem.get_file_info(path).type == pafs.FileType.NotFound:
                 break
             with filesystem.open_input_stream(path) as stream:
-                lines = stream.readall().splitlines()
-            commits.append([orjson.loads(line) for line in lines if line.strip()])
-        if not commits:
-            return self
-        return self._after(commits)
-
-    def _after(self, commits: Iterable[list[dict[str, Any]]]) -> TableFiles | None:
-        index = _Index(self.table_uri, self.only_tenant, self.by_tenant, self.shared)
-        version = self.version
-        for actions in commits:
+                for line in _lines(stream):
+                    if not self._apply(orjson.loads(line), index):
+                        return None
             version += 1
-            for action in actions:
-                if "metaData" in action:
-                    return None
-                if (removed := action.get("remove")) is not None:
-                    # A remove need not say its partition (Delta makes it optional); without
-                    # it, which tenant's files held it is unknown here.
-                    unplaced = self.tenant_column is not None and not removed.get("partitionValues")
-                    if removed.get("deletionVector") or unplaced:
-                        return None
-                    index.remove(removed["path"], _tenant(removed, self.tenant_column))
-                elif (added := action.get("add")) is not None:
-                    if added.get("deletionVector"):
-                        return None
-                    tenant = _tenant(added, self.tenant_column)
-                    low, high = _tenant_stats(added) if tenant is None else (None, None)
-                    index.add(added["path"], int(added["size"]), tenant, low, high)
+        if version == self.version:
+            return self
         return index.frozen(version, self.partition_schema, self.tenant_column)
+
+    def _apply(self, action: Mapping[str, Any], index: _Index) -> bool:
+        """Apply one action of the log to `index`; False: one this index cannot follow."""
+        if "metaData" in action:
+            return False
+        if (removed := action.get("remove")) is not None:
+            # A remove need not say its partition (Delta makes it optional); without it, which
+            # tenant's files held it is unknown here.
+            unplaced = self.tenant_column is not None and not removed.get("partitionValues")
+            if removed.get("deletionVector") or unplaced:
+                return False
+            index.remove(removed["path"], _tenant(removed, self.tenant_column))
+        elif (added := action.get("add")) is not None:
+            if added.get("deletionVector"):
+                return False
+            tenant = _tenant(added, self.tenant_column)
+            low, high = _tenant_stats(added) if tenant is None else (None, None)
+            index.add(added["path"], int(added["size"]), tenant, low, high)
+        return True
 
 
 class _Index:
@@ -216,6 +216,16 @@ class _Index:
             shared=MappingProxyType(self._shared),
             only_tenant=self._only_tenant,
         )
+
+
+def _lines(stream: pa.NativeFile, chunk_bytes: int = 1 << 22) -> Iterator[bytes]:
+    """The stream's non-empty lines, read `chunk_bytes` at a time."""
+    pending = b""
+    while chunk := stream.read(chunk_bytes):
+        *complete, pending = (pending + chunk).split(b"\n")
+        yield from (line for line in complete if line.strip())
+    if pending.strip():
+        yield pending
 
 
 def _tenant(action: Mapping[str, Any], tenant_column: str | None) -> str | None:
