@@ -50,7 +50,6 @@ from streaming.pipeline.batch_sink import MicroBatchSink
 from streaming.pipeline.compaction_schedule import CompactionSchedule
 from streaming.pipeline.spark_session import build_spark
 from streaming.pipeline.stream_plan import start_query
-from streaming.pipeline.worker_warmup import warm_python_workers
 from streaming.records.quarantine_log import QuarantineLog
 from streaming.state.bucket_state import STATE_LAYOUT
 from streaming.state.configured_status import ConfiguredKeyRows
@@ -352,7 +351,6 @@ def run_stream(
     # Where a start's time goes (issue 38 asks for the split): the session here, the query's
     # start below, then the first batch's own progress line.
     log.info("Spark session started in %.1fs", time.monotonic() - started)
-    warm_python_workers(spark)  # beside the query's start, for its first batch
     debugging = log.isEnabledFor(logging.DEBUG)
     if not debugging:
         _set_spark_log_level(spark, SPARK_FAILURE_LOGGERS, "OFF")
