@@ -26,29 +26,26 @@ from __future__ import annotations
 
 import argparse
 import ast
-import contextlib
 import json
 import multiprocessing
 import os
 import re
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pyarrow.parquet as pq
 
 from infra.dev.benchmarks.sample_lake import bench_settings, write_tenants_conf
 from infra.dev.benchmarks.table_watch import added_files
 from infra.dev.load_generator import set_event_time
-from infra.dev.local_process import descendants, rss_mib
+from infra.dev.local_process import LocalProcess, descendants, rss_mib
 from infra.dev.local_stack import LocalKafka
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.tables import EVENTS
@@ -84,84 +81,59 @@ class Start:
     first_batch_ms: dict[str, int] = field(default_factory=dict)
     """Spark's split of the first batch (`durationMs`), as the stream logs it."""
 
-    @property
-    def first_batch_s(self) -> float | None:
-        return self.phases_s.get("first batch")
 
+class StreamProcess(LocalProcess):
+    """`tenant-windows run` in its own session (`LocalProcess`: its output in a log file, ended
+    by the PIDs it started); ready once its first batch is committed. Each phase's line is
+    stamped when a probe first sees it, every `probe_interval_s`."""
 
-class StreamProcess:
-    """`tenant-windows run` in its own session; its lines stamped as they arrive."""
+    name = "tenant-windows run"
+    ready_deadline_s = START_LIMIT_S
+    probe_interval_s = 0.05
 
     def __init__(self, command: list[str], log_path: Path) -> None:
+        super().__init__(log_path)
         self.command = command
-        self.log_path = log_path
-        self._process: subprocess.Popen[str] | None = None
-        self._reader: threading.Thread | None = None
+        self._start = Start("none")
+        self._launched_s = 0.0
+        self._read_bytes = 0
 
-    def start(self, kind: str) -> Start:
-        """Launch it and wait for its first committed batch."""
-        start = Start(kind)
-        launched = time.monotonic()
-        process = subprocess.Popen(
-            self.command,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-            env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
-        )
-        self._process = process
-        first_batch = threading.Event()
+    @property
+    def address(self) -> str:
+        return f"its log {self.log_path}"
 
-        def read(stream: IO[str]) -> None:
-            with self.log_path.open("a") as log:
-                for line in stream:  # ends when the process's output closes
-                    log.write(line)
-                    if (split := FIRST_BATCH_SPLIT.search(line)) is not None:
-                        start.first_batch_ms = ast.literal_eval(split.group(1))
-                    for phase, pattern in PHASES:
-                        if phase not in start.phases_s and pattern.search(line):
-                            start.phases_s[phase] = round(time.monotonic() - launched, 2)
-                            if phase == "first batch":
-                                first_batch.set()
+    def launch(self, kind: str) -> Start:
+        """Start it and wait for its first committed batch; its phases."""
+        self._start = Start(kind)
+        self._read_bytes = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self._launched_s = time.monotonic()
+        self.start()
+        return self._start
 
-        assert process.stdout is not None
-        self._reader = threading.Thread(target=read, args=(process.stdout,), daemon=True)
-        self._reader.start()
-        if not first_batch.wait(START_LIMIT_S):
-            raise RuntimeError(f"no batch committed within {START_LIMIT_S}s; see {self.log_path}")
-        return start
-
-    def pids(self) -> list[int]:
-        """The stream's processes while it runs (none once it has exited: its PID may be
-        another process's by then)."""
-        if self._process is None or self._process.poll() is not None:
-            return []
-        return [self._process.pid, *descendants(self._process.pid)]
+    def start(self) -> StreamProcess:
+        self._launch(self.command, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
+        return self
 
     def rss_mib(self) -> float:
-        return sum(rss_mib(pid) for pid in self.pids())
+        if self.pid is None:
+            return 0.0
+        return sum(rss_mib(pid) for pid in [self.pid, *descendants(self.pid)])
 
-    def kill(self) -> None:
-        """SIGKILL the stream and every process it started, by PID."""
-        for pid in self.pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if self._process is not None:
-            self._process.wait(timeout=30)
-        if self._reader is not None:
-            self._reader.join(timeout=30)
-
-    def stop(self) -> None:
-        """SIGTERM: a graceful stop, as an operator's; SIGKILL after a minute."""
-        if self._process is None or self._process.poll() is not None:
-            return
-        self._process.send_signal(signal.SIGTERM)
-        try:
-            self._process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.kill()
+    def _probe(self) -> None:
+        seen_s = round(time.monotonic() - self._launched_s, 2)
+        with self.log_path.open("rb") as log:
+            log.seek(self._read_bytes)
+            text = log.read()
+        complete = text[: text.rfind(b"\n") + 1]
+        self._read_bytes += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            if (split := FIRST_BATCH_SPLIT.search(line)) is not None:
+                self._start.first_batch_ms = ast.literal_eval(split.group(1))
+            for phase, pattern in PHASES:
+                if phase not in self._start.phases_s and pattern.search(line):
+                    self._start.phases_s[phase] = seen_s
+        if "first batch" not in self._start.phases_s:
+            raise RuntimeError("no batch committed yet")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,9 +170,10 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
         "--trigger-interval", args.trigger_interval,
     ]  # fmt: skip
     stream = StreamProcess(command, workdir / "stream.log")
-    sent = multiprocessing.get_context("spawn").Manager().dict()
-    stop_producing = multiprocessing.get_context("spawn").Event()
-    producer = multiprocessing.get_context("spawn").Process(
+    processes = multiprocessing.get_context("spawn")
+    sent = processes.Manager().dict()
+    stop_producing = processes.Event()
+    producer = processes.Process(
         target=_produce, args=(settings, tenants, args.rate, sent, stop_producing), daemon=True
     )
     watcher = _Watcher(DeltaLake.from_settings(settings.lake).table_uri(EVENTS))
@@ -209,7 +182,7 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
     try:
         producer.start()
         watcher.start()
-        starts.append(stream.start("start"))
+        starts.append(stream.launch("start"))
         measured_from = time.monotonic()
         measure_until = measured_from + args.seconds
         next_sample = measured_from
@@ -222,11 +195,10 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
         last_seen = watcher.wait_for(measured, DRAIN_LIMIT_S)
         rss_per_minute.append(round(stream.rss_mib()))
         for _ in range(args.restarts):
-            stream.kill()
-            starts.append(stream.start("restart after SIGKILL"))
-        stream.stop()
+            stream.stop(kill=True)
+            starts.append(stream.launch("restart after SIGKILL"))
     finally:
-        stream.kill()
+        stream.stop()  # SIGTERM, as an operator stops it
         stop_producing.set()
         producer.join(30)
         if producer.is_alive():
