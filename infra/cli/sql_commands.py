@@ -211,8 +211,7 @@ class _InProcess:
     def __post_init__(self) -> None:
         from storage.query.local_sql import LocalSql
 
-        query = self.settings.query
-        self._engine = LocalSql(self.lake, query.local_max_tenant_bytes, query.local_cache_bytes)
+        self._engine = LocalSql.of_settings(self.lake, self.settings.query)
         self._files = _FilesOnFirstRead(self.tables, self.args.tenant)
 
     def answer(self, tree: exp.Query) -> str | _Refusal | None:

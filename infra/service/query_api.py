@@ -436,11 +436,7 @@ def serve(settings: AppSettings, host: str, port: int, master: str | None) -> No
         settings.query.with_overrides({}), ConfReader(settings.conf_dir), recheck_s
     )
     metrics = QueryMetrics()
-    local = (
-        LocalSql(lake, settings.query.local_max_tenant_bytes, settings.query.local_cache_bytes)
-        if settings.query.local_engine
-        else None
-    )
+    local = LocalSql.of_settings(lake, settings.query) if settings.query.local_engine else None
     service = QueryService(spark, lake, limits, local)
     service.follow_tables(settings.query.table_follow_interval_ms / 1000)
     app = create_app(

@@ -48,6 +48,7 @@ from storage.lake.snapshot_reader import read_files
 from storage.lake.table_files import TableFiles
 from storage.lake.tables import ALL_TABLES, EVENTS, LAKE_TABLES, WINDOWS, TableSpec
 from storage.query.view_tables import WINDOW_CONTENTS
+from tenants.settings import QuerySettings
 
 log = logging.getLogger(__name__)
 
@@ -382,6 +383,11 @@ class LocalSql:
 
     def __post_init__(self) -> None:
         self._rows = TenantRows(self.lake, self.cache_bytes)
+
+    @classmethod
+    def of_settings(cls, lake: DeltaLake, query: QuerySettings) -> LocalSql:
+        """The engine with `query.local_max_tenant_bytes` and `query.local_cache_bytes`."""
+        return cls(lake, query.local_max_tenant_bytes, query.local_cache_bytes)
 
     def answer(
         self,

@@ -113,8 +113,7 @@ def _run(spark: SparkSession, kafka: LocalKafka, workdir: Path, args: argparse.N
     times = event_times(conf)
 
     limits = TenantLimits(QueryLimits(), ConfReader(conf), 60.0)
-    defaults = settings.query
-    local = LocalSql(lake, defaults.local_max_tenant_bytes, defaults.local_cache_bytes)
+    local = LocalSql.of_settings(lake, settings.query)
     service = QueryService(spark, lake, limits, local)
     app = create_app(
         service,

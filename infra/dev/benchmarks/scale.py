@@ -565,8 +565,10 @@ class _ServedQuery:
     def __init__(self, spark: SparkSession, lake: DeltaLake, tenant: str) -> None:
         self.tenant = tenant
         self.lake = lake
-        self.service = QueryService(spark, lake, lambda _: QueryLimits(), _local_sql(lake))
-        self.service.follow_tables(QuerySettings().table_follow_interval_ms / 1000)
+        query = QuerySettings()  # as `serve` runs with the defaults
+        local = LocalSql.of_settings(lake, query)
+        self.service = QueryService(spark, lake, lambda _: QueryLimits(), local)
+        self.service.follow_tables(query.table_follow_interval_ms / 1000)
         # What the follower's thread pays for the compaction's commit, on a reader of its own.
         self.reader = LatestTables(lake)
         self.reader.latest(EVENTS)
@@ -591,11 +593,6 @@ class _ServedQuery:
             "one_tenant_served_compacted_s": round(served_s, 3),
             "follow_compaction_commit_s": round(follow_s, 3),
         }
-
-
-def _local_sql(lake: DeltaLake) -> LocalSql:
-    query = QuerySettings()
-    return LocalSql(lake, query.local_max_tenant_bytes, query.local_cache_bytes)
 
 
 def _one_tenant_sql_cli_s(settings: AppSettings, tenant: str) -> float:
