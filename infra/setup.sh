@@ -19,3 +19,6 @@ if ! command -v java >/dev/null; then
   echo "Spark needs a Java runtime (17): apt-get install -y openjdk-17-jre-headless" >&2
   exit 1
 fi
+# Spark's classes in one archive for the driver's JVM: every session starts about 1.5 s sooner
+# (streaming/pipeline/class_archive.py). Built once per Java and Spark; a failure only costs that.
+.venv/bin/python -m streaming.pipeline.class_archive --if-missing || true
