@@ -9,6 +9,9 @@ Lifecycle, in the order the methods run:
 - `claim()`: needs no Spark; checks the config and the checkpoint, creates the tables, claims
   the lease. It raises before any write if the config is invalid, the checkpoint belongs to
   another stream or layout, or a live instance holds the lease.
+- or `stand_by(spark)` (`run --standby`): checks as `claim()` does, builds the query's plan and
+  starts the Python workers, then waits for the lease, so that a crash of the running instance
+  costs only the query's start and its first batch, not a JVM's and a session's.
 - `start(spark)`: claims if not yet, publishes the config, starts the query and the threads.
 - the query runs; between micro-batches the config is re-read and published.
 - `stop()`: idempotent; the query stops, the threads end, the lease is released.
@@ -25,13 +28,13 @@ from collections.abc import Callable, Mapping
 from types import FrameType
 
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from storage.lake.commits import FencedError
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.s3_options import LakeUnavailableError
-from storage.lake.writer_lease import WriterLease
+from storage.lake.writer_lease import StreamLeaseHeldError, WriterLease
 from storage.upkeep.compaction import Compaction, SettlePolicy
 from streaming.checkpoint.checkpoint_identity import (
     StreamIdentity,
@@ -46,10 +49,11 @@ from streaming.kafka.group_offsets import GroupOffsets
 from streaming.notify.notifier import Notifier
 from streaming.observe.batch_progress import BatchProgress, LastBatchFile, ProgressListener
 from streaming.observe.stream_metrics import StreamMetrics
+from streaming.pipeline import worker_daemon
 from streaming.pipeline.batch_sink import MicroBatchSink
 from streaming.pipeline.compaction_schedule import CompactionSchedule
 from streaming.pipeline.spark_session import build_spark
-from streaming.pipeline.stream_plan import start_query
+from streaming.pipeline.stream_plan import start_query, windowed_stream
 from streaming.records.quarantine_log import QuarantineLog
 from streaming.state.bucket_state import STATE_LAYOUT
 from streaming.state.configured_status import ConfiguredKeyRows
@@ -110,6 +114,7 @@ class StreamApp:
         self._query: StreamingQuery | None = None
         self._spark: SparkSession | None = None
         self._compaction: CompactionSchedule | None = None
+        self._rows: DataFrame | None = None
         self.deferral = Deferral.for_stream(
             settings.stream, self.lake.root, self.lake.storage_options or {}, self.snapshots
         )
@@ -158,12 +163,41 @@ class StreamApp:
         any write and before Spark starts. Returns the writer epoch.
         """
         if self.lease.epoch is None:
-            self.watcher.check()  # an invalid config at start is fatal
-            check_checkpoint(self.settings.stream.checkpoint_dir, self.identity)
-            self.lake.ensure_tables()
+            self.check()
             self.lease.acquire()
         assert self.lease.epoch is not None
         return self.lease.epoch
+
+    def check(self) -> None:
+        """What `claim()` checks and prepares before it claims: the config (invalid at start is
+        fatal), the checkpoint's identity, the tables."""
+        self.watcher.check()
+        check_checkpoint(self.settings.stream.checkpoint_dir, self.identity)
+        self.lake.ensure_tables()
+
+    def stand_by(self, spark: SparkSession, stop: threading.Event) -> bool:
+        """Get ready without the lease, then wait for it: True once this instance holds it,
+        False if `stop` was set first. Waits while a live instance holds it and while the lake
+        cannot be reached; bounded by `stop` only, as a standby runs until needed."""
+        self.check()
+        self._plan(spark)
+        worker_daemon.start_workers(spark)
+        name = self.settings.stream.name
+        log.info("standing by for stream %r: ready, waiting for its lease", name)
+        interval_s = self.settings.stream.standby_poll_interval_ms / 1000
+        last_outage = ""
+        while not stop.is_set():
+            try:
+                self.lease.acquire()
+                return True
+            except StreamLeaseHeldError:
+                last_outage = ""
+            except LakeUnavailableError as outage:
+                if str(outage) != last_outage:  # once per outage, not every poll
+                    log.warning("standing by for stream %r: %s", name, outage)
+                last_outage = str(outage)
+            stop.wait(interval_s)
+        return False
 
     def start(self, spark: SparkSession, available_now: bool = False) -> StreamApp:
         """Claim the stream (if not yet) and start its query; `conf/` must be valid now, and is
@@ -275,22 +309,26 @@ class StreamApp:
             compaction=self._compaction,
             quarantine_log=self.quarantine_log,
         )
-        query = start_query(
-            spark,
-            settings,
-            self.snapshots,
-            sink,
-            available_now,
-            self.fault_hook,
-            self.deferral,
-            None if self.metrics is None else self.metrics.track_keys(spark.sparkContext),
-        )
+        query = start_query(self._plan(spark), settings, sink, available_now)
         self._threads.append(
             self.watcher.watch(self._stopping, interval_s=CONFIG_POLL_INTERVAL_S, clock_ms=_now_ms)
         )
         # Off the batch path: a slow endpoint never delays a micro-batch.
         self._threads.append(self.notifier.start(self._stopping))
         return query
+
+    def _plan(self, spark: SparkSession) -> DataFrame:
+        """The query's plan, built once (`stand_by` builds it before the lease)."""
+        if self._rows is None:
+            self._rows = windowed_stream(
+                spark,
+                self.settings,
+                self.snapshots,
+                self.fault_hook,
+                self.deferral,
+                None if self.metrics is None else self.metrics.track_keys(spark.sparkContext),
+            )
+        return self._rows
 
     def compact_now(self, spark: SparkSession) -> None:
         """Settle every staged row of this stream now (the end of an `--available-now` run), as
@@ -331,15 +369,21 @@ def run_stream(
     fault_hook: FaultHook = NO_FAULTS,
     spark_conf: Mapping[str, str] | None = None,
     on_batch: Callable[[BatchProgress], None] | None = None,
+    standby: bool = False,
 ) -> int:
     """Run the stream until it ends, fails or gets SIGTERM/SIGINT; the process's exit code.
 
     A first signal lets the batch in progress finish (at most `stream.stop_grace`), then stops
     and exits 0; a second one stops at once. `spark_conf` adds session settings, e.g. what
     ships the code to a cluster's executors; `on_batch` is told about each finished batch.
+    With `standby`, it first waits, warm, until the running instance stops or dies
+    (`StreamApp.stand_by`); a signal while it waits stops it at once.
     """
     app = StreamApp(settings, fault_hook=fault_hook, on_batch=on_batch)
-    app.claim()
+    if standby:
+        app.check()
+    else:
+        app.claim()
     started = time.monotonic()
     try:
         spark = build_spark(
@@ -375,6 +419,8 @@ def run_stream(
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     try:
+        if standby and not app.stand_by(spark, stop_requested):
+            return 0
         started = time.monotonic()
         app.start(spark, available_now)
         log.info("query started in %.1fs", time.monotonic() - started)

@@ -323,6 +323,15 @@ class StreamSettings(_Frozen):
             "this) for this long may be taken over. Keep it well above clock skew between hosts."
         ),
     )
+    standby_poll_interval_ms: PositiveDurationMs = Field(
+        default=500,
+        alias="standby_poll_interval",
+        description=(
+            "How often `run --standby` looks at the lease: a holder that stopped or died on this "
+            "host is taken over within this; one on another host after `lease_ttl`. Each look "
+            "reads the lease table (a few requests on S3)."
+        ),
+    )
 
     default_quota: Quota | None = Field(
         default=None,

@@ -30,8 +30,16 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     """`run`, `status`, `produce`, `demo`."""
     run = commands.add_parser("run", help="run the stream (continuously, or --available-now)")
     add_settings_flags(run)
-    run.add_argument(
+    # A standby waits to take over a continuous stream; a run to the end has nothing to take over.
+    how = run.add_mutually_exclusive_group()
+    how.add_argument(
         "--available-now", action="store_true", help="process what is in the topic, then exit"
+    )
+    how.add_argument(
+        "--standby",
+        action="store_true",
+        help="start warm and wait: take the stream over when its running instance stops or dies "
+        "(on this host within stream.standby_poll_interval, elsewhere after stream.lease_ttl)",
     )
     run.add_argument(
         "--master",
@@ -87,7 +95,13 @@ def _run(args: argparse.Namespace) -> int:
     bar = _progress_bar(settings) if args.available_now and sys.stderr.isatty() else None
     try:
         return run_stream(
-            settings, args.master, args.available_now, args.fault_hook, spark_conf, on_batch=bar
+            settings,
+            args.master,
+            args.available_now,
+            args.fault_hook,
+            spark_conf,
+            on_batch=bar,
+            standby=args.standby,
         )
     finally:
         if bar is not None:

@@ -82,21 +82,32 @@ def windowed_rows(
     )
 
 
-def start_query(
+def windowed_stream(
     spark: SparkSession,
     settings: AppSettings,
     snapshots: ConfigSnapshots,
-    sink: MicroBatchSink,
-    available_now: bool,
     fault_hook: FaultHook = NO_FAULTS,
     deferral: Deferral | None = None,
     key_summaries: KeySummaries | None = None,
-) -> StreamingQuery:
+) -> DataFrame:
+    """The query's plan, not started: building it registers the Kafka Data Source and has Spark
+    create it in Python, which a standby does while it waits."""
     records = read_kafka(spark, settings, fault_hook, deferral)
-    rows = windowed_rows(records, snapshots, settings, fault_hook, key_summaries)
+    return windowed_rows(records, snapshots, settings, fault_hook, key_summaries)
+
+
+def start_query(
+    rows: DataFrame,
+    settings: AppSettings,
+    sink: MicroBatchSink,
+    available_now: bool,
+) -> StreamingQuery:
+    """Start `rows` (`windowed_stream`) into `sink`, on the stream's checkpoint and trigger."""
     # Idle timeouts need batches without data, but AvailableNow would then never end: with it,
     # timeouts fire only in batches that have data.
-    spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", str(not available_now).lower())
+    rows.sparkSession.conf.set(
+        "spark.sql.streaming.noDataMicroBatches.enabled", str(not available_now).lower()
+    )
     writer = (
         rows.writeStream.queryName(settings.stream.name)
         .option("checkpointLocation", settings.stream.checkpoint_dir)

@@ -8,15 +8,36 @@ time. Imported here, before the daemon forks, a worker starts with them in memor
 
 from __future__ import annotations
 
-import pandas  # noqa: F401
-import pyarrow  # noqa: F401
-import pyspark.worker  # noqa: F401
-from pyspark import daemon
+import importlib
+from collections.abc import Iterator
 
-import storage.lake.data_files  # noqa: F401
-import streaming.kafka.source
-import streaming.records.routing
-import streaming.state.bucket_processor  # noqa: F401
+import pyarrow as pa
+from pyspark import daemon
+from pyspark.sql import SparkSession
+
+PRELOADED = (
+    "pandas",
+    "pyspark.worker",
+    "storage.lake.data_files",
+    "streaming.kafka.source",
+    "streaming.records.routing",
+    "streaming.state.bucket_processor",
+)
+"""What a worker of the stream's query imports: the Kafka reader, the router, the state function
+and the file writer, and their pandas and pyarrow."""
+
+
+def start_workers(spark: SparkSession) -> None:
+    """Start this session's daemon and a worker with a one-row job, for an instance that has
+    the time before its first batch (a standby)."""
+    spark.range(1).mapInArrow(_same, "id long").collect()
+
+
+def _same(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    yield from batches
+
 
 if __name__ == "__main__":
+    for module in PRELOADED:
+        importlib.import_module(module)
     daemon.manager()

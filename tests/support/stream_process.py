@@ -43,12 +43,13 @@ def start_process(
     environ: dict[str, str] | None = None,
     available_now: bool = True,
     fault: Sequence[str] = (),
+    flags: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
     """Start `tenant-windows run` in its own process group, output to `log`; `fault` installs
-    a fault hook (see `Pipeline.cli_run`)."""
+    a fault hook (see `Pipeline.cli_run`); `flags` are more of `run`'s flags."""
     extra = ["--available-now"] if available_now else []
     return subprocess.Popen(
-        pipeline.cli_run(*extra, fault=fault),
+        pipeline.cli_run(*extra, *flags, fault=fault),
         cwd=ROOT,
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -18,6 +18,8 @@ whole run; this process reads each file `events` commits add, once, and notes wh
    resident memory of the stream's processes (`run`, its JVM and Python workers) each minute;
 4. **restarts:** `--restarts` times, SIGKILL every process of the stream (by PID) and start it
    again at once; the time to its first committed batch, split as in 1. Records keep coming.
+   With `--standby`, a `run --standby` instance is started and ready first instead: the time
+   is from the SIGKILL to the standby's first committed batch.
 
 Every loop is bounded by the run's deadline; only processes this benchmark started are ended.
 """
@@ -69,6 +71,7 @@ PHASES = (
     ("first batch", re.compile(r'"batch_id":')),
 )
 
+STANDING_BY = re.compile(r"standing by for stream .*: ready")
 FIRST_BATCH_SPLIT = re.compile(r"the run's first batch, \d+: (\{.*\}) ms")
 
 
@@ -84,8 +87,9 @@ class Start:
 
 class StreamProcess(LocalProcess):
     """`tenant-windows run` in its own session (`LocalProcess`: its output in a log file, ended
-    by the PIDs it started); ready once its first batch is committed. Each phase's line is
-    stamped when a probe first sees it, every `probe_interval_s`."""
+    by the PIDs it started); ready once its first batch is committed, or, `--standby`, once it
+    stands by. Each phase's line is stamped when a probe first sees it, every
+    `probe_interval_s`."""
 
     name = "tenant-windows run"
     ready_deadline_s = START_LIMIT_S
@@ -97,6 +101,7 @@ class StreamProcess(LocalProcess):
         self._start = Start("none")
         self._launched_s = 0.0
         self._read_bytes = 0
+        self._ready = "standing by" if "--standby" in command else "first batch"
 
     @property
     def address(self) -> str:
@@ -108,6 +113,17 @@ class StreamProcess(LocalProcess):
         self._read_bytes = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._launched_s = time.monotonic()
         self.start()
+        return self._start
+
+    def take_over_from(self, active: StreamProcess) -> Start:
+        """SIGKILL `active` (this is its ready standby); the phases of this one's takeover, from
+        the kill to its first committed batch."""
+        self._start = Start("standby after SIGKILL")
+        self._read_bytes = self.log_path.stat().st_size
+        self._ready = "first batch"
+        self._launched_s = time.monotonic()
+        active.stop(kill=True)
+        self._wait_until_ready()
         return self._start
 
     def start(self) -> StreamProcess:
@@ -129,11 +145,11 @@ class StreamProcess(LocalProcess):
         for line in complete.decode(errors="replace").splitlines():
             if (split := FIRST_BATCH_SPLIT.search(line)) is not None:
                 self._start.first_batch_ms = ast.literal_eval(split.group(1))
-            for phase, pattern in PHASES:
+            for phase, pattern in (*PHASES, ("standing by", STANDING_BY)):
                 if phase not in self._start.phases_s and pattern.search(line):
                     self._start.phases_s[phase] = seen_s
-        if "first batch" not in self._start.phases_s:
-            raise RuntimeError("no batch committed yet")
+        if self._ready not in self._start.phases_s:
+            raise RuntimeError(f"not yet: {self._ready}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--restarts", type=int, default=3)
     parser.add_argument("--trigger-interval", default="1s")
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument(
+        "--standby", action="store_true", help="restarts: a ready standby takes over instead"
+    )
     parser.add_argument("--json", type=Path, default=Path("data/bench/continuous.json"))
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="tw-continuous-"))
@@ -170,6 +189,7 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
         "--trigger-interval", args.trigger_interval,
     ]  # fmt: skip
     stream = StreamProcess(command, workdir / "stream.log")
+    instances = [stream]
     processes = multiprocessing.get_context("spawn")
     sent = processes.Manager().dict()
     stop_producing = processes.Event()
@@ -194,11 +214,19 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
         measured = _sent_between(dict(sent), measured_from, measure_until)
         last_seen = watcher.wait_for(measured, DRAIN_LIMIT_S)
         rss_per_minute.append(round(stream.rss_mib()))
-        for _ in range(args.restarts):
-            stream.stop(kill=True)
-            starts.append(stream.launch("restart after SIGKILL"))
+        for restart in range(args.restarts):
+            if args.standby:
+                standby = StreamProcess([*command, "--standby"], workdir / f"standby-{restart}.log")
+                instances.append(standby)
+                standby.launch("standby")
+                starts.append(standby.take_over_from(stream))
+                stream = standby
+            else:
+                stream.stop(kill=True)
+                starts.append(stream.launch("restart after SIGKILL"))
     finally:
-        stream.stop()  # SIGTERM, as an operator stops it
+        for instance in instances:
+            instance.stop()  # SIGTERM, as an operator stops it; a stopped one is left alone
         stop_producing.set()
         producer.join(30)
         if producer.is_alive():
@@ -213,6 +241,7 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
         "rate": args.rate,
         "seconds": args.seconds,
         "trigger_interval": args.trigger_interval,
+        "standby": args.standby,
         "starts": [asdict(start) for start in starts],
         "measured_records": len(measured),
         "unseen": len(measured) - len(latencies),

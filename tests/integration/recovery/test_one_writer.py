@@ -1,4 +1,4 @@
-"""One writer per stream, with the real stream: a second instance and a zombie instance.
+"""One writer per stream, with the real stream: a second instance, a standby and a zombie.
 
 Each instance is a real `tenant-windows run` process. The zombie is paused with SIGSTOP by the
 fault hook just before a Delta commit, as a long GC pause or a frozen VM would, and resumed
@@ -40,12 +40,14 @@ LEASE_TTL = {"TW_STREAM__LEASE_TTL": "3s"}
 
 @contextmanager
 def _instance(
-    pipeline: Pipeline, available_now: bool, fault: Sequence[str] = ()
+    pipeline: Pipeline, available_now: bool, fault: Sequence[str] = (), flags: Sequence[str] = ()
 ) -> Iterator[Popen[bytes]]:
     """A `tenant-windows run` process, killed on the way out if it is still running."""
     log_path = pipeline.workdir / f"instance-{time.monotonic_ns()}.log"
     with log_path.open("wb") as log:
-        process = start_process(pipeline, log, available_now=available_now, fault=fault)
+        process = start_process(
+            pipeline, log, available_now=available_now, fault=fault, flags=flags
+        )
         process.log_path = log_path  # type: ignore[attr-defined]
         try:
             yield process
@@ -112,6 +114,57 @@ def test_a_second_instance_of_a_running_stream_fails_fast_and_writes_nothing(
     pipeline.produce([record("acme", "web", T0_MS + 60_000)])
     pipeline.run_available_now(spark)
     assert len(pipeline.table("events")) == len(produced) + 1
+
+
+def _claimed_by(tmp_path: Path) -> list[int]:
+    """The PIDs that claimed the stream, by epoch."""
+    claims = DeltaTable(str(tmp_path / "lake" / LEASE_TABLE)).to_pandas()
+    return list(claims.sort_values("epoch")["pid"])
+
+
+def test_a_standby_claims_nothing_until_the_running_instance_dies_then_carries_on(
+    kafka: Any, conf_dir: Path, tmp_path: Path
+) -> None:
+    pipeline = Pipeline.create(kafka, tmp_path, conf_dir, trigger_interval="500ms")
+    before = [record("acme", "web", T0_MS + i * 1_000) for i in range(20)]
+    pipeline.produce(before)
+    with _instance(pipeline, available_now=False) as active:
+        _wait_while_alive(
+            "the running instance's events",
+            lambda: (
+                (tmp_path / "lake" / "events").exists()
+                and len(pipeline.table("events")) == len(before)
+            ),
+            active,
+            timeout_s=180,
+        )
+        # A standby stopped while it waits leaves without a trace.
+        with _instance(pipeline, available_now=False, flags=["--standby"]) as idle:
+            _wait_while_alive("a standby", lambda: "ready, waiting" in _log(idle), idle, 180)
+            idle.send_signal(signal.SIGTERM)
+            assert idle.wait(timeout=60) == 0, _log(idle)[-3000:]
+        assert _claimed_by(tmp_path) == [active.pid]
+
+        with _instance(pipeline, available_now=False, flags=["--standby"]) as standby:
+            _wait_while_alive("a standby", lambda: "ready, waiting" in _log(standby), standby, 180)
+            time.sleep(1.5)  # a few of its looks at the lease, while the holder lives
+            assert _claimed_by(tmp_path) == [active.pid], "the standby claimed a live stream"
+
+            os.killpg(active.pid, signal.SIGKILL)  # the driver and its JVM
+            active.wait(timeout=30)
+            after = [record("acme", "web", T0_MS + 30_000 + i * 1_000) for i in range(10)]
+            pipeline.produce(after)
+            _wait_while_alive(
+                "the standby's events",
+                lambda: len(pipeline.table("events")) == len(before) + len(after),
+                standby,
+                timeout_s=120,
+            )
+            assert "taking over from dead" in _log(standby)
+            assert _claimed_by(tmp_path) == [active.pid, standby.pid]
+            standby.send_signal(signal.SIGTERM)
+            assert standby.wait(timeout=120) == 0, _log(standby)[-3000:]
+    assert_every_record_landed_once(pipeline)
 
 
 def test_a_zombie_instance_cannot_commit_after_a_newer_one_took_over(
