@@ -38,19 +38,23 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import yaml
 
-from infra.dev.benchmarks.sample_lake import bench_settings, write_tenants_conf
+from infra.dev.benchmarks.sample_lake import PROJECT_CONF, bench_settings, write_tenants_conf
 from infra.dev.benchmarks.table_watch import added_files
 from infra.dev.load_generator import set_event_time
 from infra.dev.local_process import LocalProcess, descendants, rss_mib
 from infra.dev.local_stack import LocalKafka
 from storage.lake.delta_lake import DeltaLake
-from storage.lake.tables import EVENTS
+from storage.lake.tables import EVENTS, WINDOWS
 from streaming.kafka.client import KafkaSecurity, kafka_python_producer
 from tenants.registry import load_registry
 from tenants.settings import AppSettings
@@ -62,6 +66,7 @@ START_LIMIT_S = 180
 DRAIN_LIMIT_S = 120
 """After the measured records, how long the watcher waits for the last of them at most."""
 WATCH_INTERVAL_S = 0.05
+PANE_COLUMNS = ["tenant", "window_end", "is_final"]
 # The stream's lines that mark a start's phases, in order (`streaming.app.run_stream`,
 # `storage.lake.writer_lease`, and the first batch's progress line).
 PHASES = (
@@ -152,7 +157,7 @@ class StreamProcess(LocalProcess):
             raise RuntimeError(f"not yet: {self._ready}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tenants", type=int, default=4)
     parser.add_argument("--rate", type=int, default=40, help="records/s, all tenants")
@@ -161,10 +166,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trigger-interval", default="1s")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument(
+        "--window",
+        help="e.g. 2s: the source's tumbling window, with no out-of-orderness or lateness, so "
+        "that final panes close during the run (default: conf/sources.yaml's rules)",
+    )
+    parser.add_argument(
         "--standby", action="store_true", help="restarts: a ready standby takes over instead"
     )
     parser.add_argument("--json", type=Path, default=Path("data/bench/continuous.json"))
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="tw-continuous-"))
     try:
         with LocalKafka(workdir / "kafka") as kafka:
@@ -180,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
     tenants = [f"t{number:03d}" for number in range(args.tenants)]
-    conf = write_tenants_conf(workdir / "conf", tenants, (SOURCE,))
+    conf = write_tenants_conf(
+        workdir / "conf", tenants, (SOURCE,), sources_from=_sources(workdir, args.window)
+    )
     settings = bench_settings(conf, bootstrap_servers, TOPIC, workdir)
     command = [
         sys.executable, "-m", "infra.cli", "run",
@@ -196,15 +212,20 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
     producer = processes.Process(
         target=_produce, args=(settings, tenants, args.rate, sent, stop_producing), daemon=True
     )
-    watcher = _Watcher(DeltaLake.from_settings(settings.lake).table_uri(EVENTS))
+    lake = DeltaLake.from_settings(settings.lake)
+    watcher = _Watcher(lake.table_uri(EVENTS), ["partition", "offset"], _record_keys)
+    # Wall-clock: a pane's watermark is an event time, and events are stamped when sent.
+    panes = _Watcher(lake.table_uri(WINDOWS), PANE_COLUMNS, _final_pane_keys, clock=time.time)
     starts: list[Start] = []
     rss_per_minute: list[float] = []
     try:
         producer.start()
         watcher.start()
+        panes.start()
         starts.append(stream.launch("start"))
         measured_from = time.monotonic()
         measure_until = measured_from + args.seconds
+        panes_from_s = time.time()
         next_sample = measured_from
         while (now := time.monotonic()) < measure_until:  # bounded by --seconds
             if now >= next_sample:
@@ -232,8 +253,18 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
         if producer.is_alive():
             producer.kill()
         watcher.stop()
+        panes.stop()
     latencies = sorted(
         watcher.seen_s[key] - sent_s for key, sent_s in measured.items() if key in watcher.seen_s
+    )
+    # A final pane is due once a record stamped past its end (plus out-of-orderness and
+    # lateness, both 0 with `--window`) is sent: at its end, and a key's next record is at most
+    # `tenants / rate` seconds later. (A pane's `watermark` is its batch's, often later.) Only
+    # the windows that ended during the measured seconds.
+    pane_latencies = sorted(
+        seen_s - window_end_s
+        for (_, window_end_s), seen_s in panes.seen_s.items()
+        if panes_from_s <= window_end_s < panes_from_s + args.seconds
     )
     last_sent = max(measured.values(), default=None)
     return {
@@ -246,11 +277,29 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
         "measured_records": len(measured),
         "unseen": len(measured) - len(latencies),
         "latency_s": _percentiles(latencies),
+        "window": args.window,
+        "final_panes": len(pane_latencies),
+        "final_pane_latency_s": _percentiles(pane_latencies),
         "last_record_readable_after_s": (
             None if last_seen is None or last_sent is None else round(last_seen - last_sent, 2)
         ),
         "rss_mib_per_minute": rss_per_minute,
     }
+
+
+def _sources(workdir: Path, window: str | None) -> Path:
+    """A config folder whose `sources.yaml` is the project's, `SOURCE` with `window` if given."""
+    if window is None:
+        return PROJECT_CONF
+    sources = yaml.safe_load((PROJECT_CONF / "sources.yaml").read_text())
+    rules = sources["sources"][SOURCE]
+    rules["window"] = {"kind": "tumbling", "size": window}
+    rules["out_of_orderness"] = "0s"
+    rules["allowed_lateness"] = "0s"
+    folder = workdir / "sources"
+    folder.mkdir()
+    (folder / "sources.yaml").write_text(yaml.safe_dump(sources))
+    return folder
 
 
 def _produce(
@@ -300,11 +349,21 @@ def _sent_between(
 
 
 class _Watcher:
-    """Reads each file `events` commits add, once; notes when each record first shows up."""
+    """Reads each file a table's commits add, once; notes when each row's key (`keys`, over
+    `columns`) first shows up, by `clock`."""
 
-    def __init__(self, table_uri: str) -> None:
+    def __init__(
+        self,
+        table_uri: str,
+        columns: list[str],
+        keys: Callable[[pa.Table], Iterable[tuple[Any, ...]]],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.table_uri = table_uri
-        self.seen_s: dict[tuple[int, int], float] = {}
+        self.columns = columns
+        self.keys = keys
+        self.clock = clock
+        self.seen_s: dict[tuple[Any, ...], float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._lock = threading.Lock()
@@ -328,13 +387,22 @@ class _Watcher:
 
     def _watch(self) -> None:
         for file_uri in added_files(self.table_uri, self._stop, WATCH_INTERVAL_S):
-            rows = pq.read_table(file_uri, columns=["partition", "offset"])
-            seen_s = time.monotonic()
+            rows = pq.read_table(file_uri, columns=self.columns)
+            seen_s = self.clock()
             with self._lock:
-                for key in zip(
-                    rows["partition"].to_pylist(), rows["offset"].to_pylist(), strict=True
-                ):
+                for key in self.keys(rows):
                     self.seen_s.setdefault(key, seen_s)
+
+
+def _record_keys(rows: pa.Table) -> Iterable[tuple[Any, ...]]:
+    return zip(rows["partition"].to_pylist(), rows["offset"].to_pylist(), strict=True)
+
+
+def _final_pane_keys(rows: pa.Table) -> Iterable[tuple[Any, ...]]:
+    """(tenant, window end in epoch seconds) of final panes."""
+    final = rows.filter(pc.field("is_final"))
+    window_end_s = pc.divide(pc.cast(final["window_end"], pa.int64()), 1e6)  # from microseconds
+    return zip(final["tenant"].to_pylist(), window_end_s.to_pylist(), strict=True)
 
 
 def _percentiles(latencies: list[float]) -> dict[str, float] | None:
@@ -367,6 +435,8 @@ def report(figures: dict[str, Any]) -> str:
         f"p50 {latency.get('p50')} s, p95 {latency.get('p95')} s, max {latency.get('max')} s; "
         f"unseen {figures['unseen']}",
         f"last record readable {figures['last_record_readable_after_s']} s after it was sent",
+        f"final panes (window's end -> readable in windows), {figures['final_panes']}: "
+        f"{figures['final_pane_latency_s']}",
         f"stream RSS MiB per minute: {figures['rss_mib_per_minute']}",
     ]
     return "\n".join(lines)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from infra.dev.benchmarks import noisy_neighbour
+from infra.dev.benchmarks import continuous, noisy_neighbour
 from infra.dev.benchmarks.scale import parse_args, run, steady_ratios
 
 pytestmark = pytest.mark.integration
@@ -73,3 +73,28 @@ def test_the_noisy_neighbour_probe_sees_every_quiet_record_of_every_phase(
     assert probe.noisy_sent > 10 * (timeline.before_s + timeline.after_s)
     # The burst may still be in deferral (the default quota); the quiet records were windowed.
     assert sum(int(p["numInputRows"]) for p in batches) >= len(probe.sent_s)
+
+
+def test_the_continuous_stream_is_timed_from_launch_and_a_standby_takes_over(
+    kafka: Any, tmp_path: Path
+) -> None:
+    args = continuous.parse_args(
+        ["--seconds", "6", "--restarts", "1", "--standby", "--window", "2s", "--partitions", "2"]
+    )
+    kafka.create_topic(continuous.TOPIC, args.partitions)
+    figures = continuous.run(kafka.bootstrap_servers, tmp_path, args)
+
+    assert figures["measured_records"] > 0 and figures["unseen"] == 0, figures
+    first, takeover = figures["starts"]
+    assert list(first["phases_s"]) == [
+        "lease claimed",
+        "Spark session",
+        "query started",
+        "first batch",
+    ], first
+    # The standby had its session before the kill: its takeover claims, starts, commits.
+    assert takeover["kind"] == "standby after SIGKILL"
+    assert "Spark session" not in takeover["phases_s"]
+    assert 0 < takeover["phases_s"]["lease claimed"] < takeover["phases_s"]["first batch"]
+    # Windows of 2 s close while it runs: their final panes were seen and timed.
+    assert figures["final_panes"] > 0 and figures["final_pane_latency_s"]["p50"] > 0
