@@ -74,6 +74,19 @@ def _wait_while_alive(
     wait_until(done, timeout_s, what, alive=running, interval_s=0.3)
 
 
+def _wait_for_events(pipeline: Pipeline, rows: int, process: Popen[bytes]) -> None:
+    """Until `events` holds `rows` rows, while `process` runs (at most 180 s)."""
+    _wait_while_alive(
+        f"{rows} rows in events",
+        lambda: (
+            (pipeline.workdir / "lake" / "events").exists()
+            and len(pipeline.table("events")) == rows
+        ),
+        process,
+        timeout_s=180,
+    )
+
+
 def test_a_second_instance_of_a_running_stream_fails_fast_and_writes_nothing(
     kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
 ) -> None:
@@ -81,15 +94,7 @@ def test_a_second_instance_of_a_running_stream_fails_fast_and_writes_nothing(
     produced = [record("acme", "web", T0_MS + i * 1_000) for i in range(20)]
     pipeline.produce(produced)
     with _instance(pipeline, available_now=False) as first:
-        _wait_while_alive(
-            "the first instance's events",
-            lambda: (
-                (tmp_path / "lake" / "events").exists()
-                and len(pipeline.table("events")) == len(produced)
-            ),
-            first,
-            timeout_s=180,
-        )
+        _wait_for_events(pipeline, len(produced), first)
         second_checkpoint = tmp_path / "second-checkpoint"
         second = subprocess.run(
             pipeline.cli_run("--checkpoint-dir", str(second_checkpoint)),
@@ -129,15 +134,7 @@ def test_a_standby_claims_nothing_until_the_running_instance_dies_then_carries_o
     before = [record("acme", "web", T0_MS + i * 1_000) for i in range(20)]
     pipeline.produce(before)
     with _instance(pipeline, available_now=False) as active:
-        _wait_while_alive(
-            "the running instance's events",
-            lambda: (
-                (tmp_path / "lake" / "events").exists()
-                and len(pipeline.table("events")) == len(before)
-            ),
-            active,
-            timeout_s=180,
-        )
+        _wait_for_events(pipeline, len(before), active)
         # A standby stopped while it waits leaves without a trace.
         with _instance(pipeline, available_now=False, flags=["--standby"]) as idle:
             _wait_while_alive("a standby", lambda: "ready, waiting" in _log(idle), idle, 180)
@@ -154,12 +151,7 @@ def test_a_standby_claims_nothing_until_the_running_instance_dies_then_carries_o
             active.wait(timeout=30)
             after = [record("acme", "web", T0_MS + 30_000 + i * 1_000) for i in range(10)]
             pipeline.produce(after)
-            _wait_while_alive(
-                "the standby's events",
-                lambda: len(pipeline.table("events")) == len(before) + len(after),
-                standby,
-                timeout_s=120,
-            )
+            _wait_for_events(pipeline, len(before) + len(after), standby)
             assert "taking over from dead" in _log(standby)
             assert _claimed_by(tmp_path) == [active.pid, standby.pid]
             standby.send_signal(signal.SIGTERM)
