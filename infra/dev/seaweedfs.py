@@ -29,6 +29,8 @@ _READ_BACK_OBJECTS = 1_000
 # worker does so for the admin server), so every component gets that pair, both free.
 _GRPC_OFFSET = 10_000
 _PORT_RANGE = (20_000, 65_535 - _GRPC_OFFSET)
+"""Where HTTP ports are picked when the kernel's ephemeral range leaves no room below it."""
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _COMPONENTS = ("master", "volume", "filer", "s3", "admin")
 # The socket files `weed` names after its gRPC ports and leaves behind when it is killed.
 _GRPC_SOCKET_NAMES = ("master", "volume", "filer", "s3", "admin")
@@ -55,12 +57,28 @@ def _port_free(port: int) -> bool:
         return True
 
 
+def _port_range() -> tuple[int, int]:
+    """HTTP ports P with P + 10000 still below the kernel's ephemeral ports. Any outgoing
+    connection (a broker's client, Spark's) takes one of those at any moment, so a port picked
+    among them can be gone by the time `weed` binds it (seen in CI: `bind: address already in
+    use` for the admin server)."""
+    try:
+        lowest_ephemeral = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return _PORT_RANGE
+    top = lowest_ephemeral - _GRPC_OFFSET
+    if top - 2_000 < 1_024:
+        return _PORT_RANGE
+    return (max(1_024, top - 10_000), top)
+
+
 def _free_port_pairs(count: int) -> list[int]:
     """`count` HTTP ports P on 127.0.0.1 with P and P + 10000 free a moment ago."""
     chosen: list[int] = []
     rng = random.Random()
+    port_range = _port_range()
     for _ in range(_PORT_ATTEMPTS):
-        port = rng.randrange(*_PORT_RANGE)
+        port = rng.randrange(*port_range)
         taken = {p for c in chosen for p in (c, c + _GRPC_OFFSET)}
         if taken & {port, port + _GRPC_OFFSET}:
             continue

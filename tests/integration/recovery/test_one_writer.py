@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 
 from infra.dev.load_generator import LoadSpec
 from infra.dev.local_process import process_state
@@ -76,15 +77,14 @@ def _wait_while_alive(
 
 def _wait_for_events(pipeline: Pipeline, rows: int, process: Popen[bytes]) -> None:
     """Until `events` holds `rows` rows, while `process` runs (at most 180 s)."""
-    _wait_while_alive(
-        f"{rows} rows in events",
-        lambda: (
-            (pipeline.workdir / "lake" / "events").exists()
-            and len(pipeline.table("events")) == rows
-        ),
-        process,
-        timeout_s=180,
-    )
+
+    def holds_them() -> bool:
+        try:
+            return len(pipeline.table("events")) == rows
+        except TableNotFoundError:  # not created yet, or its first commit is being written
+            return False
+
+    _wait_while_alive(f"{rows} rows in events", holds_them, process, timeout_s=180)
 
 
 def test_a_second_instance_of_a_running_stream_fails_fast_and_writes_nothing(
