@@ -9,9 +9,10 @@ Lifecycle, in the order the methods run:
 - `claim()`: needs no Spark; checks the config and the checkpoint, creates the tables, claims
   the lease. It raises before any write if the config is invalid, the checkpoint belongs to
   another stream or layout, or a live instance holds the lease.
-- or `stand_by(spark)` (`run --standby`): checks as `claim()` does, builds the query's plan and
-  starts the Python workers, then waits for the lease, so that a crash of the running instance
-  costs only the query's start and its first batch, not a JVM's and a session's.
+- or `check()`, then `stand_by(spark)` (`run --standby`): checks as `claim()` does (before
+  Spark starts), builds the query's plan and starts the Python workers, then waits for the
+  lease, so that a crash of the running instance costs only the query's start and its first
+  batch, not a JVM's and a session's.
 - `start(spark)`: claims if not yet, publishes the config, starts the query and the threads.
 - the query runs; between micro-batches the config is re-read and published.
 - `stop()`: idempotent; the query stops, the threads end, the lease is released.
@@ -176,10 +177,10 @@ class StreamApp:
         self.lake.ensure_tables()
 
     def stand_by(self, spark: SparkSession, stop: threading.Event) -> bool:
-        """Get ready without the lease, then wait for it: True once this instance holds it,
-        False if `stop` was set first. Waits while a live instance holds it and while the lake
-        cannot be reached; bounded by `stop` only, as a standby runs until needed."""
-        self.check()
+        """After `check()`: get ready without the lease, then wait for it. True once this
+        instance holds it, False if `stop` was set first. Waits while a live instance holds it
+        and while the lake cannot be reached; bounded by `stop` only, as a standby runs until
+        needed."""
         self._plan(spark)
         worker_daemon.start_workers(spark)
         name = self.settings.stream.name

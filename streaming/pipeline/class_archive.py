@@ -96,9 +96,12 @@ def _fingerprint() -> str:
 
 def _class_path_parts() -> Iterator[str]:
     java = shutil.which("java", path=_java_bin_path())
-    yield os.path.realpath(java) if java else "no java"
-    if java:
-        yield str(os.stat(os.path.realpath(java)).st_mtime_ns)
+    if java is None:
+        yield "no java"
+    else:
+        binary = os.path.realpath(java)
+        yield binary
+        yield str(os.stat(binary).st_mtime_ns)
     # The launcher puts the configuration folder first on the class path, then every jar.
     yield os.environ.get("SPARK_CONF_DIR", "")
     jars = Path(pyspark.__file__).resolve().parent / "jars"

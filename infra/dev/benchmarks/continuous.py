@@ -214,7 +214,7 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
     )
     lake = DeltaLake.from_settings(settings.lake)
     watcher = _Watcher(lake.table_uri(EVENTS), ["partition", "offset"], _record_keys)
-    # Wall-clock: a pane's watermark is an event time, and events are stamped when sent.
+    # Wall-clock: a window's end is an event time, and events are stamped when sent.
     panes = _Watcher(lake.table_uri(WINDOWS), PANE_COLUMNS, _final_pane_keys, clock=time.time)
     starts: list[Start] = []
     rss_per_minute: list[float] = []

@@ -87,14 +87,35 @@ def _wait_for_events(pipeline: Pipeline, rows: int, process: Popen[bytes]) -> No
     _wait_while_alive(f"{rows} rows in events", holds_them, process, timeout_s=180)
 
 
+@contextmanager
+def _running_stream(
+    kafka: Any, conf_dir: Path, tmp_path: Path, records: int
+) -> Iterator[tuple[Pipeline, Popen[bytes]]]:
+    """A continuous `tenant-windows run` (500 ms trigger) that has windowed `records` records of
+    one key; killed on the way out if it still runs."""
+    pipeline = Pipeline.create(kafka, tmp_path, conf_dir, trigger_interval="500ms")
+    pipeline.produce([record("acme", "web", T0_MS + i * 1_000) for i in range(records)])
+    with _instance(pipeline, available_now=False) as process:
+        _wait_for_events(pipeline, records, process)
+        yield pipeline, process
+
+
+def _wait_standing_by(standby: Popen[bytes]) -> None:
+    """Until a `run --standby` is ready and waits for the lease."""
+    _wait_while_alive("a standby", lambda: "ready, waiting" in _log(standby), standby, 180)
+
+
+def _claimed_by(tmp_path: Path) -> list[int]:
+    """The PIDs that claimed the stream, by epoch."""
+    claims = DeltaTable(str(tmp_path / "lake" / LEASE_TABLE)).to_pandas()
+    return list(claims.sort_values("epoch")["pid"])
+
+
 def test_a_second_instance_of_a_running_stream_fails_fast_and_writes_nothing(
     kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
 ) -> None:
-    pipeline = Pipeline.create(kafka, tmp_path, conf_dir, trigger_interval="500ms")
-    produced = [record("acme", "web", T0_MS + i * 1_000) for i in range(20)]
-    pipeline.produce(produced)
-    with _instance(pipeline, available_now=False) as first:
-        _wait_for_events(pipeline, len(produced), first)
+    produced = 20
+    with _running_stream(kafka, conf_dir, tmp_path, produced) as (pipeline, first):
         second_checkpoint = tmp_path / "second-checkpoint"
         second = subprocess.run(
             pipeline.cli_run("--checkpoint-dir", str(second_checkpoint)),
@@ -109,8 +130,7 @@ def test_a_second_instance_of_a_running_stream_fails_fast_and_writes_nothing(
         assert "stream 'test-stream' is already running" in stderr
         assert f"pid {first.pid}" in stderr
         assert not second_checkpoint.exists(), "the refused instance wrote a checkpoint"
-        claims = DeltaTable(str(tmp_path / "lake" / LEASE_TABLE)).to_pandas()
-        assert list(claims["pid"]) == [first.pid], "the refused instance recorded a claim"
+        assert _claimed_by(tmp_path) == [first.pid], "the refused instance recorded a claim"
 
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=120) == 0, _log(first)[-3000:]
@@ -118,32 +138,23 @@ def test_a_second_instance_of_a_running_stream_fails_fast_and_writes_nothing(
     # A clean stop released the stream: the next instance starts at once and resumes.
     pipeline.produce([record("acme", "web", T0_MS + 60_000)])
     pipeline.run_available_now(spark)
-    assert len(pipeline.table("events")) == len(produced) + 1
-
-
-def _claimed_by(tmp_path: Path) -> list[int]:
-    """The PIDs that claimed the stream, by epoch."""
-    claims = DeltaTable(str(tmp_path / "lake" / LEASE_TABLE)).to_pandas()
-    return list(claims.sort_values("epoch")["pid"])
+    assert len(pipeline.table("events")) == produced + 1
 
 
 def test_a_standby_claims_nothing_until_the_running_instance_dies_then_carries_on(
     kafka: Any, conf_dir: Path, tmp_path: Path
 ) -> None:
-    pipeline = Pipeline.create(kafka, tmp_path, conf_dir, trigger_interval="500ms")
-    before = [record("acme", "web", T0_MS + i * 1_000) for i in range(20)]
-    pipeline.produce(before)
-    with _instance(pipeline, available_now=False) as active:
-        _wait_for_events(pipeline, len(before), active)
+    before = 20
+    with _running_stream(kafka, conf_dir, tmp_path, before) as (pipeline, active):
         # A standby stopped while it waits leaves without a trace.
         with _instance(pipeline, available_now=False, flags=["--standby"]) as idle:
-            _wait_while_alive("a standby", lambda: "ready, waiting" in _log(idle), idle, 180)
+            _wait_standing_by(idle)
             idle.send_signal(signal.SIGTERM)
             assert idle.wait(timeout=60) == 0, _log(idle)[-3000:]
         assert _claimed_by(tmp_path) == [active.pid]
 
         with _instance(pipeline, available_now=False, flags=["--standby"]) as standby:
-            _wait_while_alive("a standby", lambda: "ready, waiting" in _log(standby), standby, 180)
+            _wait_standing_by(standby)
             time.sleep(1.5)  # a few of its looks at the lease, while the holder lives
             assert _claimed_by(tmp_path) == [active.pid], "the standby claimed a live stream"
 
@@ -151,7 +162,7 @@ def test_a_standby_claims_nothing_until_the_running_instance_dies_then_carries_o
             active.wait(timeout=30)
             after = [record("acme", "web", T0_MS + 30_000 + i * 1_000) for i in range(10)]
             pipeline.produce(after)
-            _wait_for_events(pipeline, len(before) + len(after), standby)
+            _wait_for_events(pipeline, before + len(after), standby)
             assert "taking over from dead" in _log(standby)
             assert _claimed_by(tmp_path) == [active.pid, standby.pid]
             standby.send_signal(signal.SIGTERM)
