@@ -38,7 +38,7 @@ from tenants.models import (
     parse_duration_ms,
 )
 from tenants.registry import SOURCES_FILE, TENANTS_DIR
-from tenants.settings import ENV_PREFIX, AppSettings, KafkaSettings, StreamSettings
+from tenants.settings import ENV_PREFIX, AppSettings, KafkaSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 # Both exist in a source checkout only; an installed wheel has no `docs/`.
@@ -56,8 +56,6 @@ SUPPLEMENTS: dict[tuple[type[BaseModel], str], str] = {
     (AppSettings, "lake"): "Where the Delta tables are written.",
     (AppSettings, "stream"): "The streaming query: its identity, checkpoint and batch sizes.",
     (KafkaSettings, "topic"): "The topic every tenant's records arrive on.",
-    (StreamSettings, "trigger_interval_ms"): "How often a micro-batch starts when the stream "
-    "runs continuously (`tenant-windows run` without `--available-now`).",
     (MetricSpec, "kind"): "The aggregate: `count` (of all records, or with `field` and `equals` "
     "of matching ones), or `sum`, `min`, `max`, `mean` of the numeric `field`.",
     (TenantConfig, "id"): "The tenant id that records carry; unique across all tenant files.",

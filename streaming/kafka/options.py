@@ -114,16 +114,17 @@ def parse_starting_offsets(text: str | None, topic: str) -> StartingOffsets:
     return StartingOffsets(every_partition=None, per_partition=tuple(sorted(pairs)))
 
 
-def _optional_positive_int(options: Mapping[str, str], name: str) -> int | None:
+def _optional_int(options: Mapping[str, str], name: str, allow_zero: bool = False) -> int | None:
     raw = options.get(name.lower())
     if raw is None or str(raw).strip() == "":
         return None
+    expected = "a non-negative integer" if allow_zero else "a positive integer"
     try:
         value = int(str(raw).strip())
     except ValueError:
-        raise ValueError(f"option {name} must be a positive integer; got {raw!r}") from None
-    if value <= 0:
-        raise ValueError(f"option {name} must be a positive integer; got {raw!r}")
+        raise ValueError(f"option {name} must be {expected}; got {raw!r}") from None
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"option {name} must be {expected}; got {raw!r}")
     return value
 
 
@@ -133,7 +134,8 @@ class KafkaSourceOptions:
 
     Supported: `kafka.bootstrap.servers`, `subscribe` (one topic), `startingOffsets`,
     `maxOffsetsPerTrigger`, `minPartitions`, `pollTimeoutMs`, `kafka.request.timeout.ms`,
-    `fetchOffset.timeoutMs` and `fetchOffset.retryIntervalMs`.
+    `fetchOffset.timeoutMs` and `fetchOffset.retryIntervalMs`; and this source's own
+    `triggerIntervalMs` with `triggerPhaseMs` (`trigger_phase`).
 
     `pollTimeoutMs` bounds an executor read without progress; `fetchOffset.timeoutMs` bounds a
     driver-side offset lookup, retried every `fetchOffset.retryIntervalMs` meanwhile. Past
@@ -150,6 +152,10 @@ class KafkaSourceOptions:
     fetch_offset_retry_interval_ms: int = DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS
     # Spark's `minPartitions`: None keeps one task per Kafka partition with data.
     min_partitions: int | None = None
+    # The query's processing-time trigger, and how long after each of its ticks a batch takes
+    # its end offsets (`trigger_phase`); no interval: at once.
+    trigger_interval_ms: int | None = None
+    trigger_phase_ms: int = 0
     security: KafkaSecurity = PLAINTEXT
     """Not an option: options are strings that plans show (`source.register`)."""
 
@@ -171,20 +177,31 @@ class KafkaSourceOptions:
         topic = lowered.get("subscribe", "").strip()
         if not topic or "," in topic:
             raise ValueError(f"option subscribe must name exactly one topic; got {topic!r}")
-        poll_timeout_ms = _optional_positive_int(lowered, "pollTimeoutMs")
-        fetch_timeout_ms = _optional_positive_int(lowered, "fetchOffset.timeoutMs")
-        retry_interval_ms = _optional_positive_int(lowered, "fetchOffset.retryIntervalMs")
+        poll_timeout_ms = _optional_int(lowered, "pollTimeoutMs")
+        fetch_timeout_ms = _optional_int(lowered, "fetchOffset.timeoutMs")
+        retry_interval_ms = _optional_int(lowered, "fetchOffset.retryIntervalMs")
+        trigger_interval_ms = _optional_int(lowered, "triggerIntervalMs")
+        trigger_phase_ms = _optional_int(lowered, "triggerPhaseMs", allow_zero=True) or 0
+        if trigger_phase_ms and (
+            trigger_interval_ms is None or trigger_phase_ms >= trigger_interval_ms
+        ):
+            raise ValueError(
+                f"option triggerPhaseMs ({trigger_phase_ms}) needs a longer triggerIntervalMs; "
+                f"got {trigger_interval_ms}"
+            )
         return cls(
             bootstrap_servers=servers,
             topic=topic,
             starting_offsets=parse_starting_offsets(lowered.get("startingoffsets"), topic),
-            max_offsets_per_trigger=_optional_positive_int(lowered, "maxOffsetsPerTrigger"),
+            max_offsets_per_trigger=_optional_int(lowered, "maxOffsetsPerTrigger"),
             poll_timeout_ms=poll_timeout_ms or DEFAULT_POLL_TIMEOUT_MS,
-            request_timeout_ms=_optional_positive_int(lowered, "kafka.request.timeout.ms"),
+            request_timeout_ms=_optional_int(lowered, "kafka.request.timeout.ms"),
             fetch_offset_timeout_ms=fetch_timeout_ms or DEFAULT_FETCH_OFFSET_TIMEOUT_MS,
             fetch_offset_retry_interval_ms=(
                 retry_interval_ms or DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS
             ),
-            min_partitions=_optional_positive_int(lowered, "minPartitions"),
+            min_partitions=_optional_int(lowered, "minPartitions"),
+            trigger_interval_ms=trigger_interval_ms,
+            trigger_phase_ms=trigger_phase_ms,
             security=security,
         )

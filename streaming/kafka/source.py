@@ -7,6 +7,7 @@ executors.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -27,6 +28,7 @@ from streaming.kafka.offsets import OffsetPlanner, max_rows_of, partition_ranges
 from streaming.kafka.options import SOURCE_NAME, KafkaSourceOptions
 from streaming.kafka.planning import DeferralPlanner
 from streaming.kafka.reader import KAFKA_SCHEMA, KafkaInputPartition, read_admitted
+from streaming.kafka.trigger_phase import phase_wait_ms
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.deferral = deferral
         self.planner = OffsetPlanner(options)
         self.deferral_planner = None if deferral is None else DeferralPlanner(deferral, options)
+        self.available_now = False
 
     def initialOffset(self) -> dict[str, int]:  # noqa: N802
         return self.planner.initial_offsets()
@@ -58,12 +61,26 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.options.max_offsets_per_trigger)
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+        self.available_now = True
         self.planner.fix_available_now_end()
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:  # noqa: N802
+        self._wait_for_trigger_phase()
         if self.deferral_planner is None:
             return self.planner.next_end(start, max_rows_of(limit))
         return self.deferral_planner.next_end(self.planner, start, max_rows_of(limit))
+
+    def _wait_for_trigger_phase(self) -> None:
+        # An AvailableNow run has no ticks: its batches follow each other at once.
+        if self.available_now or self.options.trigger_interval_ms is None:
+            return
+        wait_ms = phase_wait_ms(
+            time.time_ns() // 1_000_000,
+            self.options.trigger_interval_ms,
+            self.options.trigger_phase_ms,
+        )
+        if wait_ms > 0:
+            time.sleep(wait_ms / 1000)
 
     def reportLatestOffset(self) -> dict[str, int] | None:  # noqa: N802
         # The end offsets latestOffset just fetched: asking the broker again would cost a

@@ -52,6 +52,10 @@ def read_kafka(
     )
     if kafka.max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(kafka.max_offsets_per_trigger))
+    if kafka.source_format == "tw_kafka":
+        reader = reader.option(
+            "triggerIntervalMs", str(settings.stream.trigger_interval_ms)
+        ).option("triggerPhaseMs", str(settings.stream.effective_trigger_phase_ms))
     return reader.load()
 
 

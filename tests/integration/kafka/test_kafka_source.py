@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -209,6 +210,48 @@ def test_reader_plans_offsets_against_the_broker(kafka: LocalKafka) -> None:
             assert json_reader.initialOffset() == {"0": ends[0], "1": 0}
         finally:
             json_reader.stop()
+    finally:
+        reader.stop()
+
+
+def test_a_batch_on_its_tick_includes_a_record_sent_within_the_trigger_phase(
+    kafka: LocalKafka,
+) -> None:
+    """The record that closes a window is sent just after a tick; the tick's batch has it."""
+    topic = "tw-phase"
+    kafka.create_topic(topic, 1)
+    interval_ms, phase_ms = 2_000, 1_000
+    reader = KafkaStreamReader(
+        KafkaSourceOptions.from_options(
+            {
+                "kafka.bootstrap.servers": kafka.bootstrap_servers,
+                "subscribe": topic,
+                "startingOffsets": "earliest",
+                "triggerIntervalMs": str(interval_ms),
+                "triggerPhaseMs": str(phase_ms),
+            }
+        )
+    )
+    try:
+        start = reader.initialOffset()
+        # Start as Spark does, just after a tick, with the record 200 ms behind.
+        time.sleep((interval_ms - time.time() * 1000 % interval_ms) / 1000)
+        tick_ms = time.time() * 1000 // interval_ms * interval_ms
+        sender = threading.Timer(0.2, produce, (kafka, topic, 0, 1))
+        sender.start()
+        try:
+            end = reader.latestOffset(start, ReadAllAvailable())
+        finally:
+            sender.join(timeout=30)
+        assert end == {"0": 1}, "the record sent within the phase missed the tick's batch"
+        assert time.time() * 1000 >= tick_ms + phase_ms
+
+        # AvailableNow has no ticks: it takes its end offsets at once.
+        reader.prepareForTriggerAvailableNow()
+        time.sleep((interval_ms - time.time() * 1000 % interval_ms) / 1000)
+        asked_ms = time.time() * 1000
+        assert reader.latestOffset(end, ReadAllAvailable()) == end
+        assert time.time() * 1000 - asked_ms < phase_ms / 2
     finally:
         reader.stop()
 

@@ -316,6 +316,8 @@ def test_options_use_spark_names_case_insensitively() -> None:
             "FETCHOFFSET.timeoutMs": "7000",
             "fetchOffset.retryIntervalMs": "50",
             "minpartitions": "8",
+            "triggerIntervalMs": "1000",
+            "TRIGGERPHASEMS": "250",
         }
     )
     assert options == KafkaSourceOptions(
@@ -328,6 +330,8 @@ def test_options_use_spark_names_case_insensitively() -> None:
         fetch_offset_timeout_ms=7000,
         fetch_offset_retry_interval_ms=50,
         min_partitions=8,
+        trigger_interval_ms=1000,
+        trigger_phase_ms=250,
     )
 
 
@@ -341,6 +345,8 @@ def test_options_defaults() -> None:
     assert options.fetch_offset_timeout_ms == 120_000
     assert options.fetch_offset_retry_interval_ms == 500
     assert options.min_partitions is None
+    # No trigger given: a batch takes its end offsets when Spark asks.
+    assert (options.trigger_interval_ms, options.trigger_phase_ms) == (None, 0)
 
 
 @pytest.mark.parametrize(
@@ -355,6 +361,12 @@ def test_options_defaults() -> None:
         ({"fetchOffset.timeoutMs": "-1"}, "fetchOffset.timeoutMs must be a positive integer"),
         ({"minPartitions": "0"}, "minPartitions must be a positive integer"),
         ({"startingOffsets": '{"events": '}, "startingOffsets must be"),
+        ({"triggerPhaseMs": "-5"}, "triggerPhaseMs must be a non-negative integer"),
+        ({"triggerPhaseMs": "250"}, r"triggerPhaseMs \(250\) needs a longer triggerIntervalMs"),
+        (
+            {"triggerIntervalMs": "250", "triggerPhaseMs": "250"},
+            r"triggerPhaseMs \(250\) needs a longer triggerIntervalMs; got 250",
+        ),
     ],
 )
 def test_options_reject_bad_values(extra: dict[str, str], message: str) -> None:
