@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import math
 import multiprocessing
 import os
 import re
@@ -174,6 +175,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--standby", action="store_true", help="restarts: a ready standby takes over instead"
     )
     parser.add_argument("--json", type=Path, default=Path("data/bench/continuous.json"))
+    parser.add_argument("--keep-logs", type=Path, help="a folder to copy the streams' logs to")
     return parser.parse_args(argv)
 
 
@@ -185,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
             kafka.create_topic(TOPIC, args.partitions)
             figures = run(kafka.bootstrap_servers, workdir, args)
     finally:
+        if args.keep_logs is not None:
+            args.keep_logs.mkdir(parents=True, exist_ok=True)
+            for stream_log in workdir.glob("*.log"):
+                shutil.copy(stream_log, args.keep_logs)
         shutil.rmtree(workdir, ignore_errors=True)
     print(report(figures))
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -257,6 +263,12 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
     latencies = sorted(
         watcher.seen_s[key] - sent_s for key, sent_s in measured.items() if key in watcher.seen_s
     )
+    # By the minute each record was sent: a slow batch (a compaction) shows as one bad minute.
+    latencies_by_minute: list[list[float]] = [[] for _ in range(math.ceil(args.seconds / 60))]
+    for key, sent_s in measured.items():
+        if key in watcher.seen_s:
+            minute = min(int((sent_s - measured_from) // 60), len(latencies_by_minute) - 1)
+            latencies_by_minute[minute].append(watcher.seen_s[key] - sent_s)
     # A final pane is due once a record stamped past its end (plus out-of-orderness and
     # lateness, both 0 with `--window`) is sent: at its end, and a key's next record is at most
     # `tenants / rate` seconds later. (A pane's `watermark` is its batch's, often later.) Only
@@ -284,6 +296,7 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
             None if last_seen is None or last_sent is None else round(last_seen - last_sent, 2)
         ),
         "rss_mib_per_minute": rss_per_minute,
+        "latency_s_per_minute": [_percentiles(sorted(minute)) for minute in latencies_by_minute],
     }
 
 
@@ -438,6 +451,11 @@ def report(figures: dict[str, Any]) -> str:
         f"final panes (window's end -> readable in windows), {figures['final_panes']}: "
         f"{figures['final_pane_latency_s']}",
         f"stream RSS MiB per minute: {figures['rss_mib_per_minute']}",
+        "freshness p95 / max per minute sent, s: "
+        + ", ".join(
+            "-" if minute is None else f"{minute['p95']}/{minute['max']}"
+            for minute in figures["latency_s_per_minute"]
+        ),
     ]
     return "\n".join(lines)
 

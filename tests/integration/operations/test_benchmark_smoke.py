@@ -98,3 +98,7 @@ def test_the_continuous_stream_is_timed_from_launch_and_a_standby_takes_over(
     assert 0 < takeover["phases_s"]["lease claimed"] < takeover["phases_s"]["first batch"]
     # Windows of 2 s close while it runs: their final panes were seen and timed.
     assert figures["final_panes"] > 0 and figures["final_pane_latency_s"]["p50"] > 0
+    # Freshness by the minute each record was sent: 6 s make one minute, every record in it.
+    (minute,) = figures["latency_s_per_minute"]
+    assert 0 < minute["p50"] <= minute["max"] == figures["latency_s"]["max"], figures
+    assert "freshness p95 / max per minute sent" in continuous.report(figures)
