@@ -223,11 +223,11 @@ class StreamSettings(_Frozen):
         alias="trigger_phase",
         description=(
             "A micro-batch that starts on its trigger's tick takes its Kafka end offsets this "
-            "long after it. Windows end on the same whole seconds, so the record that closes "
-            "one arrives just after a tick; with a phase it makes that tick's batch instead of "
-            "the next, and the final pane is out an interval sooner. Other records wait as long "
-            "as before on average. Shorter than `trigger_interval`; unset: a quarter of it, at "
-            "most 250 ms; `0s`: none."
+            "long after it (the `tw_kafka` source). Windows end on the same whole seconds, so "
+            "the record that closes one arrives just after a tick; with a phase it makes that "
+            "tick's batch instead of the next, and the final pane is out an interval sooner. "
+            "Other records wait as long as before on average. Shorter than `trigger_interval`; "
+            f"unset: a quarter of it, at most {DEFAULT_TRIGGER_PHASE_MS} ms; `0s`: none."
         ),
     )
     config_recheck_interval_ms: PositiveDurationMs = Field(
