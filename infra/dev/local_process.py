@@ -58,6 +58,19 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+def pss_mib(pid: int) -> float:
+    """`pid`'s proportional share of memory in MiB (each shared page divided among the processes
+    mapping it); 0 for a process that is gone. Unlike RSS, it sums over a process tree: forked
+    Python workers share their daemon's pages, which RSS counts once per worker."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def descendants(pid: int) -> list[int]:
     """PIDs of `pid`'s children, grandchildren, ... from /proc (empty where there is none)."""
     children: dict[int, list[int]] = {}

@@ -15,7 +15,8 @@ whole run; this process reads each file `events` commits add, once, and notes wh
 2. **freshness:** sent -> readable in `events`, p50, p95 and max, over the records sent in the
    `--seconds` after the first committed batch (start-up left out);
 3. **keeping up:** how long after it was sent the last of those records was readable, and the
-   resident memory of the stream's processes (`run`, its JVM and Python workers) each minute;
+   memory of the stream's processes (`run`, its JVM and Python workers) each minute, as PSS:
+   forked workers share their daemon's pages, which RSS would count once per worker;
 4. **restarts:** `--restarts` times, SIGKILL every process of the stream (by PID) and start it
    again at once; the time to its first committed batch, split as in 1. Records keep coming.
    With `--standby`, a `run --standby` instance is started and ready first instead: the time
@@ -52,7 +53,7 @@ import yaml
 from infra.dev.benchmarks.sample_lake import PROJECT_CONF, bench_settings, write_tenants_conf
 from infra.dev.benchmarks.table_watch import added_files
 from infra.dev.load_generator import set_event_time
-from infra.dev.local_process import LocalProcess, descendants, rss_mib
+from infra.dev.local_process import LocalProcess, descendants, pss_mib
 from infra.dev.local_stack import LocalKafka
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.tables import EVENTS, WINDOWS
@@ -136,10 +137,11 @@ class StreamProcess(LocalProcess):
         self._launch(self.command, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
         return self
 
-    def rss_mib(self) -> float:
+    def memory_mib(self) -> float:
+        """The memory of the stream's process tree: the driver, its JVM and Python workers."""
         if self.pid is None:
             return 0.0
-        return sum(rss_mib(pid) for pid in [self.pid, *descendants(self.pid)])
+        return sum(pss_mib(pid) for pid in [self.pid, *descendants(self.pid)])
 
     def _probe(self) -> None:
         seen_s = round(time.monotonic() - self._launched_s, 2)
@@ -223,7 +225,7 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
     # Wall-clock: a window's end is an event time, and events are stamped when sent.
     panes = _Watcher(lake.table_uri(WINDOWS), PANE_COLUMNS, _final_pane_keys, clock=time.time)
     starts: list[Start] = []
-    rss_per_minute: list[float] = []
+    memory_per_minute: list[float] = []
     try:
         producer.start()
         watcher.start()
@@ -235,12 +237,12 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
         next_sample = measured_from
         while (now := time.monotonic()) < measure_until:  # bounded by --seconds
             if now >= next_sample:
-                rss_per_minute.append(round(stream.rss_mib()))
+                memory_per_minute.append(round(stream.memory_mib()))
                 next_sample += 60
             time.sleep(min(1.0, max(0.0, measure_until - now)))
         measured = _sent_between(dict(sent), measured_from, measure_until)
         last_seen = watcher.wait_for(measured, DRAIN_LIMIT_S)
-        rss_per_minute.append(round(stream.rss_mib()))
+        memory_per_minute.append(round(stream.memory_mib()))
         for restart in range(args.restarts):
             if args.standby:
                 standby = StreamProcess([*command, "--standby"], workdir / f"standby-{restart}.log")
@@ -295,7 +297,7 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
         "last_record_readable_after_s": (
             None if last_seen is None or last_sent is None else round(last_seen - last_sent, 2)
         ),
-        "rss_mib_per_minute": rss_per_minute,
+        "memory_mib_per_minute": memory_per_minute,
         "latency_s_per_minute": [_percentiles(sorted(minute)) for minute in latencies_by_minute],
     }
 
@@ -450,7 +452,7 @@ def report(figures: dict[str, Any]) -> str:
         f"last record readable {figures['last_record_readable_after_s']} s after it was sent",
         f"final panes (window's end -> readable in windows), {figures['final_panes']}: "
         f"{figures['final_pane_latency_s']}",
-        f"stream RSS MiB per minute: {figures['rss_mib_per_minute']}",
+        f"stream memory (PSS) MiB per minute: {figures['memory_mib_per_minute']}",
         "freshness p95 / max per minute sent, s: "
         + ", ".join(
             "-" if minute is None else f"{minute['p95']}/{minute['max']}"
