@@ -49,22 +49,21 @@ def cpu_seconds(pid: int) -> float:
 
 def rss_mib(pid: int) -> float:
     """Resident memory of `pid` in MiB; 0 for a process that is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+    return _proc_kib_as_mib(pid, "status", "VmRSS:")
 
 
 def pss_mib(pid: int) -> float:
     """`pid`'s proportional share of memory in MiB (each shared page divided among the processes
     mapping it); 0 for a process that is gone. Unlike RSS, it sums over a process tree: forked
     Python workers share their daemon's pages, which RSS counts once per worker."""
+    return _proc_kib_as_mib(pid, "smaps_rollup", "Pss:")
+
+
+def _proc_kib_as_mib(pid: int, file_name: str, field_name: str) -> float:
+    """The `field_name` line (in kB) of `/proc/<pid>/<file_name>`, in MiB; 0 if it is gone."""
     try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
+        for line in Path(f"/proc/{pid}/{file_name}").read_text().splitlines():
+            if line.startswith(field_name):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass

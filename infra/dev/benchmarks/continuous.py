@@ -262,15 +262,17 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
             producer.kill()
         watcher.stop()
         panes.stop()
-    latencies = sorted(
-        watcher.seen_s[key] - sent_s for key, sent_s in measured.items() if key in watcher.seen_s
-    )
+    sent_and_latency = [
+        (sent_s, watcher.seen_s[key] - sent_s)
+        for key, sent_s in measured.items()
+        if key in watcher.seen_s
+    ]
+    latencies = sorted(latency for _, latency in sent_and_latency)
     # By the minute each record was sent: a slow batch (a compaction) shows as one bad minute.
     latencies_by_minute: list[list[float]] = [[] for _ in range(math.ceil(args.seconds / 60))]
-    for key, sent_s in measured.items():
-        if key in watcher.seen_s:
-            minute = min(int((sent_s - measured_from) // 60), len(latencies_by_minute) - 1)
-            latencies_by_minute[minute].append(watcher.seen_s[key] - sent_s)
+    for sent_s, latency in sent_and_latency:
+        minute = min(int((sent_s - measured_from) // 60), len(latencies_by_minute) - 1)
+        latencies_by_minute[minute].append(latency)
     # A final pane is due once a record stamped past its end (plus out-of-orderness and
     # lateness, both 0 with `--window`) is sent: at its end, and a key's next record is at most
     # `tenants / rate` seconds later. (A pane's `watermark` is its batch's, often later.) Only
