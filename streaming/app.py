@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import logging
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import FrameType
 
 from pyspark.errors import StreamingQueryException
@@ -52,7 +54,7 @@ from streaming.observe.batch_progress import BatchProgress, LastBatchFile, Progr
 from streaming.observe.stream_metrics import StreamMetrics
 from streaming.pipeline import worker_daemon
 from streaming.pipeline.batch_sink import MicroBatchSink
-from streaming.pipeline.compaction_schedule import CompactionSchedule
+from streaming.pipeline.compaction_schedule import CompactionSchedule, scheduler_conf
 from streaming.pipeline.spark_session import build_spark
 from streaming.pipeline.stream_plan import start_query, windowed_stream
 from streaming.records.quarantine_log import QuarantineLog
@@ -228,6 +230,8 @@ class StreamApp:
         self._stopping.set()
         if self._query is not None:
             self._query.stop()
+            if self._compaction is not None and self._spark is not None:
+                self._compaction.stop(self._spark)
             if not self.progress.drain(PROGRESS_DRAIN_S):
                 log.warning("the last batch's progress was not reported")
             # Batches the rate limit held back are summarised now, not lost from the log.
@@ -296,6 +300,7 @@ class StreamApp:
             ),
             self.checkpoint_log,
             self.fault_hook,
+            wait=available_now,
         )
         sink = MicroBatchSink(
             self.lake,
@@ -387,9 +392,14 @@ def run_stream(
         app.claim()
     started = time.monotonic()
     try:
-        spark = build_spark(
-            settings.stream.name, master, settings.stream.shuffle_partitions, dict(spark_conf or {})
-        )
+        # Spark reads the scheduler pools' file when the session starts: it need not outlive it.
+        with tempfile.TemporaryDirectory(prefix="tw-run-") as pools_dir:
+            spark = build_spark(
+                settings.stream.name,
+                master,
+                settings.stream.shuffle_partitions,
+                {**scheduler_conf(Path(pools_dir)), **(spark_conf or {})},
+            )
     except BaseException:
         app.stop()
         raise

@@ -401,8 +401,17 @@ class DeltaLake:
             for file in added
         ]
 
+        opened: list[DeltaTable] = []
+
         def attempt() -> bool:
-            table = self.open(spec)
+            # A retry only reads the commits that beat the last attempt: the batches that
+            # commit beside a compaction would otherwise make it reopen the table each time.
+            if opened:
+                with reaching(self.root, self.storage_options, f"reading table {spec.name}"):
+                    opened[0].update_incremental()
+            else:
+                opened.append(self.open(spec))
+            table = opened[0]
             check_fence(table, *fence)
             present = current_paths(table)
             if any(unquote(file.path) not in present for file in removed):

@@ -32,8 +32,10 @@ Both are one commit per table that removes what they read and adds what they wro
 crash safety above holds for both, and the choice is a function of the committed files and the
 batch's timestamp: a replayed batch chooses as the original did.
 
-Runs on the driver, in the stream's `foreachBatch` (between batches); the rows themselves go
-from executor to executor, never through the driver.
+Runs on the driver, beside the stream's batches (`streaming.pipeline.compaction_schedule`),
+whose commits may land between its own: it takes the staged files it lists, and its commit only
+needs those to be still there. The rows themselves go from executor to executor, never through
+the driver.
 """
 
 from __future__ import annotations
@@ -96,6 +98,18 @@ class SettlePolicy:
         oldest_ms = min(file.staged_ms or 0 for file in staged)
         return oldest_ms <= now_ms - (self.age_limit_ms - self.pass_interval_ms)
 
+    def owes(self, staged: list[LakeFile], now_ms: int) -> bool:
+        """Whether a compaction at `now_ms` has work that one at the start of its interval
+        would have done: a staged file from before the interval began that it takes (a run only
+        when it settles everything). A stream that died before its interval's compaction
+        committed owes it."""
+        began_ms = now_ms - now_ms % self.pass_interval_ms if self.pass_interval_ms else now_ms
+        takes_runs = bool(staged) and self.settles_all(staged, now_ms)
+        return any(
+            (file.staged_ms or 0) < began_ms and (takes_runs or run_oldest_ms(file.path) is None)
+            for file in staged
+        )
+
 
 SETTLE_EVERYTHING = SettlePolicy()
 
@@ -125,6 +139,13 @@ class Compaction:
     log_checkpoint_files: int | None = None
     """A table's compaction that swaps this many files or more checkpoints its log."""
     policy: SettlePolicy = SETTLE_EVERYTHING
+
+    def owed(self, now_ms: int) -> bool:
+        """Whether this stream owes a compaction at `now_ms` (`SettlePolicy.owes`)."""
+        return any(
+            self.policy.owes(self.lake.staged_files(spec, self.stream), now_ms)
+            for spec in STAGED_TABLES
+        )
 
     def run(
         self,

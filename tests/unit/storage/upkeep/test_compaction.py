@@ -68,3 +68,34 @@ def test_no_row_waits_past_the_age_limit_when_compaction_runs_every_interval(
         now += policy.pass_interval_ms
     assert now - staged_at <= HOUR_MS
     assert now - staged_at > HOUR_MS - 2 * policy.pass_interval_ms
+
+
+def _run_file(oldest_ms: int) -> LakeFile:
+    name = f"run-events-e1-c{'0' * 16}-a{oldest_ms}-t00000.parquet"
+    return LakeFile(f"layout_tenant=_staged/{name}", 1, {}, oldest_ms)
+
+
+def test_a_batch_file_staged_before_the_interval_began_is_owed_and_one_since_is_not() -> None:
+    """An instance that died before its interval's compaction committed left the files of the
+    interval before: the next instance owes that compaction, not one for this interval's."""
+    policy = SettlePolicy.of(HOUR_MS, 10 * MINUTE_MS, 5_000)
+    began_ms = NOW_MS - NOW_MS % (10 * MINUTE_MS)
+    since = LakeFile("layout_tenant=_staged/b.parquet", 1, {}, began_ms)
+    before = LakeFile("layout_tenant=_staged/a.parquet", 1, {}, began_ms - 1)
+    assert not policy.owes([since], NOW_MS)
+    assert policy.owes([since, before], NOW_MS)
+    assert not policy.owes([], NOW_MS)
+
+
+def test_a_run_is_owed_only_once_the_age_limit_settles_everything() -> None:
+    """A merge leaves runs for later; they are owed when their oldest row is due to settle."""
+    policy = SettlePolicy.of(HOUR_MS, 10 * MINUTE_MS, 5_000)
+    assert not policy.owes([_run_file(NOW_MS - 20 * MINUTE_MS)], NOW_MS)
+    assert policy.owes([_run_file(NOW_MS - 55 * MINUTE_MS)], NOW_MS)
+    # Where every compaction settles everything, any run from before the interval is owed.
+    assert SettlePolicy.of(HOUR_MS, HOUR_MS, 5_000).owes([_run_file(NOW_MS - HOUR_MS)], NOW_MS)
+
+
+def test_with_a_compaction_after_every_batch_any_older_staged_file_is_owed() -> None:
+    assert SETTLE_EVERYTHING.owes(_staged(1), NOW_MS)
+    assert not SETTLE_EVERYTHING.owes(_staged(0), NOW_MS)

@@ -1,0 +1,42 @@
+"""When a stream starts a compaction (`compaction_due`), and the scheduler pools that keep a
+compaction's tasks from holding its batches up (`scheduler_conf`)."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+from streaming.pipeline.compaction_schedule import (
+    BATCHES_MIN_SHARE,
+    COMPACTION_POOL,
+    compaction_due,
+    scheduler_conf,
+)
+
+MINUTE_MS = 60_000
+NOW_MS = 1_795_000_200_000  # a whole ten minutes since the epoch
+
+
+def test_a_compaction_is_due_once_per_interval_whenever_the_batches_cross_into_it() -> None:
+    interval_ms = 10 * MINUTE_MS
+    assert compaction_due(NOW_MS, None, interval_ms)
+    assert not compaction_due(NOW_MS + interval_ms - 1, NOW_MS, interval_ms)
+    assert compaction_due(NOW_MS + interval_ms, NOW_MS + interval_ms - 1, interval_ms)
+    # A compaction that ran past the interval's end: the first batch after it starts the next.
+    assert compaction_due(NOW_MS + 3 * interval_ms + 5, NOW_MS + 1, interval_ms)
+
+
+def test_with_no_interval_every_batch_starts_one() -> None:
+    assert compaction_due(NOW_MS, NOW_MS, 0)
+
+
+def test_the_batches_pool_comes_first_and_compaction_gets_its_own(tmp_path: Path) -> None:
+    conf = scheduler_conf(tmp_path)
+    assert conf["spark.scheduler.mode"] == "FAIR"
+    pools = {
+        pool.get("name"): pool
+        for pool in ElementTree.parse(conf["spark.scheduler.allocation.file"]).getroot()
+    }
+    assert set(pools) == {"default", COMPACTION_POOL}
+    assert pools["default"].findtext("minShare") == str(BATCHES_MIN_SHARE)
+    assert pools[COMPACTION_POOL].findtext("minShare") == "0"
