@@ -309,20 +309,21 @@ class StreamSettings(_Frozen):
         description=(
             "The age limit of staged rows. A micro-batch stages its rows in a few files shared by "
             "all tenants; a key's rows settle in their tenant's partitions once they are worth a "
-            "file (`settle_rows`) or, at the latest, this long plus one batch after they were "
-            "staged, and when an `--available-now` run ends (`0s`: after every batch). Queries "
-            "see staged rows at once; a longer limit writes fewer files per tenant "
-            "(docs/scale.md)."
+            "file (`settle_rows`) or, at the latest, this long plus one batch and one compaction "
+            "after they were staged, and when an `--available-now` run ends (`0s`: after every "
+            "batch). Queries see staged rows at once; a longer limit writes fewer files per "
+            "tenant (docs/scale.md)."
         ),
     )
     merge_interval_ms: PositiveDurationMs = Field(
         default=600_000,
         alias="merge_interval",
         description=(
-            "How often compaction runs, after the first batch whose timestamp is in a new "
-            "interval of this length (at most `compact_interval`): it merges the batches' "
-            "staged files into one run per write task and settles the keys worth a file, so a "
-            "query reads a few staged files, not one per batch and task."
+            "How often compaction runs: it starts after the first batch whose timestamp is in "
+            "a new interval of this length (at most `compact_interval`) and runs beside the "
+            "batches that follow. It merges the batches' staged files into one run per write "
+            "task and settles the keys worth a file, so a query reads a few staged files, not "
+            "one per batch and task."
         ),
     )
     settle_rows: int = Field(
