@@ -54,11 +54,7 @@ from streaming.observe.batch_progress import BatchProgress, LastBatchFile, Progr
 from streaming.observe.stream_metrics import StreamMetrics
 from streaming.pipeline import worker_daemon
 from streaming.pipeline.batch_sink import MicroBatchSink
-from streaming.pipeline.compaction_schedule import (
-    CompactionSchedule,
-    compaction_tasks,
-    scheduler_conf,
-)
+from streaming.pipeline.compaction_schedule import CompactionSchedule, scheduler_conf
 from streaming.pipeline.spark_session import build_spark
 from streaming.pipeline.stream_plan import start_query, windowed_stream
 from streaming.records.quarantine_log import QuarantineLog
@@ -294,7 +290,7 @@ class StreamApp:
                 self.lake,
                 settings.stream.name,
                 writer_epoch,
-                tasks=compaction_tasks(spark, settings.stream.shuffle_partitions),
+                tasks=settings.stream.shuffle_partitions,
                 log_checkpoint_files=settings.stream.log_checkpoint_files,
                 policy=SettlePolicy.of(
                     settings.stream.compact_interval_ms,

@@ -29,8 +29,8 @@ tenants. So a compaction does one of two things per table:
   partition, whatever the number of runs it waited in.
 
 Both are one commit per table that removes what they read and adds what they wrote, so the
-crash safety above holds for both, and the choice is a function of the committed files and the
-batch's timestamp: a replayed batch chooses as the original did.
+crash safety above holds for both, and the choice is a function of the files it lists and the
+timestamp of the batch it runs after.
 
 Runs on the driver, beside the stream's batches (`streaming.pipeline.compaction_schedule`),
 whose commits may land between its own: it takes the staged files it lists, and its commit only

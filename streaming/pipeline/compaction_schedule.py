@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -47,12 +47,14 @@ def compaction_due(now_ms: int, last_ms: int | None, interval_ms: int) -> bool:
     return now_ms // interval_ms > last_ms // interval_ms
 
 
-def compaction_tasks(spark: SparkSession, shuffle_partitions: int) -> int:
-    """Spark tasks a compaction runs at once: at most half the cores. Spark never pre-empts a
-    task, so a batch that needs a core held by a compaction task waits for it to end; with half
-    the cores left, a batch always has some. A compaction of 1.2 million rows in four tasks on
-    two cores held one batch up for 14.6 s; it runs longer on fewer cores, beside the batches."""
-    return max(1, min(shuffle_partitions, spark.sparkContext.defaultParallelism // 2))
+def beside_batches(compaction: Compaction, spark: SparkSession) -> Compaction:
+    """`compaction` with at most half the cores' tasks (at least one), as it runs beside the
+    batches. Spark never pre-empts a task, so a batch that needs a core held by a compaction
+    task waits for it to end; with half the cores left, a batch always has some. In four tasks
+    on two cores, a compaction of 1.2 million rows held one batch up for 14.6 s. Asked at each
+    compaction: a cluster's executors may register after the stream starts."""
+    half_the_cores = max(1, spark.sparkContext.defaultParallelism // 2)
+    return replace(compaction, tasks=min(compaction.tasks, half_the_cores))
 
 
 def scheduler_conf(directory: Path) -> dict[str, str]:
@@ -141,7 +143,7 @@ class CompactionSchedule:
         """Settle every staged row of this stream, as of batch `batch_id`, once the compaction
         in progress (if any) is done."""
         self.finish()
-        return self._compact(spark, batch_id, None)
+        return self._compact(self.compaction, spark, batch_id, None)
 
     def finish(self) -> list[TableCompaction]:
         """Wait for the compaction in progress, if any; what it settled, or raise its error."""
@@ -180,20 +182,20 @@ class CompactionSchedule:
         context = spark.sparkContext
         context.setLocalProperty("spark.scheduler.pool", COMPACTION_POOL)
         context.setJobGroup(self._job_group(batch_id), f"compaction after batch {batch_id}", True)
-        return self._compact(spark, batch_id, now_ms)
+        return self._compact(beside_batches(self.compaction, spark), spark, batch_id, now_ms)
 
     def _job_group(self, batch_id: int) -> str:
         return f"{self.compaction.stream}/compaction/{batch_id}"
 
     def _compact(
-        self, spark: SparkSession, batch_id: int, now_ms: int | None
+        self, compaction: Compaction, spark: SparkSession, batch_id: int, now_ms: int | None
     ) -> list[TableCompaction]:
         def before_commit() -> None:
             if self._stopping.is_set():
                 raise CompactionStoppedError()
             self.fault_hook.reached(FaultPoint.BEFORE_COMPACTION_COMMIT, batch_id)
 
-        return self.compaction.run(
+        return compaction.run(
             spark,
             batch_id,
             now_ms,

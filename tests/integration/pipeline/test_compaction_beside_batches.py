@@ -54,6 +54,16 @@ class HoldCompaction:
             time.sleep(0.05)
 
 
+def _continuous(kafka: Any, workdir: Path, conf_dir: Path, compact_interval: str) -> Pipeline:
+    return Pipeline.create(
+        kafka,
+        workdir,
+        conf_dir,
+        trigger_interval="500ms",
+        environ={"TW_STREAM__COMPACT_INTERVAL": compact_interval},
+    )
+
+
 def _landed(pipeline: Pipeline) -> int:
     return sum(len(pipeline.table(name)) for name in ("events", "late_events", "quarantine"))
 
@@ -71,13 +81,7 @@ def _records(pipeline: Pipeline, count: int, seed: int) -> list[Any]:
 def test_batches_commit_while_a_compaction_is_held_and_every_record_lands_once(
     kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
 ) -> None:
-    pipeline = Pipeline.create(
-        kafka,
-        tmp_path,
-        conf_dir,
-        trigger_interval="500ms",
-        environ={"TW_STREAM__COMPACT_INTERVAL": "0s"},  # after every batch
-    )
+    pipeline = _continuous(kafka, tmp_path, conf_dir, compact_interval="0s")  # every batch
     hook = HoldCompaction(tmp_path / "held", tmp_path / "release")
     first, later = _records(pipeline, 60, seed=1), _records(pipeline, 60, seed=2)
     pipeline.produce_samples(first)
@@ -111,13 +115,7 @@ def test_batches_commit_while_a_compaction_is_held_and_every_record_lands_once(
 def test_a_stream_killed_during_a_compaction_beside_its_batches_restarts_and_settles_all(
     kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
 ) -> None:
-    pipeline = Pipeline.create(
-        kafka,
-        tmp_path,
-        conf_dir,
-        trigger_interval="500ms",
-        environ={"TW_STREAM__COMPACT_INTERVAL": "2s"},
-    )
+    pipeline = _continuous(kafka, tmp_path, conf_dir, compact_interval="2s")
     first = _records(pipeline, 80, seed=3)
     pipeline.produce_samples(first)
     with (tmp_path / "killed-run.log").open("wb") as log:
