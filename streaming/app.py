@@ -300,7 +300,7 @@ class StreamApp:
             ),
             self.checkpoint_log,
             self.fault_hook,
-            wait=available_now,
+            between_batches=available_now,
         )
         sink = MicroBatchSink(
             self.lake,

@@ -12,9 +12,10 @@ for 15-20 s. At most one runs at a time: a batch that finds one still running le
 to a later batch. A compaction's crash safety is its commits' (`storage.upkeep.compaction`):
 one cut short commits nothing, and the next instance finds its staged files owed.
 
-With `wait` (an `--available-now` run), each batch first waits for the compaction before it, so
-every due compaction runs and a crash test's named point is reached. A failed compaction fails
-the batch after it, as it would have failed its own.
+An `--available-now` run (`between_batches`) compacts in `foreachBatch`, between its batches,
+on every core: a bounded run gains nothing from the overlap, and each compaction then takes
+exactly what the batches before it staged, so a crash at a named point leaves the same tables
+every time. A failed compaction fails the batch after it (in a run between batches, its own).
 """
 
 from __future__ import annotations
@@ -113,16 +114,16 @@ class CompactionSchedule:
     compaction: Compaction
     checkpoint_log: CheckpointLog
     fault_hook: FaultHook = NO_FAULTS
-    wait: bool = False
-    """Each batch waits for the compaction before it (`--available-now`)."""
+    between_batches: bool = False
+    """Compact in `foreachBatch`, before the next batch starts (`--available-now`)."""
     _last_started_ms: int | None = field(default=None, init=False)
     _running: _Running | None = field(default=None, init=False)
     _stopping: threading.Event = field(default_factory=threading.Event, init=False)
 
     def after_batch(self, spark: SparkSession, batch_id: int) -> None:
-        """Start a compaction beside the next batches if one is due after batch `batch_id`;
-        raise what the previous one failed with."""
-        if self._running is not None and not self._running.done and not self.wait:
+        """Compact if a compaction is due after batch `batch_id`: beside the next batches, or
+        now (`between_batches`). Raise what the previous one failed with."""
+        if self._running is not None and not self._running.done:
             return
         self.finish()
         now_ms = self.checkpoint_log.batch_timestamp_ms(batch_id)
@@ -135,6 +136,10 @@ class CompactionSchedule:
         if not (if_owed or compaction_due(now_ms, self._last_started_ms, interval_ms)):
             return
         self._last_started_ms = now_ms
+        if self.between_batches:
+            if not if_owed or self.compaction.owed(now_ms):
+                self._compact(self.compaction, spark, batch_id, now_ms)
+            return
         self._running = _Running(
             batch_id, lambda: self._compact_in_pool(spark, batch_id, now_ms, if_owed)
         )
@@ -160,13 +165,12 @@ class CompactionSchedule:
     def stop(self, spark: SparkSession) -> None:
         """As the stream stops: cut the compaction in progress short before its next commit (a
         commit under way completes), and the next instance runs what it left
-        (`Compaction.owed`). With `wait`, let it finish instead."""
+        (`Compaction.owed`)."""
         running = self._running
         if running is None:
             return
-        if not self.wait:
-            self._stopping.set()
-            spark.sparkContext.cancelJobGroup(self._job_group(running.batch_id))
+        self._stopping.set()
+        spark.sparkContext.cancelJobGroup(self._job_group(running.batch_id))
         try:
             self.finish()
         except CompactionStoppedError:
