@@ -33,7 +33,8 @@ class FaultPoint(StrEnum):
     position: the batch it runs after."""
     AFTER_COMPACTION_COMMIT = "after_compaction_commit"
     """Driver, after a compaction committed a table, before the next table; position: as above.
-    A compaction runs beside the next batches (`compaction_schedule`): in its own thread."""
+    In a continuous stream the compaction runs in its own thread, beside the next batches
+    (`compaction_schedule`); in an `--available-now` run, in `foreachBatch`."""
     BEFORE_REPROCESS_COMMIT = "before_reprocess_commit"
     """Driver, `tenants reprocess`: its plan is written, a table's commit is next; position:
     how many of the run's tables are committed already."""

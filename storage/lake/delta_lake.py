@@ -401,17 +401,17 @@ class DeltaLake:
             for file in added
         ]
 
-        opened: list[DeltaTable] = []
+        table: DeltaTable | None = None
 
         def attempt() -> bool:
+            nonlocal table
             # A retry only reads the commits that beat the last attempt: the batches that
             # commit beside a compaction would otherwise make it reopen the table each time.
-            if opened:
-                with reaching(self.root, self.storage_options, f"reading table {spec.name}"):
-                    opened[0].update_incremental()
+            if table is None:
+                table = self.open(spec)
             else:
-                opened.append(self.open(spec))
-            table = opened[0]
+                with reaching(self.root, self.storage_options, f"reading table {spec.name}"):
+                    table.update_incremental()
             check_fence(table, *fence)
             present = current_paths(table)
             if any(unquote(file.path) not in present for file in removed):

@@ -80,11 +80,10 @@ class CompactionStoppedError(RuntimeError):
 
 
 class _Running:
-    """One compaction in a thread of its own, and what it settled or failed with."""
+    """One compaction in a thread of its own, and what it failed with."""
 
-    def __init__(self, batch_id: int, work: Callable[[], list[TableCompaction]]) -> None:
+    def __init__(self, batch_id: int, work: Callable[[], object]) -> None:
         self.batch_id = batch_id
-        self._result: list[TableCompaction] = []
         self._error: BaseException | None = None
         self._thread = threading.Thread(
             target=self._run, args=(work,), name=f"compaction-{batch_id}", daemon=True
@@ -95,16 +94,15 @@ class _Running:
     def done(self) -> bool:
         return not self._thread.is_alive()
 
-    def outcome(self) -> list[TableCompaction]:
-        """Wait for it; what it settled, or raise its error."""
+    def wait(self) -> None:
+        """Wait for it to end; raise its error, if it failed."""
         self._thread.join()
         if self._error is not None:
             raise self._error
-        return self._result
 
-    def _run(self, work: Callable[[], list[TableCompaction]]) -> None:
+    def _run(self, work: Callable[[], object]) -> None:
         try:
-            self._result = work()
+            work()
         except BaseException as error:
             self._error = error
 
@@ -125,7 +123,7 @@ class CompactionSchedule:
         now (`between_batches`). Raise what the previous one failed with."""
         if self._running is not None and not self._running.done:
             return
-        self.finish()
+        self._finish()
         now_ms = self.checkpoint_log.batch_timestamp_ms(batch_id)
         if now_ms is None:  # a running batch's offsets entry is there, unless it is torn
             return
@@ -147,16 +145,16 @@ class CompactionSchedule:
     def now(self, spark: SparkSession, batch_id: int) -> list[TableCompaction]:
         """Settle every staged row of this stream, as of batch `batch_id`, once the compaction
         in progress (if any) is done."""
-        self.finish()
+        self._finish()
         return self._compact(self.compaction, spark, batch_id, None)
 
-    def finish(self) -> list[TableCompaction]:
-        """Wait for the compaction in progress, if any; what it settled, or raise its error."""
+    def _finish(self) -> None:
+        """Wait for the compaction in progress, if any; raise its error, if it failed."""
         running, self._running = self._running, None
         if running is None:
-            return []
+            return
         try:
-            return running.outcome()
+            running.wait()
         except Exception as error:
             if self._stopping.is_set():
                 raise CompactionStoppedError() from error
@@ -172,7 +170,7 @@ class CompactionSchedule:
         self._stopping.set()
         spark.sparkContext.cancelJobGroup(self._job_group(running.batch_id))
         try:
-            self.finish()
+            self._finish()
         except CompactionStoppedError:
             log.info("the compaction after batch %d stopped with the stream", running.batch_id)
         except Exception as error:  # the stream stops anyway; the next instance retries it
