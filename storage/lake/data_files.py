@@ -137,9 +137,11 @@ class BatchFiles:
 
 # `BatchFiles.file_name` and `MergeFiles.run_name`, read back: the stream is whatever precedes the
 # fixed-format tail, so a stream name that itself contains dashes parses the same.
-_BATCH_FILE_NAME = re.compile(r"^part-(?P<stream>.+)-e\d+-b\d{10}-t\d{5}-[0-9a-f]{12}\.parquet$")
+_BATCH_FILE_NAME = re.compile(
+    r"^part-(?P<stream>.+)-e\d+-b\d{10}-t(?P<task>\d{5})-[0-9a-f]{12}\.parquet$"
+)
 _RUN_FILE_NAME = re.compile(
-    r"^run-(?P<stream>.+)-e\d+-c[0-9a-f]{16}-a(?P<oldest_ms>\d{13,})-t\d{5}\.parquet$"
+    r"^run-(?P<stream>.+)-e\d+-c[0-9a-f]{16}-a(?P<oldest_ms>\d{13,})-t(?P<task>\d{5})\.parquet$"
 )
 
 
@@ -149,6 +151,14 @@ def stream_of_staged_file(path: str) -> str | None:
     name = path.rsplit("/", 1)[-1]
     match = _BATCH_FILE_NAME.match(name) or _RUN_FILE_NAME.match(name)
     return None if match is None else match["stream"]
+
+
+def write_task_of_staged_file(path: str) -> int | None:
+    """The write task whose keys a staged file holds: the batch's write task that wrote it, or
+    the one whose files a compaction merged into it (a run); None for another name."""
+    name = path.rsplit("/", 1)[-1]
+    match = _BATCH_FILE_NAME.match(name) or _RUN_FILE_NAME.match(name)
+    return None if match is None else int(match["task"])
 
 
 def run_oldest_ms(path: str) -> int | None:
@@ -162,8 +172,9 @@ class SettledFiles:
     """Where and under which names one compaction's settled files go; pickled to executors.
 
     A settled partition gets one file per compaction (its rows all reach one task), named by
-    the stream, the writer epoch and a digest of the staged files consumed: the same inputs
-    always give the same name and the same bytes, and other inputs never overwrite it.
+    the stream, the writer epoch, a digest of the staged files consumed and the write task: the
+    same inputs always give the same name and the same bytes, and other inputs never overwrite
+    it. The write task keeps two tasks apart if a key's rows ever reached both.
     """
 
     root: str
@@ -172,6 +183,9 @@ class SettledFiles:
     writer_epoch: int
     inputs_digest: str
     table_name: str
+    write_task: int = 0
+    """The compaction's write task: a batch's write task whose staged files it compacts
+    (`compact_write_tasks`), or its Spark partition after a shuffle."""
 
     def __repr__(self) -> str:
         return f"SettledFiles({self.root!r}, {self.table_name}, inputs {self.inputs_digest})"
@@ -179,7 +193,7 @@ class SettledFiles:
     def file_name(self, partition_values: str) -> str:
         return (
             f"settled-{self.stream}-e{self.writer_epoch}-c{self.inputs_digest}-"
-            f"{_digest(self.table_name, partition_values)}.parquet"
+            f"t{self.write_task:05d}-{_digest(self.table_name, partition_values)}.parquet"
         )
 
 
@@ -203,10 +217,10 @@ class MergeFiles(SettledFiles):
     def __repr__(self) -> str:
         return f"MergeFiles({self.root!r}, {self.table_name}, inputs {self.inputs_digest})"
 
-    def run_name(self, task_partition: int) -> str:
+    def run_name(self) -> str:
         return (
             f"run-{self.stream}-e{self.writer_epoch}-c{self.inputs_digest}-"
-            f"a{self.oldest_ms:013d}-t{task_partition:05d}.parquet"
+            f"a{self.oldest_ms:013d}-t{self.write_task:05d}.parquet"
         )
 
 
@@ -290,6 +304,52 @@ def read_staged_files(
     return read
 
 
+MapInArrow = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+TaskWriter = Callable[[int], MapInArrow]
+"""A compaction's writer (`write_settled_files`, `write_merged_files`) for one write task's rows,
+its files named for that task."""
+
+
+def compact_write_tasks(
+    root: str,
+    storage_options: dict[str, str] | None,
+    spec_name: str,
+    staged_by_task: dict[int, list[str]],
+    tasks: int,
+    writer: TaskWriter,
+) -> MapInArrow:
+    """The `mapInArrow` function of a compaction without a shuffle: numbers `n` in (column `id`,
+    of `spark.range(tasks)`), one row per written file out. Each number takes the write tasks `t`
+    of `staged_by_task` (their staged files' paths) with `t % tasks == n`, and hands each one's
+    rows to `writer(t)` on their own.
+
+    A (tenant, source) key's rows are in one write task's staged files only: its state lives in
+    one of the query's shuffle partitions, fixed by the checkpoint, and the sink writes each
+    partition in its own task (`write_task_files`). So each key still settles in one file, and no
+    row crosses the network or the JVM on its way."""
+    read = read_staged_files(root, storage_options, spec_name)
+
+    def compact(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        numbers = [number for batch in batches for number in batch.column("id").to_pylist()]
+        for number in numbers:
+            for task in sorted(staged_by_task):
+                if task % tasks != number:
+                    continue
+                paths = pa.record_batch({"path": staged_by_task[task]})
+                yield from writer(task)(read(iter([paths])))
+
+    return compact
+
+
+def in_spark_task(writer: TaskWriter) -> MapInArrow:
+    """`writer` for the rows a shuffle brought to a Spark task, its files named for the task."""
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from writer(spark_task_partition())(batches)
+
+    return write
+
+
 def write_settled_files(
     target: SettledFiles,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -308,13 +368,11 @@ def write_settled_files(
 
 
 def write_merged_files(
-    target: MergeFiles,
-    settle_rows: int,
-    task_partition: Callable[[], int] = spark_task_partition,
+    target: MergeFiles, settle_rows: int
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The `mapInArrow` function of a compaction that merges: rows of whole (tenant, source)
     keys in; a key with `settle_rows` rows or more settles (`write_settled`), the others' rows
-    go to one run file for the task, sorted by key; one row per written file out."""
+    go to one run file for the write task, sorted by key; one row per written file out."""
     spec = _SPECS[target.table_name]
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -328,7 +386,7 @@ def write_merged_files(
         written = write_settled(target, rows.filter(worth_a_file), "compaction")
         waiting = rows.filter(pc.invert(worth_a_file))
         if waiting.num_rows:
-            name = target.run_name(task_partition())
+            name = target.run_name()
             filesystem, base = filesystem_of(target.root, target.storage_options)
             laid_out = with_layout(waiting, spec, settled=False)
             written += _write_partitions(
@@ -348,17 +406,26 @@ def write_merged_files(
 
 def _rows_per_key(rows: pa.Table) -> np.ndarray:
     """Per row of `rows` (sorted by tenant and source): how many rows its key has."""
-    if rows.num_rows == 0:
-        return np.zeros(0, dtype=np.int64)
-    tenant, source = rows["tenant"], rows["source"]
-    follows = rows.num_rows - 1
-    key_changes = pc.or_(
-        pc.not_equal(tenant.slice(1), tenant.slice(0, follows)),
-        pc.not_equal(source.slice(1), source.slice(0, follows)),
-    )
-    starts = np.flatnonzero(np.concatenate([[True], key_changes.to_numpy(zero_copy_only=False)]))
+    starts = _run_starts(rows, ("tenant", "source"))
     lengths = np.diff(np.append(starts, rows.num_rows))
     return np.repeat(lengths, lengths)
+
+
+def _run_starts(rows: pa.Table, columns: tuple[str, ...]) -> np.ndarray:
+    """The row indices where the values of `columns` differ from the row before (and 0): the
+    starts of `rows`' runs of equal keys, nulls equal to nulls. Column-wise: no Python per row."""
+    if rows.num_rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    follows = rows.num_rows - 1
+    changes = np.zeros(follows, dtype=bool)
+    for column in columns:
+        before, after = rows[column].slice(0, follows), rows[column].slice(1)
+        differs = pc.or_(
+            pc.fill_null(pc.not_equal(after, before), False),
+            pc.xor(pc.is_null(after), pc.is_null(before)),
+        )
+        changes |= differs.to_numpy(zero_copy_only=False)
+    return np.flatnonzero(np.concatenate([[True], changes]))
 
 
 def write_settled(target: SettledFiles, rows: pa.Table, doing: str) -> list[WrittenFile]:
@@ -539,30 +606,30 @@ def _split_by_partition(
 ) -> list[tuple[dict[str, str | None], pa.Table, str]]:
     """(partition values, that partition's rows, their Delta stats) for each partition.
 
-    One sort puts each partition's rows next to each other, so a partition is a zero-copy
-    slice; one grouped aggregation gives every partition's stats at once.
+    Each partition's rows must be next to each other, so that a partition is a zero-copy slice;
+    they are sorted only when they are not (a table's `sort_by` and a staged file's single
+    partition already are). One grouped aggregation gives every partition's stats at once.
     """
     if not partition_by:
         return [({}, rows, _stats(rows, _aggregate(rows, ()).to_pylist()[0]))]
-    ordered = rows.take(pc.sort_indices(rows, [(column, "ascending") for column in partition_by]))
-    keys = list(zip(*(ordered.column(c).to_pylist() for c in partition_by), strict=True))
-    starts = [0, *(i for i in range(1, len(keys)) if keys[i] != keys[i - 1])]
     # Matched by key: pyarrow does not promise the groups in the order of the runs (in one
     # table here they came out swapped, and each file carried another's statistics).
     aggregated = {
         tuple(row[column] for column in partition_by): row
-        for row in _aggregate(ordered, partition_by).to_pylist()
+        for row in _aggregate(rows, partition_by).to_pylist()
     }
+    starts = _run_starts(rows, partition_by)
+    if len(starts) != len(aggregated):
+        rows = _sorted(rows, partition_by)
+        starts = _run_starts(rows, partition_by)
+    ends = [*starts[1:].tolist(), rows.num_rows]
+    first_rows = rows.select(list(partition_by)).take(pa.array(starts)).to_pylist()
     splits = []
-    for run, first in enumerate(starts):
-        last = starts[run + 1] if run + 1 < len(starts) else len(keys)
-        part = ordered.slice(first, last - first)
-        aggregates = aggregated[keys[first]]
-        values = {
-            column: partition_text(value)
-            for column, value in zip(partition_by, keys[first], strict=True)
-        }
-        splits.append((values, part, _stats(part, aggregates)))
+    for first, last, values in zip(starts.tolist(), ends, first_rows, strict=True):
+        key = tuple(values[column] for column in partition_by)
+        part = rows.slice(first, last - first)
+        texts = {column: partition_text(value) for column, value in values.items()}
+        splits.append((texts, part, _stats(part, aggregated[key])))
     return splits
 
 

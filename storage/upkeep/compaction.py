@@ -1,8 +1,8 @@
 """Compaction: a stream's staged rows move to their tenant's partitions (contract §5).
 
 A micro-batch writes one staged file per write task and table (`storage.lake.tables` says why).
-Compaction reads this stream's staged files, regroups their rows by (tenant, source) across
-Spark tasks, writes one settled file per (tenant, source[, window date]) partition, and commits,
+Compaction reads this stream's staged files, regroups their rows by (tenant, source), writes one
+settled file per (tenant, source[, window date]) partition, and commits,
 per table, one Delta commit that removes exactly the staged files it read and adds the settled
 ones (`DeltaLake.settle`). So at every version each row is in exactly one file: the staged one
 before the commit, the settled one after.
@@ -34,8 +34,14 @@ timestamp of the batch it runs after.
 
 Runs on the driver, beside the stream's batches (`streaming.pipeline.compaction_schedule`),
 whose commits may land between its own: it takes the staged files it lists, and its commit only
-needs those to be still there. The rows themselves go from executor to executor, never through
-the driver.
+needs those to be still there. The rows never reach the driver.
+
+No shuffle is needed to regroup them. A key's rows are in the staged files of one write task
+only, the one that writes its state partition, and every staged file's name says which
+(`write_task_of_staged_file`): an executor task reads one write task's files and settles their
+keys on its own (`compact_write_tasks`). That costs a quarter less than regrouping the rows
+through Spark's shuffle, which converts each row to the JVM's format and back. Staged files that
+do not say (an outside `OPTIMIZE` merged some) go through the shuffle, as before.
 """
 
 from __future__ import annotations
@@ -43,23 +49,27 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
-import pyarrow as pa
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from storage.lake.data_files import (
     MANIFEST_DDL,
     Manifests,
+    MapInArrow,
     MergeFiles,
     SettledFiles,
+    TaskWriter,
     WrittenFile,
+    compact_write_tasks,
+    in_spark_task,
     read_staged_files,
     run_oldest_ms,
     write_merged_files,
     write_settled_files,
+    write_task_of_staged_file,
 )
 from storage.lake.delta_lake import DeltaLake, LakeFile
 from storage.lake.tables import STAGED_TABLES, TableSpec
@@ -238,7 +248,10 @@ class Compaction:
     def _write_settled(
         self, spark: SparkSession, spec: TableSpec, staged: list[LakeFile]
     ) -> list[WrittenFile]:
-        return self._write(spark, spec, staged, write_settled_files(self._settled(spec, staged)))
+        target = self._settled(spec, staged)
+        return self._write(
+            spark, spec, staged, lambda task: write_settled_files(replace(target, write_task=task))
+        )
 
     def _write_merged(
         self, spark: SparkSession, spec: TableSpec, staged: list[LakeFile]
@@ -247,7 +260,13 @@ class Compaction:
             **vars(self._settled(spec, staged)),
             oldest_ms=min(file.staged_ms or 0 for file in staged),
         )
-        return self._write(spark, spec, staged, write_merged_files(target, self.policy.settle_rows))
+        settle_rows = self.policy.settle_rows
+        return self._write(
+            spark,
+            spec,
+            staged,
+            lambda task: write_merged_files(replace(target, write_task=task), settle_rows),
+        )
 
     def _settled(self, spec: TableSpec, staged: list[LakeFile]) -> SettledFiles:
         inputs = "\n".join(file.path for file in staged)
@@ -261,28 +280,53 @@ class Compaction:
         )
 
     def _write(
-        self,
-        spark: SparkSession,
-        spec: TableSpec,
-        staged: list[LakeFile],
-        writer: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+        self, spark: SparkSession, spec: TableSpec, staged: list[LakeFile], writer: TaskWriter
     ) -> list[WrittenFile]:
+        manifests = Manifests(
+            self.lake.root,
+            self.lake.storage_options,
+            f"{self._manifests_folder}/epoch-{self.writer_epoch}/{spec.name}",
+        )
+        by_task = staged_by_write_task(staged)
+        if by_task is None:
+            files = self._shuffled(spark, spec, staged, manifests.listing(in_spark_task(writer)))
+        else:
+            tasks = min(len(by_task), self.tasks)
+            compact = compact_write_tasks(
+                self.lake.root, self.lake.storage_options, spec.name, by_task, tasks, writer
+            )
+            files = spark.range(tasks, numPartitions=tasks).mapInArrow(
+                manifests.listing(compact), MANIFEST_DDL
+            )
+        # The file list reaches the driver through one manifest per task, never through the JVM
+        # (`Manifests`).
+        try:
+            return manifests.read([row.manifest for row in files.collect()])
+        finally:
+            manifests.remove()
+
+    def _shuffled(
+        self, spark: SparkSession, spec: TableSpec, staged: list[LakeFile], write: MapInArrow
+    ) -> DataFrame:
+        """`write` over the staged rows regrouped by key, through Spark's shuffle: for staged
+        files that do not say which write task wrote them (an outside `OPTIMIZE` merged some)."""
         paths = spark.createDataFrame([(file.path,) for file in staged], "path string")
         rows = paths.repartition(min(len(staged), self.tasks)).mapInArrow(
             read_staged_files(self.lake.root, self.lake.storage_options, spec.name),
             from_arrow_schema(spec.schema),
         )
         # Every row of a (tenant, source) key reaches one task, so each settled partition gets
-        # exactly one file. The file list reaches the driver through one manifest per task,
-        # never through the JVM (`Manifests`).
-        by_key = rows.repartition(self.tasks, "tenant", "source")
-        manifests = Manifests(
-            self.lake.root,
-            self.lake.storage_options,
-            f"{self._manifests_folder}/epoch-{self.writer_epoch}/{spec.name}",
-        )
-        try:
-            listed = by_key.mapInArrow(manifests.listing(writer), MANIFEST_DDL).collect()
-            return manifests.read([row.manifest for row in listed])
-        finally:
-            manifests.remove()
+        # exactly one file.
+        return rows.repartition(self.tasks, "tenant", "source").mapInArrow(write, MANIFEST_DDL)
+
+
+def staged_by_write_task(staged: list[LakeFile]) -> dict[int, list[str]] | None:
+    """The staged files' paths by the write task whose keys they hold; None if a file does not
+    say (`write_task_of_staged_file`)."""
+    by_task: dict[int, list[str]] = {}
+    for file in staged:
+        task = write_task_of_staged_file(file.path)
+        if task is None:
+            return None
+        by_task.setdefault(task, []).append(file.path)
+    return by_task

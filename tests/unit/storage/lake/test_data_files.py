@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,11 +20,14 @@ from storage.lake.data_files import (
     MergeFiles,
     SettledFiles,
     WrittenFile,
+    _split_by_partition,
+    compact_write_tasks,
     run_oldest_ms,
     stream_of_staged_file,
     write_merged_files,
     write_settled_files,
     write_task_files,
+    write_task_of_staged_file,
 )
 from storage.lake.packed_rows import packed_table
 from storage.lake.tables import STAGED, WINDOWS, rows_for_table
@@ -125,8 +129,10 @@ def test_settled_files_are_a_function_of_their_rows_not_of_their_order(tmp_path:
 
 
 def _merge(root: Path, rows: pa.Table, settle_rows: int) -> list[WrittenFile]:
-    target = MergeFiles(str(root), None, "web-1", 2, "0123456789abcdef", WINDOWS.name, T0_MS)
-    merge = write_merged_files(target, settle_rows, task_partition=lambda: 5)
+    target = MergeFiles(
+        str(root), None, "web-1", 2, "0123456789abcdef", WINDOWS.name, write_task=5, oldest_ms=T0_MS
+    )
+    merge = write_merged_files(target, settle_rows)
     batches = list(merge(iter(rows.to_batches(max_chunksize=100))))
     return [WrittenFile.from_row(row) for batch in batches for row in batch.to_pylist()]
 
@@ -182,14 +188,22 @@ def test_a_merge_is_a_function_of_its_rows_not_of_their_order(tmp_path: Path) ->
     assert any("/run-" in path for path, _ in contents[0])
 
 
-def test_staged_file_names_say_which_stream_wrote_them_and_only_runs_carry_an_age() -> None:
+def test_staged_file_names_say_which_stream_and_write_task_wrote_them_and_only_runs_an_age() -> (
+    None
+):
     batch = BatchFiles("/lake", None, "orders-eu", 3, 12, ("events",)).file_name(1, "events", "x")
-    run = MergeFiles("/lake", None, "orders-eu", 3, "f" * 16, "events", 1_795_000_000_000)
+    run = MergeFiles(
+        "/lake", None, "orders-eu", 3, "f" * 16, "events", write_task=2, oldest_ms=1_795_000_000_000
+    )
     assert stream_of_staged_file(f"layout_tenant=_staged/{batch}") == "orders-eu"
-    assert stream_of_staged_file(f"layout_tenant=_staged/{run.run_name(2)}") == "orders-eu"
-    assert run_oldest_ms(run.run_name(2)) == 1_795_000_000_000
+    assert stream_of_staged_file(f"layout_tenant=_staged/{run.run_name()}") == "orders-eu"
+    assert write_task_of_staged_file(f"layout_tenant=_staged/{batch}") == 1
+    assert write_task_of_staged_file(run.run_name()) == 2
+    assert run_oldest_ms(run.run_name()) == 1_795_000_000_000
     assert run_oldest_ms(batch) is None
-    assert stream_of_staged_file("part-00000-optimized-by-someone.parquet") is None
+    foreign = "part-00000-optimized-by-someone.parquet"
+    assert stream_of_staged_file(foreign) is None
+    assert write_task_of_staged_file(foreign) is None
 
 
 def _written(task: int, count: int) -> list[WrittenFile]:
@@ -236,3 +250,79 @@ def test_tasks_list_their_files_in_manifests_the_driver_reads_back(tmp_path: Pat
     assert sorted(path.name for path in folder.iterdir()) == ["epoch-3"]
     manifests.remove()
     assert not (folder / "epoch-3" / "events").exists()
+
+
+def test_rows_split_into_one_slice_per_partition_whatever_their_order() -> None:
+    # A batch's quarantine rows come in Kafka's order, partitions interleaved, some values null.
+    rows = pa.table(
+        {
+            "reason": ["bad_json", "unknown_tenant", "bad_json", None, "unknown_tenant", None],
+            "day": [1, 1, 2, 1, 1, 1],
+            "offset": [0, 1, 2, 3, 4, 5],
+        }
+    )
+    splits = _split_by_partition(rows, ("reason", "day"))
+    offsets = {tuple(values.values()): part["offset"].to_pylist() for values, part, _ in splits}
+    assert offsets == {
+        ("bad_json", "1"): [0],
+        ("bad_json", "2"): [2],
+        ("unknown_tenant", "1"): [1, 4],
+        (None, "1"): [3, 5],
+    }
+    for _, part, stats in splits:
+        assert json.loads(stats)["numRecords"] == part.num_rows
+    # Already grouped (as a table's sort order leaves them), the slices keep the order.
+    grouped = rows.take(pa.array([3, 5, 0, 2, 1, 4]))
+    assert [
+        part["offset"].to_pylist() for _, part, _ in _split_by_partition(grouped, ("reason",))
+    ] == [
+        [3, 5],
+        [0, 2],
+        [1, 4],
+    ]
+
+
+def test_a_compaction_without_a_shuffle_settles_each_write_tasks_keys_on_their_own(
+    tmp_path: Path,
+) -> None:
+    union = _pane_rows(1_200, seed=5)
+    # As the query leaves them: each key's rows in the staged files of one write task only.
+    staged_by_task: dict[int, list[str]] = {}
+    for batch_id in (7, 8):
+        for task in (0, 1, 2):
+            mine = union.filter(
+                pa.array([int(t[1:]) % 3 == task for t in union["tenant"].to_pylist()])
+            )
+            target = BatchFiles(str(tmp_path), None, "s", 1, batch_id, (WINDOWS.name,))
+            written = write_task_files(target, task_partition=lambda task=task: task)(
+                iter(packed_table(mine).to_batches())
+            )
+            staged_by_task.setdefault(task, []).extend(
+                row["path"] for batch in written for row in batch.to_pylist()
+            )
+    settled = SettledFiles(str(tmp_path), None, "s", 1, "0123456789abcdef", WINDOWS.name)
+
+    def compact(number: int, tasks: int) -> list[WrittenFile]:
+        compact = compact_write_tasks(
+            str(tmp_path),
+            None,
+            WINDOWS.name,
+            staged_by_task,
+            tasks,
+            lambda task: write_settled_files(replace(settled, write_task=task)),
+        )
+        batches = compact(iter([pa.record_batch({"id": [number]})]))
+        return [WrittenFile.from_row(row) for batch in batches for row in batch.to_pylist()]
+
+    files = compact(0, tasks=1)
+    assert sum(file.num_records for file in files) == 2 * union.num_rows  # two batches
+    partitions = [tuple(file.partition_values.values()) for file in files]
+    assert len(partitions) == len(set(partitions))  # one file per partition
+    for file in files:
+        task = int(str(file.partition_values["layout_tenant"])[1:]) % 3
+        assert f"-t{task:05d}-" in file.path
+    # Of two Spark tasks, the second takes write task 1 alone.
+    second = compact(1, tasks=2)
+    assert {file.path for file in second} == {
+        file.path for file in files if "-t00001-" in file.path
+    }
