@@ -153,6 +153,12 @@ def stream_of_staged_file(path: str) -> str | None:
     return None if match is None else match["stream"]
 
 
+def written_by_a_batch(path: str) -> bool:
+    """Whether a micro-batch wrote the file (`BatchFiles.file_name`): its rows are new to the
+    table. A compaction's or a reprocess's files hold rows another file held before."""
+    return _BATCH_FILE_NAME.match(path.rsplit("/", 1)[-1]) is not None
+
+
 def write_task_of_staged_file(path: str) -> int | None:
     """The write task whose keys a staged file holds: the batch's write task that wrote it, or
     the one whose files a compaction merged into it (a run); None for another name."""
