@@ -4,7 +4,9 @@ tables: compaction runs after every batch and only merges (the age limit is a da
 - a key with enough new rows settles them in its partition at once;
 - every other row waits in a run: a staged file per write task, no longer one per batch;
 - at every version each row is visible exactly once, and a tenant's query sees its waiting rows;
-- the end of an `--available-now` run settles the runs too.
+- the end of an `--available-now` run settles the runs too;
+- staged files an outside OPTIMIZE merged (names without a write task) settle through Spark's
+  shuffle, each key in one file.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pyarrow as pa
 import pytest
 
 from infra.dev.benchmarks.sample_lake import write_tenants_conf
-from storage.lake.data_files import run_oldest_ms
+from storage.lake.data_files import run_oldest_ms, write_task_of_staged_file
 from storage.lake.snapshot_reader import read_snapshot
 from storage.lake.tables import EVENTS, LAYOUT_PREFIX, STAGED, STAGED_TABLES
 from storage.query.scoped_sql import TenantSql
@@ -129,6 +131,37 @@ def test_the_end_of_a_run_settles_the_runs_and_changes_no_row(merged: Pipeline, 
     # A small tenant waited in runs of several compactions and still gets one file.
     files = _files(merged)
     assert (files["partition.layout_tenant"] == "s007").sum() == 1
+
+
+def test_staged_files_an_outside_optimize_merged_settle_through_the_shuffle_once_each(
+    kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
+) -> None:
+    tenants = SMALL[:6]
+    conf = write_tenants_conf(tmp_path / "conf", tenants, ("web",), sources_from=conf_dir)
+    pipeline = Pipeline.create(
+        kafka,
+        tmp_path,
+        conf,
+        max_offsets_per_trigger=len(tenants),
+        environ={"TW_STREAM__COMPACT_INTERVAL": "1d", "TW_STREAM__MERGE_INTERVAL": "1d"},
+    )
+    pipeline.produce(
+        record(tenant, "web", T0_MS + batch * 60_000) for batch in range(3) for tenant in tenants
+    )
+    pipeline.run_available_now(spark, settle=False)
+    # As a user's own OPTIMIZE would, across the staged files of every batch and write task:
+    # their names no longer say which write task wrote them.
+    pipeline.lake.open(EVENTS).optimize.compact()
+    staged = _files(pipeline).query("`partition.layout_tenant` == @STAGED")["path"]
+    assert len(staged) == 1 and write_task_of_staged_file(staged.iloc[0]) is None
+
+    pipeline.run_available_now(spark)  # nothing new to read; settles everything at its end
+
+    files = _files(pipeline)
+    assert sorted(files["partition.layout_tenant"]) == sorted(tenants)  # one file a tenant
+    assert (files["partition.layout_tenant"] == files["min.tenant"]).all()
+    events = pipeline.table("events")
+    assert sorted(events["offset"]) == list(range(3 * len(tenants)))
 
 
 def _rows(pipeline: Pipeline) -> dict[str, pd.DataFrame]:
