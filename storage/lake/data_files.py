@@ -41,6 +41,8 @@ from pyarrow import fs
 from storage.lake.packed_rows import unpacked
 from storage.lake.tables import ALL_TABLES, TableSpec, rows_for_table, with_layout
 
+MapInArrow = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+"""A function Spark's `mapInArrow` runs on executors: Arrow batches in, Arrow batches out."""
 WRITTEN_FILE_FIELDS = [
     ("table_name", pa.string()),
     ("path", pa.string()),
@@ -155,7 +157,7 @@ def stream_of_staged_file(path: str) -> str | None:
 
 def written_by_a_batch(path: str) -> bool:
     """Whether a micro-batch wrote the file (`BatchFiles.file_name`): its rows are new to the
-    table. A compaction's or a reprocess's files hold rows another file held before."""
+    table, where a compaction's files hold rows that a batch's file held before."""
     return _BATCH_FILE_NAME.match(path.rsplit("/", 1)[-1]) is not None
 
 
@@ -246,7 +248,7 @@ def spark_task_partition() -> int:
 
 def write_task_files(
     target: BatchFiles, task_partition: Callable[[], int] = spark_task_partition
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+) -> MapInArrow:
     """The `mapInArrow` function: union rows in, packed (`packed_rows`), one row per written
     file out.
 
@@ -294,7 +296,7 @@ def write_batch_rows(target: BatchFiles, union: pa.Table, task_partition: int) -
 
 def read_staged_files(
     root: str, storage_options: dict[str, str] | None, spec_name: str
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+) -> MapInArrow:
     """The `mapInArrow` function that reads staged files: their paths (relative to the table,
     column `path`) in, their rows (in the table's `schema`, without layout columns) out."""
     spec = _SPECS[spec_name]
@@ -310,7 +312,6 @@ def read_staged_files(
     return read
 
 
-MapInArrow = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 TaskWriter = Callable[[int], MapInArrow]
 """A compaction's writer (`write_settled_files`, `write_merged_files`) for one write task's rows,
 its files named for that task."""
@@ -358,7 +359,7 @@ def in_spark_task(writer: TaskWriter) -> MapInArrow:
 
 def write_settled_files(
     target: SettledFiles,
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+) -> MapInArrow:
     """The `mapInArrow` function of compaction: rows of whole (tenant, source) keys in, one
     settled file per partition they belong to written, one row per file out."""
     spec = _SPECS[target.table_name]
@@ -373,9 +374,7 @@ def write_settled_files(
     return write
 
 
-def write_merged_files(
-    target: MergeFiles, settle_rows: int
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def write_merged_files(target: MergeFiles, settle_rows: int) -> MapInArrow:
     """The `mapInArrow` function of a compaction that merges: rows of whole (tenant, source)
     keys in; a key with `settle_rows` rows or more settles (`write_settled`), the others' rows
     go to one run file for the write task, sorted by key; one row per written file out."""
@@ -465,9 +464,9 @@ class Manifests:
 
     def listing(
         self,
-        writer: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+        writer: MapInArrow,
         task_partition: Callable[[], int] = spark_task_partition,
-    ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    ) -> MapInArrow:
         """`writer` (a `mapInArrow` function whose rows are written files), listing its rows
         in the task's manifest; one row (`MANIFEST_DDL`) per task out."""
 
