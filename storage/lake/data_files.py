@@ -147,11 +147,16 @@ _RUN_FILE_NAME = re.compile(
 )
 
 
+def _staged_file_name(path: str) -> re.Match[str] | None:
+    """A staged file's name read back: a batch's, or a run's; None for another name."""
+    name = path.rsplit("/", 1)[-1]
+    return _BATCH_FILE_NAME.match(name) or _RUN_FILE_NAME.match(name)
+
+
 def stream_of_staged_file(path: str) -> str | None:
     """The stream that wrote a staged file (a batch's, or a run compaction merged); None for
     another name."""
-    name = path.rsplit("/", 1)[-1]
-    match = _BATCH_FILE_NAME.match(name) or _RUN_FILE_NAME.match(name)
+    match = _staged_file_name(path)
     return None if match is None else match["stream"]
 
 
@@ -164,8 +169,7 @@ def written_by_a_batch(path: str) -> bool:
 def write_task_of_staged_file(path: str) -> int | None:
     """The write task whose keys a staged file holds: the batch's write task that wrote it, or
     the one whose files a compaction merged into it (a run); None for another name."""
-    name = path.rsplit("/", 1)[-1]
-    match = _BATCH_FILE_NAME.match(name) or _RUN_FILE_NAME.match(name)
+    match = _staged_file_name(path)
     return None if match is None else int(match["task"])
 
 
