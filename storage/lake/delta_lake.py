@@ -21,13 +21,9 @@ from deltalake.schema import Field as DeltaField
 from deltalake.transaction import AddAction, RemoveAction
 
 from storage.lake.commits import check_fence, commit_without_conflict, conditional
-from storage.lake.data_files import (
-    WrittenFile,
-    filesystem_of,
-    partition_text,
-    run_oldest_ms,
-    stream_of_staged_file,
-)
+from storage.lake.file_names import run_oldest_ms, stream_of_staged_file
+from storage.lake.file_stats import partition_text
+from storage.lake.lake_filesystem import filesystem_of
 from storage.lake.s3_options import reaching, storage_options
 from storage.lake.snapshot_reader import (
     current_paths,
@@ -39,6 +35,7 @@ from storage.lake.snapshot_reader import (
 )
 from storage.lake.table_files import tenant_files
 from storage.lake.tables import LAKE_TABLES, STAGED, TableSpec, with_layout
+from storage.lake.written_files import WrittenFile
 from tenants.settings import LakeSettings
 
 
@@ -289,37 +286,21 @@ class DeltaLake:
         newer instance's fence can never be slipped past. `before_commit` runs after those checks,
         right before the commit. Returns whether it committed.
         """
-        actions: list[AddAction | RemoveAction] = [
-            AddAction(
-                path=file.path,
-                size=file.size,
-                partition_values=file.partition_values,
-                modification_time=file.modification_time,
-                data_change=True,
-                stats=file.stats,
-            )
-            for file in files
-        ]
 
-        def attempt() -> bool:
-            table = (open_table or self.open)(spec)
-            check_fence(table, app_id, writer_epoch)
+        def not_yet_committed(table: DeltaTable) -> bool:
             committed = table.transaction_version(app_id)
-            if committed is not None and committed >= batch_id:
-                return False
-            before_commit()
-            doing = f"committing batch {batch_id} to table {spec.name}"
-            with reaching(self.root, self.storage_options, doing):
-                table.create_write_transaction(
-                    actions,
-                    mode="append",
-                    schema=spec.storage_schema,
-                    partition_by=list(spec.partition_by) or None,
-                    commit_properties=conditional(Transaction(app_id=app_id, version=batch_id)),
-                )
-            return True
+            return committed is None or committed < batch_id
 
-        return commit_without_conflict(f"{self.table_uri(spec)}, batch {batch_id}", attempt)
+        return self._fenced_commit(
+            spec,
+            add_actions(files, data_change=True),
+            Transaction(app_id=app_id, version=batch_id),
+            (app_id, writer_epoch),
+            f"committing batch {batch_id} to table {spec.name}",
+            not_yet_committed,
+            before_commit,
+            open_table or self.open,
+        )
 
     def settle(
         self,
@@ -389,46 +370,69 @@ class DeltaLake:
             )
             for file in removed
         ]
-        actions += [
-            AddAction(
-                path=file.path,
-                size=file.size,
-                partition_values=file.partition_values,
-                modification_time=file.modification_time,
-                data_change=data_change,
-                stats=file.stats,
-            )
-            for file in added
-        ]
+        actions += add_actions(added, data_change)
 
+        def all_still_there(table: DeltaTable) -> bool:
+            present = current_paths(table)
+            return all(unquote(file.path) in present for file in removed)
+
+        return self._fenced_commit(
+            spec,
+            actions,
+            transaction,
+            fence,
+            f"replacing {len(removed)} files of table {spec.name}",
+            all_still_there,
+            before_commit,
+        )
+
+    def _fenced_commit(
+        self,
+        spec: TableSpec,
+        actions: list[AddAction | RemoveAction],
+        transaction: Transaction,
+        fence: tuple[str, int],
+        doing: str,
+        ready: Callable[[DeltaTable], bool],
+        before_commit: Callable[[], None],
+        open_table: TableOpener | None = None,
+    ) -> bool:
+        """Commit `actions` with `transaction`, conditionally on the snapshot checked: fenced
+        with `fence` (writer, epoch: `commits.check_fence`) and `ready` for them (False: commit
+        nothing, return False). `before_commit` runs after both checks, right before the commit.
+        A commit that another beat is tried again on the newer version
+        (`commits.commit_without_conflict`), checks included: on the table `open_table` gives
+        anew, or (None) on the one opened first, brought up to date. Returns whether it
+        committed."""
         table: DeltaTable | None = None
 
         def attempt() -> bool:
             nonlocal table
-            # A retry only reads the commits that beat the last attempt: the batches that
-            # commit beside a compaction would otherwise make it reopen the table each time.
-            if table is None:
+            if open_table is not None:
+                table = open_table(spec)
+            elif table is None:
                 table = self.open(spec)
             else:
+                # A retry only reads the commits that beat the last attempt: the batches that
+                # commit beside a compaction would otherwise make it reopen the table each time.
                 with reaching(self.root, self.storage_options, f"reading table {spec.name}"):
                     table.update_incremental()
             check_fence(table, *fence)
-            present = current_paths(table)
-            if any(unquote(file.path) not in present for file in removed):
+            if not ready(table):
                 return False
             before_commit()
-            doing = f"replacing {len(removed)} files of table {spec.name}"
             with reaching(self.root, self.storage_options, doing):
                 table.create_write_transaction(
                     actions,
                     mode="append",
                     schema=spec.storage_schema,
-                    partition_by=list(spec.partition_by),
+                    partition_by=list(spec.partition_by) or None,
                     commit_properties=conditional(transaction),
                 )
             return True
 
-        return commit_without_conflict(f"{self.table_uri(spec)}, {transaction.app_id}", attempt)
+        what = f"{self.table_uri(spec)}, {transaction.app_id} {transaction.version}"
+        return commit_without_conflict(what, attempt)
 
     def tenant_files(self, spec: TableSpec, tenant: str) -> list[LakeFile]:
         """The current version's files that may hold rows of `tenant`: its partitions' and the
@@ -467,6 +471,21 @@ class DeltaLake:
             if stream is None or stream_of_staged_file(row["path"]) in (stream, None)
         ]
         return sorted(files, key=lambda file: file.path)
+
+
+def add_actions(files: list[WrittenFile], data_change: bool) -> list[AddAction | RemoveAction]:
+    """Delta `add` actions of files executors wrote."""
+    return [
+        AddAction(
+            path=file.path,
+            size=file.size,
+            partition_values=file.partition_values,
+            modification_time=file.modification_time,
+            data_change=data_change,
+            stats=file.stats,
+        )
+        for file in files
+    ]
 
 
 def _staged_ms(path: str, modification_time: int) -> int:

@@ -2,7 +2,7 @@
 the sink's writer.
 
 Both ends are Python: the state function builds the union rows as an Arrow table, and the
-writer (`data_files.write_task_files`) reads them as one. Handed over column by column, every
+writer (`file_writer.write_task_files`) reads them as one. Handed over column by column, every
 row would cross twice (pandas to Arrow to Spark's rows in the JVM, and back to Arrow for
 `mapInArrow`), converted field by field in each direction, though Spark never looks inside
 them. Packed, Spark carries a few binary values per bucket call instead: a copy, not a

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 from pydantic import SecretStr
 
-from storage.lake.data_files import lake_endpoint
+from storage.lake.lake_filesystem import lake_endpoint
 from tenants.settings import LakeSettings, S3Settings, read_secrets_file
 
 # object_store's defaults retry a failing request for up to 3 minutes, with 30 s per attempt:
@@ -24,8 +24,8 @@ MAX_RETRIES = 5
 def client_options(timeout_ms: int) -> dict[str, str]:
     """object_store's client options (delta-rs) for a per-request timeout of `timeout_ms`.
 
-    `storage.lake.data_files.filesystem_of` reads `timeout` and `connect_timeout` back, so pyarrow's
-    S3 client on executors uses the same bounds.
+    `storage.lake.lake_filesystem.filesystem_of` reads `timeout` and `connect_timeout` back, so
+    pyarrow's S3 client on executors uses the same bounds.
     """
     return {
         "connect_timeout": f"{min(timeout_ms, MAX_CONNECT_TIMEOUT_MS)}ms",

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
-from storage.lake.data_files import filesystem_of
+from storage.lake.lake_filesystem import filesystem_of
 from storage.lake.tables import LAYOUT_PREFIX, STAGED
 
 PartitionFilter = list[tuple[str, str, str | None]]

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
-from storage.lake.data_files import filesystem_of
+from storage.lake.lake_filesystem import filesystem_of
 from storage.lake.snapshot_reader import partition_columns, tenant_file_actions
 from storage.lake.tables import LAYOUT_PREFIX, STAGED
 

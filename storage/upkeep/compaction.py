@@ -1,5 +1,18 @@
 """Compaction: a stream's staged rows move to their tenant's partitions (contract §5).
 
+Its steps, and where each lives:
+1. when: after which batch, beside or between the batches
+   (`streaming.pipeline.compaction_schedule`);
+2. what: list the stream's staged files per table and choose to merge or settle everything
+   (`Compaction`, `SettlePolicy`, here);
+3. the executors' tasks: read a write task's staged files, write settled files and runs
+   (`storage.upkeep.compaction_tasks`), named by `storage.lake.file_names`, written by
+   `storage.lake.file_writer`;
+4. the file list back to the driver through one manifest per task
+   (`storage.upkeep.compaction_manifests`);
+5. the swap: one fenced, conditional Delta commit per table (`DeltaLake.settle`, sharing its
+   commit path with the batches' commits in `storage.lake.delta_lake`).
+
 A micro-batch writes one staged file per write task and table (`storage.lake.tables` says why).
 Compaction reads this stream's staged files, regroups their rows by (tenant, source), writes one
 settled file per (tenant, source[, window date]) partition, and commits,
@@ -56,24 +69,25 @@ from dataclasses import dataclass, replace
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from storage.lake.data_files import (
-    MANIFEST_DDL,
-    Manifests,
-    MapInArrow,
+from storage.lake.delta_lake import DeltaLake, LakeFile
+from storage.lake.file_names import (
     MergeFiles,
     SettledFiles,
+    run_oldest_ms,
+    write_task_of_staged_file,
+)
+from storage.lake.file_writer import MapInArrow
+from storage.lake.tables import STAGED_TABLES, TableSpec
+from storage.lake.written_files import WrittenFile
+from storage.upkeep.compaction_manifests import MANIFEST_DDL, Manifests
+from storage.upkeep.compaction_tasks import (
     TaskWriter,
-    WrittenFile,
     compact_write_tasks,
     in_spark_task,
     read_staged_files,
-    run_oldest_ms,
     write_merged_files,
     write_settled_files,
-    write_task_of_staged_file,
 )
-from storage.lake.delta_lake import DeltaLake, LakeFile
-from storage.lake.tables import STAGED_TABLES, TableSpec
 
 log = logging.getLogger(__name__)
 

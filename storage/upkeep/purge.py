@@ -29,8 +29,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from pyarrow import fs
 
-from storage.lake.data_files import filesystem_of
 from storage.lake.delta_lake import DeltaLake
+from storage.lake.lake_filesystem import filesystem_of
 from storage.lake.snapshot_reader import current_paths
 from storage.lake.tables import LAKE_TABLES, LAYOUT_PREFIX, REPROCESS_PLANS_DIR, STAGED, TableSpec
 from tenants.models import ID_PATTERN

@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs
 
-from storage.lake.data_files import filesystem_of
+from storage.lake.lake_filesystem import filesystem_of
 from storage.lake.s3_options import reaching
 from streaming.kafka.admission import UNPARSED_TENANT, BatchCounts, Ledger, Release, admit
 from streaming.kafka.options import AT_MS_KEY

@@ -1,7 +1,7 @@
 """The `foreachBatch` target: one micro-batch's rows into every Delta table, exactly once.
 
-Executors write the batch's Parquet files (`storage.lake.data_files`); the driver collects only one
-small row per file and commits each table's files in one Delta commit carrying the transaction
+Executors write the batch's Parquet files (`storage.lake.file_writer`); the driver collects only
+one small row per file and commits each table's files in one Delta commit carrying the transaction
 id (stream, batch). A table that already holds this stream's commit for the batch id is
 skipped, so a retried or replayed batch never duplicates output; a crash between two tables'
 commits is completed by the replay. Spark's commit log entry comes after this returns, so a
@@ -19,10 +19,12 @@ from collections.abc import Callable, Iterable
 
 from pyspark.sql import DataFrame
 
-from storage.lake.data_files import WRITTEN_FILE_DDL, BatchFiles, WrittenFile, write_task_files
 from storage.lake.delta_lake import DeltaLake
+from storage.lake.file_names import BatchFiles
+from storage.lake.file_writer import write_task_files
 from storage.lake.kept_tables import KeptTables
 from storage.lake.tables import ALL_TABLES, QUARANTINE, TableSpec
+from storage.lake.written_files import WRITTEN_FILE_DDL, WrittenFile
 from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
 from streaming.observe.batch_progress import BatchOutcome
 from streaming.pipeline.compaction_schedule import CompactionSchedule

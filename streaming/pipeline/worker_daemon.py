@@ -18,7 +18,8 @@ from pyspark.sql import SparkSession
 PRELOADED = (
     "pandas",
     "pyspark.worker",
-    "storage.lake.data_files",
+    "storage.lake.file_writer",
+    "storage.upkeep.compaction_tasks",
     "streaming.kafka.source",
     "streaming.records.routing",
     "streaming.state.bucket_processor",

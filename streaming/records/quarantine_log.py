@@ -40,9 +40,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs
 
-from storage.lake.data_files import WrittenFile, filesystem_of
 from storage.lake.delta_lake import DeltaLake
+from storage.lake.lake_filesystem import filesystem_of
 from storage.lake.tables import QUARANTINE
+from storage.lake.written_files import WrittenFile
 from tenants.settings import QuarantineLogSettings
 
 log = logging.getLogger(__name__)

@@ -43,8 +43,10 @@ from deltalake import Transaction
 from pyarrow import fs
 from pyspark.sql import SparkSession
 
-from storage.lake.data_files import SettledFiles, WrittenFile, filesystem_of, write_settled
 from storage.lake.delta_lake import DeltaLake, LakeFile
+from storage.lake.file_names import SettledFiles
+from storage.lake.file_writer import write_settled
+from storage.lake.lake_filesystem import filesystem_of
 from storage.lake.tables import (
     EVENTS,
     LATE_EVENTS,
@@ -56,6 +58,7 @@ from storage.lake.tables import (
     TableSpec,
 )
 from storage.lake.writer_lease import WriterLease
+from storage.lake.written_files import WrittenFile
 from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
 from streaming.repair.replay import (
     REPLAYED_TABLES,

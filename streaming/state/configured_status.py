@@ -20,8 +20,11 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.lake.data_files import BatchFiles, WrittenFile, filesystem_of, write_batch_rows
+from storage.lake.file_names import BatchFiles
+from storage.lake.file_writer import write_batch_rows
+from storage.lake.lake_filesystem import filesystem_of
 from storage.lake.tables import TENANT_STATUS
+from storage.lake.written_files import WrittenFile
 from streaming.checkpoint.checkpoint_log import CheckpointLog
 from streaming.state.bucket_state import Key
 from streaming.state.union_rows import Lifecycle, union_table

@@ -55,8 +55,8 @@ from infra.dev.benchmarks.table_watch import added_files
 from infra.dev.load_generator import set_event_time
 from infra.dev.local_process import LocalProcess, descendants, pss_mib
 from infra.dev.local_stack import LocalKafka
-from storage.lake.data_files import written_by_a_batch
 from storage.lake.delta_lake import DeltaLake
+from storage.lake.file_names import written_by_a_batch
 from storage.lake.tables import EVENTS, WINDOWS
 from streaming.kafka.client import KafkaSecurity, kafka_python_producer
 from tenants.registry import load_registry

@@ -18,20 +18,16 @@ import pytest
 from deltalake import DeltaTable
 
 from storage.lake.commits import FencedError
-from storage.lake.data_files import (
-    BatchFiles,
-    SettledFiles,
-    WrittenFile,
-    read_staged_files,
-    write_settled_files,
-    write_task_files,
-)
 from storage.lake.delta_lake import DeltaLake
+from storage.lake.file_names import BatchFiles, SettledFiles
+from storage.lake.file_writer import write_task_files
 from storage.lake.packed_rows import packed_table
 from storage.lake.snapshot_reader import read_newest_first
 from storage.lake.table_files import TableFiles
 from storage.lake.tables import EVENTS, STAGED, TENANT_STATUS
 from storage.lake.writer_lease import WriterLease
+from storage.lake.written_files import WrittenFile
+from storage.upkeep.compaction_tasks import read_staged_files, write_settled_files
 from streaming.observe.stream_status import latest_per_key
 from streaming.state.configured_status import status_rows
 from streaming.state.union_rows import union_table

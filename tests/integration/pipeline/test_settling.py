@@ -21,7 +21,7 @@ import pyarrow as pa
 import pytest
 
 from infra.dev.benchmarks.sample_lake import write_tenants_conf
-from storage.lake.data_files import run_oldest_ms, write_task_of_staged_file
+from storage.lake.file_names import run_oldest_ms, write_task_of_staged_file
 from storage.lake.snapshot_reader import read_snapshot
 from storage.lake.tables import EVENTS, LAYOUT_PREFIX, STAGED, STAGED_TABLES
 from storage.query.scoped_sql import TenantSql

@@ -26,8 +26,8 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from infra.dev.load_generator import LoadSpec, SampleRecord
 from infra.dev.local_stack import LocalKafka
-from storage.lake.data_files import filesystem_of
 from storage.lake.delta_lake import DeltaLake
+from storage.lake.lake_filesystem import filesystem_of
 from storage.lake.s3_options import LakeUnavailableError, storage_options
 from storage.lake.tables import EVENTS
 from streaming.app import StreamApp

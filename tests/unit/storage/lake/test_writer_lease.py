@@ -15,11 +15,13 @@ import pytest
 from deltalake import DeltaTable
 
 from storage.lake.commits import FencedError, fence_app_id
-from storage.lake.data_files import BatchFiles, WrittenFile, write_task_files
 from storage.lake.delta_lake import DeltaLake
+from storage.lake.file_names import BatchFiles
+from storage.lake.file_writer import write_task_files
 from storage.lake.packed_rows import packed_table
 from storage.lake.tables import ALL_TABLES, QUARANTINE
 from storage.lake.writer_lease import LEASE_TABLE, StreamLeaseHeldError, WriterLease
+from storage.lake.written_files import WrittenFile
 from streaming.state.union_rows import union_table
 from tenants.settings import StreamSettings
 from tests.support.paths import ROOT

@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from storage.lake.data_files import WrittenFile
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.tables import QUARANTINE
+from storage.lake.written_files import WrittenFile
 from streaming.records.quarantine_log import (
     ERROR_MAX_CHARS,
     NO_TENANT,

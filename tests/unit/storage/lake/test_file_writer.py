@@ -1,5 +1,6 @@
 """The executors' Parquet writer on its own (no Spark): staged files per task, settled files per
-partition, and Delta statistics that describe the file they are attached to."""
+partition, and Delta statistics that describe the file they are attached to; the compaction
+tasks and manifests that use it (`storage.upkeep.compaction_tasks`, `compaction_manifests`)."""
 
 from __future__ import annotations
 
@@ -12,25 +13,26 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.lake.data_files import (
-    RUN_ROW_GROUP_ROWS,
-    WRITTEN_FILE_SCHEMA,
+from storage.lake.file_names import (
     BatchFiles,
-    Manifests,
     MergeFiles,
     SettledFiles,
-    WrittenFile,
-    _split_by_partition,
-    compact_write_tasks,
     run_oldest_ms,
     stream_of_staged_file,
-    write_merged_files,
-    write_settled_files,
-    write_task_files,
     write_task_of_staged_file,
 )
+from storage.lake.file_stats import split_by_partition
+from storage.lake.file_writer import write_task_files
 from storage.lake.packed_rows import packed_table
 from storage.lake.tables import STAGED, WINDOWS, rows_for_table
+from storage.lake.written_files import WRITTEN_FILE_SCHEMA, WrittenFile
+from storage.upkeep.compaction_manifests import Manifests
+from storage.upkeep.compaction_tasks import (
+    RUN_ROW_GROUP_ROWS,
+    compact_write_tasks,
+    write_merged_files,
+    write_settled_files,
+)
 from streaming.state.union_rows import union_table
 from tests.support.timestamps import T0_MS
 
@@ -261,7 +263,7 @@ def test_rows_split_into_one_slice_per_partition_whatever_their_order() -> None:
             "offset": [0, 1, 2, 3, 4, 5],
         }
     )
-    splits = _split_by_partition(rows, ("reason", "day"))
+    splits = split_by_partition(rows, ("reason", "day"))
     offsets = {tuple(values.values()): part["offset"].to_pylist() for values, part, _ in splits}
     assert offsets == {
         ("bad_json", "1"): [0],
@@ -274,7 +276,7 @@ def test_rows_split_into_one_slice_per_partition_whatever_their_order() -> None:
     # Already grouped (as a table's sort order leaves them), the slices keep the order.
     grouped = rows.take(pa.array([3, 5, 0, 2, 1, 4]))
     assert [
-        part["offset"].to_pylist() for _, part, _ in _split_by_partition(grouped, ("reason",))
+        part["offset"].to_pylist() for _, part, _ in split_by_partition(grouped, ("reason",))
     ] == [
         [3, 5],
         [0, 2],

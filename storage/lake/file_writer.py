@@ -1,0 +1,195 @@
+"""Executors write a table's Parquet data files; the driver only commits their paths.
+
+Collecting every batch on the driver bounded the stream by one process's memory and bandwidth.
+Instead, each executor task turns its union rows into the output tables' rows and writes one
+Parquet file per (table, partition) it holds, straight into the table's folder; for a table whose
+rows settle per tenant that is one staged file (`storage.lake.tables`), whatever the number of
+tenants (`write_task_files`). Compaction and repair write settled files the same way
+(`write_settled`). Each returns one small row per file (`storage.lake.written_files`): all the
+driver needs to build the Delta `add` actions and commit them with the batch's transaction id
+(`DeltaLake.commit_files`). Names come from `storage.lake.file_names`.
+
+Runs on executors: pyarrow and pyspark only.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import quote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyarrow import fs
+
+from storage.lake.file_names import BatchFiles, SettledFiles
+from storage.lake.file_stats import sorted_rows, split_by_partition
+from storage.lake.lake_filesystem import filesystem_of, lake_endpoint
+from storage.lake.packed_rows import unpacked
+from storage.lake.tables import ALL_TABLES, TableSpec, rows_for_table, with_layout
+from storage.lake.written_files import WrittenFile, written_batch
+
+MapInArrow = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+"""A function Spark's `mapInArrow` runs on executors: Arrow batches in, Arrow batches out."""
+_SPECS = {spec.name: spec for spec in ALL_TABLES}
+WRITER_THREADS = 4
+
+
+def spark_task_partition() -> int:
+    """The Spark partition the calling executor task works on (0 outside a task)."""
+    # Imported here: the driver-side readers of this module (`tenant-windows sql` answering
+    # in-process, `status`) must not load pyspark.
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.partitionId() if context is not None else 0
+
+
+def write_task_files(
+    target: BatchFiles, task_partition: Callable[[], int] = spark_task_partition
+) -> MapInArrow:
+    """The `mapInArrow` function: union rows in, packed (`packed_rows`), one row per written
+    file out.
+
+    It needs only this module, `storage.lake.tables`, `storage.lake.packed_rows` and pyarrow:
+    executors import no more.
+    """
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        union = unpacked(batches)
+        if union is None:
+            return
+        written = write_batch_rows(target, union, task_partition())
+        if written:
+            yield written_batch(written)
+
+    return write
+
+
+def write_batch_rows(target: BatchFiles, union: pa.Table, task_partition: int) -> list[WrittenFile]:
+    """The files of one task's union rows: a staged file per staged table, a file per partition
+    of the others, named for `task_partition`."""
+    if union.num_rows == 0:
+        return []
+    filesystem, base = filesystem_of(target.root, target.storage_options)
+    written = []
+    for table_name in target.table_names:
+        spec = _SPECS[table_name]
+        rows = rows_for_table(union, spec, target.batch_id)
+        if rows.num_rows == 0:
+            continue
+        if spec.staged:
+            # One staged file per task, ordered so that a tenant's rows are together.
+            rows = with_layout(sorted_rows(rows, ("tenant", "source")), spec, settled=False)
+        written += write_partitions(
+            filesystem,
+            base,
+            spec,
+            rows,
+            functools.partial(target.file_name, task_partition, spec.name),
+            f"batch {target.batch_id}",
+            target,
+        )
+    return written
+
+
+def write_settled(target: SettledFiles, rows: pa.Table, doing: str) -> list[WrittenFile]:
+    """One file per partition of `rows` (in the table's `schema`), settled in its own
+    partition, rows in the table's `sort_by` order: the bytes are a function of the rows."""
+    spec = _SPECS[target.table_name]
+    if rows.num_rows == 0:
+        return []
+    if spec.sort_by:
+        # Spark hands rows over in an order of its own.
+        rows = sorted_rows(rows, spec.sort_by)
+    filesystem, base = filesystem_of(target.root, target.storage_options)
+    laid_out = with_layout(rows, spec, settled=True)
+    return write_partitions(filesystem, base, spec, laid_out, target.file_name, doing, target)
+
+
+def write_partitions(
+    filesystem: fs.FileSystem,
+    base: str,
+    spec: TableSpec,
+    rows: pa.Table,
+    file_name: Callable[[str], str],
+    doing: str,
+    target: BatchFiles | SettledFiles,
+    row_group_rows: int | None = None,
+) -> list[WrittenFile]:
+    """One file per partition of `rows` (in `spec.storage_schema`), named by `file_name` of the
+    partition's folder; `row_group_rows` bounds its row groups (None: pyarrow's default)."""
+    # At thousands of tenants a task writes thousands of small files, and each costs about as
+    # much in file system calls as in encoding. pyarrow releases the GIL for both, so a few
+    # threads overlap them.
+    splits = split_by_partition(rows, spec.partition_by)
+    with ThreadPoolExecutor(max_workers=WRITER_THREADS) as pool:
+        return list(
+            pool.map(
+                lambda split: _write_file(
+                    filesystem, base, spec, file_name, doing, target, row_group_rows, *split
+                ),
+                splits,
+            )
+        )
+
+
+def _write_file(
+    filesystem: fs.FileSystem,
+    base: str,
+    spec: TableSpec,
+    file_name: Callable[[str], str],
+    doing: str,
+    target: BatchFiles | SettledFiles,
+    row_group_rows: int | None,
+    partition_values: dict[str, str | None],
+    part: pa.Table,
+    stats: str,
+) -> WrittenFile:
+    folder = "/".join(f"{column}={_escape(value)}" for column, value in partition_values.items())
+    name = file_name(folder)
+    relative = f"{folder}/{name}" if folder else name
+    data = part.drop_columns(list(spec.partition_by))
+    # Snappy: a batch's files are small and short-lived (`optimize` rewrites them), and it
+    # encodes about twice as fast as zstd here.
+    encoded = pa.BufferOutputStream()
+    pq.write_table(data, encoded, compression="snappy", row_group_size=row_group_rows)
+    content = encoded.getvalue()
+    full_path = f"{base}/{spec.name}/{relative}"
+    try:
+        filesystem.create_dir(full_path.rsplit("/", 1)[0], recursive=True)
+        with filesystem.open_output_stream(full_path) as out:
+            out.write(content)
+    except OSError as error:
+        if target.storage_options is None:
+            raise
+        # pyarrow names the key, never the store: the operator needs both.
+        raise OSError(
+            f"the lake {target.root} is unreachable at {lake_endpoint(target.storage_options)} "
+            f"while writing {doing}'s file {spec.name}/{relative}: {error}"
+        ) from error
+    return WrittenFile(
+        table_name=spec.name,
+        path=relative,
+        size=content.size,
+        partition_values=partition_values,
+        modification_time=time.time_ns() // 1_000_000,
+        stats=stats,
+        num_records=data.num_rows,
+        value_counts=_value_counts(part, spec.counted_by),
+    )
+
+
+def _value_counts(rows: pa.Table, column: str | None) -> dict[str, int]:
+    if column is None or rows.num_rows == 0:
+        return {}
+    counted = pc.value_counts(rows[column]).to_pylist()
+    return {str(entry["values"]): int(entry["counts"]) for entry in counted}
+
+
+def _escape(value: str | None) -> str:
+    # Hive's convention, which Spark and Delta readers understand.
+    return "__HIVE_DEFAULT_PARTITION__" if value is None else quote(value, safe="-_.")

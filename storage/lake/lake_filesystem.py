@@ -1,0 +1,57 @@
+"""The lake's pyarrow filesystem: local, or S3 with the endpoint, keys and timeouts delta-rs gets.
+
+Executors write and read data files through it, and the driver lists, reads and deletes files
+outside Delta's log (quarantine, deferral, purge, snapshot reads). A module of its own, so those
+readers load no writer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pyarrow import fs
+
+# pyarrow's default retries each request 3 times; with a timeout per attempt, a stalled store
+# would hold a task for 3 timeouts. Two attempts ride out a dropped connection and keep a task
+# within about twice `lake.s3.timeout`, like delta-rs on the driver.
+S3_ATTEMPTS = 2
+
+
+def filesystem_of(
+    root: str, storage_options: Mapping[str, str] | None
+) -> tuple[fs.FileSystem, str]:
+    """A pyarrow filesystem and base path for the lake root (local, or `s3://` with the same
+    endpoint, keys and timeouts delta-rs gets)."""
+    if not root.startswith("s3://"):
+        local = root.removeprefix("file://")
+        return fs.LocalFileSystem(), local.rstrip("/")
+    options = storage_options or {}
+    endpoint = options.get("AWS_ENDPOINT_URL")
+    scheme = "https"
+    if endpoint is not None and "://" in endpoint:
+        scheme, endpoint = endpoint.split("://", 1)
+    s3 = fs.S3FileSystem(
+        access_key=options.get("AWS_ACCESS_KEY_ID"),
+        secret_key=options.get("AWS_SECRET_ACCESS_KEY"),
+        region=options.get("AWS_REGION"),
+        endpoint_override=endpoint,
+        scheme=scheme,
+        connect_timeout=duration_s(options.get("connect_timeout", "5s")),
+        request_timeout=duration_s(options.get("timeout", "20s")),
+        retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=S3_ATTEMPTS),
+    )
+    return s3, root.removeprefix("s3://").rstrip("/")
+
+
+def lake_endpoint(storage_options: Mapping[str, str]) -> str:
+    """The S3 endpoint the options point at, for error messages (never the keys)."""
+    return storage_options.get("AWS_ENDPOINT_URL", f"AWS S3 ({storage_options.get('AWS_REGION')})")
+
+
+def duration_s(text: str) -> float:
+    """Seconds of an object_store duration as `s3_options` writes them: `250ms` or `5s`."""
+    if text.endswith("ms"):
+        return int(text[:-2]) / 1000
+    if text.endswith("s"):
+        return float(text[:-1])
+    raise ValueError(f"expected a duration like 250ms or 5s; got {text!r}")

@@ -1,0 +1,153 @@
+"""Compaction's executor side: the tasks that read staged files and write settled files and runs.
+
+`storage.upkeep.compaction` runs them and commits what they wrote. Runs on executors: pyarrow
+and pyspark only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from storage.lake.file_names import MergeFiles, SettledFiles
+from storage.lake.file_stats import run_starts, sorted_rows
+from storage.lake.file_writer import (
+    MapInArrow,
+    spark_task_partition,
+    write_partitions,
+    write_settled,
+)
+from storage.lake.lake_filesystem import filesystem_of
+from storage.lake.tables import ALL_TABLES, with_layout
+from storage.lake.written_files import written_batch
+
+_SPECS = {spec.name: spec for spec in ALL_TABLES}
+RUN_ROW_GROUP_ROWS = 8_192
+"""A run holds many tenants' rows sorted by tenant and waits for hours: small row groups let a
+tenant's query read only the groups whose statistics hold it."""
+
+
+def read_staged_files(
+    root: str, storage_options: dict[str, str] | None, spec_name: str
+) -> MapInArrow:
+    """The `mapInArrow` function that reads staged files: their paths (relative to the table,
+    column `path`) in, their rows (in the table's `schema`, without layout columns) out."""
+    spec = _SPECS[spec_name]
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        filesystem, base = filesystem_of(root, storage_options)
+        for batch in batches:
+            for path in batch.column("path").to_pylist():
+                with filesystem.open_input_file(f"{base}/{spec.name}/{path}") as handle:
+                    rows = pq.read_table(handle, columns=spec.schema.names)
+                yield from rows.cast(spec.schema).to_batches()
+
+    return read
+
+
+TaskWriter = Callable[[int], MapInArrow]
+"""A compaction's writer (`write_settled_files`, `write_merged_files`) for one write task's rows,
+its files named for that task."""
+
+
+def compact_write_tasks(
+    root: str,
+    storage_options: dict[str, str] | None,
+    spec_name: str,
+    staged_by_task: dict[int, list[str]],
+    tasks: int,
+    writer: TaskWriter,
+) -> MapInArrow:
+    """The `mapInArrow` function of a compaction without a shuffle: numbers `n` in (column `id`,
+    of `spark.range(tasks)`), one row per written file out. Each number takes the write tasks `t`
+    of `staged_by_task` (their staged files' paths) with `t % tasks == n`, and hands each one's
+    rows to `writer(t)` on their own.
+
+    A (tenant, source) key's rows are in one write task's staged files only: its state lives in
+    one of the query's shuffle partitions, fixed by the checkpoint, and the sink writes each
+    partition in its own task (`write_task_files`). So each key still settles in one file, and no
+    row crosses the network or the JVM on its way."""
+    read = read_staged_files(root, storage_options, spec_name)
+
+    def compact(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        numbers = [number for batch in batches for number in batch.column("id").to_pylist()]
+        for number in numbers:
+            for task in sorted(staged_by_task):
+                if task % tasks != number:
+                    continue
+                paths = pa.record_batch({"path": staged_by_task[task]})
+                yield from writer(task)(read(iter([paths])))
+
+    return compact
+
+
+def in_spark_task(writer: TaskWriter) -> MapInArrow:
+    """`writer` for the rows a shuffle brought to a Spark task, its files named for the task."""
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from writer(spark_task_partition())(batches)
+
+    return write
+
+
+def write_settled_files(
+    target: SettledFiles,
+) -> MapInArrow:
+    """The `mapInArrow` function of compaction: rows of whole (tenant, source) keys in, one
+    settled file per partition they belong to written, one row per file out."""
+    spec = _SPECS[target.table_name]
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        received = [batch for batch in batches if batch.num_rows > 0]
+        if not received:
+            return
+        rows = pa.Table.from_batches(received).cast(spec.schema)
+        yield written_batch(write_settled(target, rows, "compaction"))
+
+    return write
+
+
+def write_merged_files(target: MergeFiles, settle_rows: int) -> MapInArrow:
+    """The `mapInArrow` function of a compaction that merges: rows of whole (tenant, source)
+    keys in; a key with `settle_rows` rows or more settles (`write_settled`), the others' rows
+    go to one run file for the write task, sorted by key; one row per written file out."""
+    spec = _SPECS[target.table_name]
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        received = [batch for batch in batches if batch.num_rows > 0]
+        if not received:
+            return
+        # A total order (`sort_by` starts with the key): the run's bytes are a function of the
+        # rows, whatever order Spark hands them over in.
+        rows = sorted_rows(pa.Table.from_batches(received).cast(spec.schema), spec.sort_by)
+        worth_a_file = pa.array(_rows_per_key(rows) >= settle_rows)
+        written = write_settled(target, rows.filter(worth_a_file), "compaction")
+        waiting = rows.filter(pc.invert(worth_a_file))
+        if waiting.num_rows:
+            name = target.run_name()
+            filesystem, base = filesystem_of(target.root, target.storage_options)
+            laid_out = with_layout(waiting, spec, settled=False)
+            written += write_partitions(
+                filesystem,
+                base,
+                spec,
+                laid_out,
+                lambda _: name,
+                "compaction",
+                target,
+                row_group_rows=RUN_ROW_GROUP_ROWS,
+            )
+        yield written_batch(written)
+
+    return write
+
+
+def _rows_per_key(rows: pa.Table) -> np.ndarray:
+    """Per row of `rows` (sorted by tenant and source): how many rows its key has."""
+    starts = run_starts(rows, ("tenant", "source"))
+    lengths = np.diff(np.append(starts, rows.num_rows))
+    return np.repeat(lengths, lengths)
