@@ -56,7 +56,7 @@ from storage.lake.tables import (
     TableSpec,
 )
 from storage.lake.writer_lease import WriterLease
-from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
+from streaming.fault_points import NO_FAULTS, FaultHook, FaultPoint
 from streaming.repair.replay import (
     REPLAYED_TABLES,
     WINDOWED_TABLES,
