@@ -45,7 +45,7 @@ from streaming.checkpoint.checkpoint_identity import (
     claim_checkpoint,
 )
 from streaming.checkpoint.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
-from streaming.hooks import NO_FAULTS, FaultHook
+from streaming.fault_points import NO_FAULTS, FaultHook
 from streaming.kafka.client import KafkaUnavailableError
 from streaming.kafka.deferral import Deferral
 from streaming.kafka.group_offsets import GroupOffsets

@@ -21,7 +21,7 @@ from infra.cli import (
     tenant_commands,
 )
 from infra.cli.exit_codes import expected_failure
-from streaming.hooks import NO_FAULTS, FaultHook
+from streaming.fault_points import NO_FAULTS, FaultHook
 
 DESCRIPTION = (
     "`tenant-windows`: run the stream, validate tenants, query the output, produce load, demo."

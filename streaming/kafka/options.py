@@ -41,7 +41,7 @@ class StartingOffsets:
 
 AT_MS_KEY = "_at_ms"
 """The one key of a `tw_kafka` offset that is not a partition: when the batch was planned, in
-ms since the epoch (streaming.kafka.planning). Offsets written before deferral lack it."""
+ms since the epoch (streaming.kafka.deferral_planning). Offsets written before deferral lack it."""
 
 
 def partition_offsets(offset: Mapping[str, object]) -> dict[int, int]:

@@ -28,7 +28,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
+from streaming.fault_points import NO_FAULTS, FaultHook, FaultPoint
 from streaming.kafka.client import (
     PLAINTEXT,
     KafkaSecurity,

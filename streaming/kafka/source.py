@@ -21,12 +21,12 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from streaming.hooks import NO_FAULTS, FaultHook
+from streaming.fault_points import NO_FAULTS, FaultHook
 from streaming.kafka.client import PLAINTEXT, KafkaSecurity
 from streaming.kafka.deferral import Deferral, batch_key
+from streaming.kafka.deferral_planning import DeferralPlanner
 from streaming.kafka.offsets import OffsetPlanner, max_rows_of, partition_ranges, split_ranges
 from streaming.kafka.options import SOURCE_NAME, KafkaSourceOptions
-from streaming.kafka.planning import DeferralPlanner
 from streaming.kafka.reader import KAFKA_SCHEMA, KafkaInputPartition, read_admitted
 from streaming.kafka.trigger_phase import phase_wait_ms
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from storage.lake.delivery_outbox import AttemptRow, Outcome
-from streaming.hooks import FaultHook, FaultPoint
+from streaming.fault_points import FaultHook, FaultPoint
 from streaming.notify.endpoints import Endpoint, SendResult
 from streaming.notify.payloads import Pane, iso_utc
 from tenants.settings import NotifySettings

@@ -31,7 +31,7 @@ from storage.lake.s3_options import reaching
 from storage.lake.snapshot_reader import batch_files, read_snapshot
 from storage.lake.tables import WINDOWS
 from streaming.checkpoint.checkpoint_log import CheckpointLog
-from streaming.hooks import NO_FAULTS, FaultHook
+from streaming.fault_points import NO_FAULTS, FaultHook
 from streaming.notify.delivery import Delivery, EndpointScheduler, Send
 from streaming.notify.endpoints import Endpoint, post, resolve_endpoint
 from streaming.notify.payloads import Pane, body_for, idempotency_key, qualifies

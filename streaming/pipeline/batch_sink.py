@@ -25,7 +25,7 @@ from storage.lake.file_writer import write_task_files
 from storage.lake.kept_tables import KeptTables
 from storage.lake.tables import ALL_TABLES, QUARANTINE, TableSpec
 from storage.lake.written_files import WRITTEN_FILE_DDL, WrittenFile
-from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
+from streaming.fault_points import NO_FAULTS, FaultHook, FaultPoint
 from streaming.observe.batch_progress import BatchOutcome
 from streaming.pipeline.compaction_schedule import CompactionSchedule
 from streaming.records.quarantine_log import QuarantineLog, quarantined_by_reason

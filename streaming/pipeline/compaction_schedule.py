@@ -30,7 +30,7 @@ from pyspark.sql import SparkSession
 
 from storage.upkeep.compaction import Compaction, TableCompaction
 from streaming.checkpoint.checkpoint_log import CheckpointLog
-from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
+from streaming.fault_points import NO_FAULTS, FaultHook, FaultPoint
 
 log = logging.getLogger(__name__)
 

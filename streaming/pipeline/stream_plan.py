@@ -10,7 +10,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
-from streaming.hooks import NO_FAULTS, FaultHook
+from streaming.fault_points import NO_FAULTS, FaultHook
 from streaming.kafka.client import KafkaSecurity
 from streaming.kafka.deferral import Deferral
 from streaming.kafka.source import register as register_tw_kafka

@@ -59,7 +59,7 @@ from storage.lake.tables import (
 )
 from storage.lake.writer_lease import WriterLease
 from storage.lake.written_files import WrittenFile
-from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
+from streaming.fault_points import NO_FAULTS, FaultHook, FaultPoint
 from streaming.repair.replay import (
     REPLAYED_TABLES,
     WINDOWED_TABLES,

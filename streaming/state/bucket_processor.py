@@ -47,7 +47,7 @@ from pyspark.sql.types import (
 )
 
 from storage.lake.packed_rows import PACKED_COLUMN, packed
-from streaming.hooks import NO_FAULTS, FaultHook, FaultPoint
+from streaming.fault_points import NO_FAULTS, FaultHook, FaultPoint
 from streaming.records.parsing import QuarantineReason
 from streaming.state.bucket_state import STATE_LAYOUT, BucketState, Key, StoredKey
 from streaming.state.key_summary import BucketSummary, summarise_bucket

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from streaming.hooks import FaultPoint
+from streaming.fault_points import FaultPoint
 
 log = logging.getLogger(__name__)
 # This module's name whether imported or run with `python -m` (then `__name__` is "__main__").

@@ -15,7 +15,7 @@ import pytest
 
 from infra.dev.load_generator import LoadSpec
 from streaming.app import StreamApp
-from streaming.hooks import FaultPoint
+from streaming.fault_points import FaultPoint
 from streaming.observe.batch_progress import BatchProgress
 from streaming.observe.stream_status import deferred_section
 from tests.support.datasets import produce_dataset, replay_pipeline

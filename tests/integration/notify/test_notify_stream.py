@@ -23,7 +23,7 @@ from infra.dev.load_generator import LoadSpec
 from storage.lake.delivery_outbox import DeliveryOutbox, dead_letter_summary
 from storage.lake.tables import DELIVERIES, WINDOWS
 from streaming.app import StreamApp
-from streaming.hooks import FaultPoint
+from streaming.fault_points import FaultPoint
 from streaming.notify.notifier import notify_targets
 from streaming.notify.payloads import Pane, body_for, idempotency_key, qualifies
 from streaming.observe.stream_status import DEAD_LETTERS, NOTIFICATIONS, gather_status

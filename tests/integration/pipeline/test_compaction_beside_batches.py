@@ -20,7 +20,7 @@ import pytest
 from infra.dev.load_generator import LoadSpec
 from storage.lake.tables import ALL_TABLES
 from streaming.app import StreamApp
-from streaming.hooks import FaultPoint, NoFaults
+from streaming.fault_points import FaultPoint, NoFaults
 from tests.support.datasets import sample_records
 from tests.support.pipeline_harness import Pipeline, assert_no_query_error
 from tests.support.stream_process import start_process, wait_or_kill

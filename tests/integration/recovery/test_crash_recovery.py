@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from infra.dev.load_generator import LoadSpec
-from streaming.hooks import DELIVERY_POINTS, REPROCESS_POINTS, FaultPoint
+from streaming.fault_points import DELIVERY_POINTS, REPROCESS_POINTS, FaultPoint
 from tests.support.datasets import clean_run, produce_dataset, replay_pipeline
 from tests.support.pipeline_harness import Pipeline
 from tests.support.stream_process import (

@@ -19,7 +19,7 @@ from infra.dev.load_generator import LoadSpec
 from infra.dev.local_process import process_state
 from storage.lake.tables import ALL_TABLES
 from streaming.checkpoint.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
-from streaming.hooks import FaultPoint
+from streaming.fault_points import FaultPoint
 from tenants.registry import load_registry
 from tests.support.datasets import clean_run, sample_records
 from tests.support.pipeline_harness import Pipeline

@@ -25,7 +25,7 @@ from deltalake.exceptions import TableNotFoundError
 from infra.dev.load_generator import LoadSpec
 from infra.dev.local_process import process_state
 from storage.lake.writer_lease import LEASE_TABLE
-from streaming.hooks import FaultPoint
+from streaming.fault_points import FaultPoint
 from tests.support.datasets import sample_records
 from tests.support.paths import ROOT
 from tests.support.pipeline_harness import Pipeline, record

@@ -1,4 +1,4 @@
-"""Deferral's files and planning (`streaming.kafka.deferral`, `streaming.kafka.planning`),
+"""Deferral's files and planning (`streaming.kafka.deferral`, `streaming.kafka.deferral_planning`),
 on a local folder and without a broker."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from streaming.kafka.deferral import (
     admit_partition,
     batch_key,
 )
+from streaming.kafka.deferral_planning import DeferralPlanner
 from streaming.kafka.offsets import OffsetPlanner
 from streaming.kafka.options import AT_MS_KEY, KafkaSourceOptions
-from streaming.kafka.planning import DeferralPlanner
 from streaming.kafka.reader import ARROW_SCHEMA
 from tenants.config_store import ConfigSnapshots
 from tenants.models import Quota

@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from storage.lake.delivery_outbox import AttemptRow, Outcome
-from streaming.hooks import NO_FAULTS
+from streaming.fault_points import NO_FAULTS
 from streaming.notify.delivery import Delivery, EndpointScheduler, backoff_ceiling_ms, backoff_ms
 from streaming.notify.endpoints import post, resolve_endpoint
 from streaming.notify.payloads import Pane, idempotency_key, webhook_body
