@@ -37,7 +37,7 @@ class ApiKeyError(ValueError):
     """A key could not be issued or revoked; the message says why."""
 
 
-class StoredKey(BaseModel):
+class StoredApiKey(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(pattern=ID_PATTERN)
@@ -58,7 +58,7 @@ class TenantKeys(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     tenant: str = Field(pattern=ID_PATTERN)
-    keys: tuple[StoredKey, ...] = ()
+    keys: tuple[StoredApiKey, ...] = ()
 
 
 class Caller(BaseModel):
@@ -83,7 +83,7 @@ def issue_key(conf_dir: Path, tenant: str, name: str | None = None) -> str:
     key_id = secrets.token_hex(8)
     key = f"{KEY_PREFIX}.{tenant}.{key_id}.{secrets.token_urlsafe(32)}"
     salt = secrets.token_bytes(16)
-    entry = StoredKey(
+    entry = StoredApiKey(
         name=name,
         key_id=key_id,
         salt_hex=salt.hex(),

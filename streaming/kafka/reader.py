@@ -63,7 +63,7 @@ KAFKA_SCHEMA = StructType(
 ARROW_SCHEMA = to_arrow_schema(KAFKA_SCHEMA, timezone="UTC")
 
 
-class RecordColumns:
+class KafkaRecordColumns:
     """A range's records as columns in KAFKA_SCHEMA, filled from librdkafka messages.
 
     Column lists, not a list of messages: a message is a handful of C getters, each read once,
@@ -212,7 +212,7 @@ def read_partition(
     )
     try:
         consumer.assign([TopicPartition(split.topic, split.partition, split.start_offset)])
-        columns = RecordColumns(split.topic, split.partition)
+        columns = KafkaRecordColumns(split.topic, split.partition)
         position = split.start_offset
         # One deadline from the start: connecting to a broker that is down counts as no progress.
         progress_deadline = time.monotonic() + split.poll_timeout_ms / 1000

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from storage.lake.delivery_outbox import AttemptRow, Outcome
 from streaming.fault_points import FaultHook, FaultPoint
 from streaming.notify.endpoints import Endpoint, SendResult
-from streaming.notify.payloads import Pane, iso_utc
+from streaming.notify.payloads import PaneFacts, iso_utc
 from tenants.settings import NotifySettings
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ _IDLE_POLL_S = 0.2
 class Delivery:
     stream: str
     idempotency_key: str
-    pane: Pane
+    pane: PaneFacts
     endpoint: Endpoint
     body: bytes
     first_attempt: int = 1

@@ -34,7 +34,7 @@ from streaming.checkpoint.checkpoint_log import CheckpointLog
 from streaming.fault_points import NO_FAULTS, FaultHook
 from streaming.notify.delivery import Delivery, EndpointScheduler, Send
 from streaming.notify.endpoints import Endpoint, post, resolve_endpoint
-from streaming.notify.payloads import Pane, body_for, idempotency_key, qualifies
+from streaming.notify.payloads import PaneFacts, body_for, idempotency_key, qualifies
 from tenants.config_store import ConfigSnapshots
 from tenants.models import NotifyTarget
 from tenants.registry import TenantRegistry, load_registry
@@ -145,7 +145,7 @@ class Notifier:
             return []
         batch_id = ds.field("batch_id")
         panes = [
-            Pane.from_row(row)
+            PaneFacts.from_row(row)
             for row in read_snapshot(
                 windows,
                 WINDOWS.schema,
@@ -351,10 +351,10 @@ def _endpoint_now(
     return None
 
 
-def _pane_of(row: AttemptRow) -> Pane:
+def _pane_of(row: AttemptRow) -> PaneFacts:
     # A redelivery sends the stored body under the stored key: of the pane, only what names it
     # in the outbox is needed, and the outbox holds just that.
-    return Pane(
+    return PaneFacts(
         tenant=row.tenant,
         source=row.source,
         window_start_ms=row.window_start_ms,

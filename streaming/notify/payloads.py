@@ -24,7 +24,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
-class Pane:
+class PaneFacts:
     """One committed `windows` row: the facts a notification carries."""
 
     tenant: str
@@ -39,7 +39,7 @@ class Pane:
     batch_id: int
 
     @classmethod
-    def from_row(cls, row: Mapping[str, object]) -> Pane:
+    def from_row(cls, row: Mapping[str, object]) -> PaneFacts:
         """From a `windows` row as pyarrow's `to_pylist` gives it (timestamps as datetimes)."""
         metrics = row.get("metrics") or []
         assert isinstance(metrics, list)
@@ -57,11 +57,11 @@ class Pane:
         )
 
 
-def qualifies(on: NotifyOn, pane: Pane) -> bool:
+def qualifies(on: NotifyOn, pane: PaneFacts) -> bool:
     return on is NotifyOn.EVERY_PANE or pane.is_final
 
 
-def idempotency_key(stream: str, pane: Pane) -> str:
+def idempotency_key(stream: str, pane: PaneFacts) -> str:
     """A stable digest of (stream, tenant, source, window start, pane index)."""
     identity = json.dumps(
         [stream, pane.tenant, pane.source, pane.window_start_ms, pane.pane_index],
@@ -70,7 +70,7 @@ def idempotency_key(stream: str, pane: Pane) -> str:
     return hashlib.sha256(identity.encode()).hexdigest()
 
 
-def facts(pane: Pane) -> dict[str, object]:
+def facts(pane: PaneFacts) -> dict[str, object]:
     """The webhook body's fields."""
     return {
         "tenant": pane.tenant,
@@ -85,18 +85,18 @@ def facts(pane: Pane) -> dict[str, object]:
     }
 
 
-def _metrics(pane: Pane) -> dict[str, float | None]:
+def _metrics(pane: PaneFacts) -> dict[str, float | None]:
     # A mean of no values is NaN, which JSON has no literal for.
     return {
         name: None if value is None or math.isnan(value) else value for name, value in pane.metrics
     }
 
 
-def webhook_body(pane: Pane) -> bytes:
+def webhook_body(pane: PaneFacts) -> bytes:
     return _canonical_json(facts(pane))
 
 
-def slack_body(pane: Pane) -> bytes:
+def slack_body(pane: PaneFacts) -> bytes:
     """A Slack incoming-webhook message: `text` (the notification fallback) and `blocks`."""
     final = "final" if pane.is_final else "not final"
     title = (
@@ -129,7 +129,7 @@ def slack_body(pane: Pane) -> bytes:
     return _canonical_json({"text": title, "blocks": blocks})
 
 
-def body_for(kind: NotifyKind, pane: Pane) -> bytes:
+def body_for(kind: NotifyKind, pane: PaneFacts) -> bytes:
     return slack_body(pane) if kind is NotifyKind.SLACK else webhook_body(pane)
 
 

@@ -30,7 +30,7 @@ from prometheus_client import generate_latest
 from infra.service.query_metrics import QueryMetrics
 from storage.lake.tables import ALL_TABLES
 from storage.query.sql_guard import check_query
-from streaming.notify.payloads import Pane, webhook_body
+from streaming.notify.payloads import PaneFacts, webhook_body
 from tenants.registry import load_registry
 from tenants.settings import load_settings
 from tests.support.paths import ROOT
@@ -166,7 +166,7 @@ def check_json(block: DocBlock, _workdir: Path) -> None:
     document = json.loads(block.body)
     if not {"tenant", "window_start", "pane_index"} <= set(document):
         return
-    pane = Pane.from_row(
+    pane = PaneFacts.from_row(
         {
             **document,
             "window_start": _iso_ms(document["window_start"]),

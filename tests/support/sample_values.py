@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from streaming.notify.payloads import Pane
+from streaming.notify.payloads import PaneFacts
 from streaming.observe.batch_progress import BatchProgress
 
-PANE = Pane(
+PANE = PaneFacts(
     tenant="acme",
     source="web",
     window_start_ms=1_767_225_600_000,

@@ -1,5 +1,7 @@
 """The scale benchmark's `peer` stage: quixstreams, the Python library a user would pick instead,
-windowing the same preloaded topic on the same broker (issue 37).
+doing the product's job on the same preloaded topic and broker: every record and every final
+window written to Parquet through its own file sink, in one process or several of one consumer
+group.
 
 quixstreams cannot share the project's venv: 3.28.1, the newest, requires confluent-kafka < 2.13
 and pydantic < 2.14, and the project pins 2.16.1 and 2.14.3. It gets a venv of its own,
@@ -18,7 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,27 +30,35 @@ from typing import Any
 from infra.dev.local_process import rss_mib
 from tenants.models import SourceConfig, TumblingWindow
 
-PEER_REQUIREMENT = "quixstreams==3.28.1"
+# Its Parquet file sink needs pyarrow (the `parquet` extra).
+PEER_REQUIREMENT = "quixstreams[parquet]==3.28.1"
 PEER_VENV = Path(__file__).resolve().parents[3] / ".venv" / "peer-quixstreams"
 _APP = Path(__file__).with_name("quix_peer_app.py")
 _INSTALL_TIMEOUT_S = 600
 # After the peer's own timeout: it needs a few seconds to stop and print its figures.
 _EXIT_GRACE_S = 60
+# A process notes the time every that many records at most (a tenth of a chunk when chunks are
+# smaller): chunk boundaries are found from these marks, and a mark is a write of a small file.
+_MARK_EVERY = 1_000
 
 
 @dataclass(frozen=True)
 class PeerRun:
+    processes: int
     records: int
     seconds: float
-    """From the Application's creation to its `run` returning (the final commit included)."""
+    """From the first process's start to the last one's exit (the sinks' final writes included)."""
     run_started_s: float
-    """When `run` was called, from the same origin as `chunk_ends_s`."""
+    """When the first process called `run`, from the same origin as `chunk_ends_s`."""
     chunk_ends_s: list[float]
-    """When each chunk of records (the last may be shorter) had been windowed."""
+    """When each chunk of records (the last may be shorter) had been windowed, by the group."""
     late_dropped: int
     windows_emitted: int
     close_s: float | None
     peak_mib: float
+    """The processes' peak resident memory, summed."""
+    parquet_records: int
+    """Rows in the Parquet files of every record: what the peer kept, read back after it ran."""
 
 
 def peer_python(venv: Path = PEER_VENV) -> Path:
@@ -97,73 +107,141 @@ def run_peer(
     sources: Mapping[str, SourceConfig],
     workdir: Path,
     timeout_s: float,
+    processes: int = 1,
 ) -> PeerRun:
-    """Window `records` records of `topic` in quixstreams; it stops once it has them all."""
+    """Window `records` records of `topic` in `processes` quixstreams processes of one consumer
+    group, each writing every record and every final window to Parquet; once the group has
+    windowed them all, every process is asked to stop (quixstreams then commits, so its sinks
+    write what they hold)."""
     python = peer_python()
     workdir.mkdir(parents=True, exist_ok=True)
-    state_dir = Path(tempfile.mkdtemp(prefix="quix-state-", dir=workdir))
-    command = [
-        str(python),
-        str(_APP),
-        "--broker",
-        bootstrap_servers,
-        "--topic",
-        topic,
-        # A group of its own: the run reads the topic from its start, and the changelog topics
-        # quixstreams names after the group are this run's alone.
-        "--group",
-        f"tw-scale-peer-{uuid.uuid4().hex[:12]}",
-        "--state-dir",
-        str(state_dir),
-        "--records",
-        str(records),
-        "--chunk",
-        str(chunk),
-        "--timeout-s",
-        str(timeout_s),
-        "--sources",
-        json.dumps(window_rules(sources)),
+    # A group of its own: the run reads the topic from its start, and the changelog topics
+    # quixstreams names after the group are this run's alone.
+    group = f"tw-scale-peer-{uuid.uuid4().hex[:12]}"
+    environment = {
+        name: value for name, value in os.environ.items() if not name.startswith("Quix__")
+    }
+    mark_every = max(1, min(_MARK_EVERY, chunk // 10))
+    members = []
+    for index in range(processes):
+        # Each process in a folder of its own: its state and its Parquet files.
+        folder = Path(tempfile.mkdtemp(prefix=f"quix_{index}_", dir=workdir))
+        members.append((folder, folder / "progress"))
+    commands = [
+        [
+            str(python), str(_APP),
+            "--broker", bootstrap_servers,
+            "--topic", topic,
+            "--group", group,
+            "--state-dir", str(folder / "state"),
+            "--records", str(records),
+            "--progress-file", str(progress),
+            "--mark-every", str(mark_every),
+            "--stop-file", str(folder / "stop"),
+            "--timeout-s", str(timeout_s),
+            "--sources", json.dumps(window_rules(sources)),
+        ]
+        for folder, progress in members
+    ]  # fmt: skip
+    peaks = [0.0] * processes
+    # No Quix Cloud: its SDK token would point the Application at the platform's brokers.
+    running = [
+        subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=folder,
+            env=environment,
+        )
+        for command, (folder, _) in zip(commands, members, strict=True)
     ]
-    peak = [0.0]
-    with subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=workdir,
-        # No Quix Cloud: its SDK token would point the Application at the platform's brokers.
-        env={name: value for name, value in os.environ.items() if not name.startswith("Quix__")},
-    ) as process:
-        done = threading.Event()
-
-        def sample() -> None:
-            while not done.wait(0.2):  # ends with the peer
-                peak[0] = max(peak[0], rss_mib(process.pid))
-
-        sampler = threading.Thread(target=sample, name="peer-rss", daemon=True)
-        sampler.start()
-        try:
-            stdout, stderr = process.communicate(timeout=timeout_s + _EXIT_GRACE_S)
-        except subprocess.TimeoutExpired:
-            process.kill()  # the process this call started, by its PID
-            process.communicate()
-            raise TimeoutError(f"the peer did not stop within {timeout_s}s") from None
-        finally:
-            done.set()
-            sampler.join()
-    if process.returncode != 0:
-        raise RuntimeError(f"the peer failed ({process.returncode}): {stderr[-4000:]}")
-    figures = json.loads(stdout.strip().splitlines()[-1])
+    outputs: list[tuple[str, str]] = []
+    try:
+        _watch(running, members, records, peaks, timeout_s)
+        for process in running:
+            outputs.append(process.communicate(timeout=_EXIT_GRACE_S))
+    finally:
+        for process in running:
+            if process.poll() is None:
+                process.kill()  # a process this call started, by its PID
+                process.communicate()
+    for process, (_, stderr) in zip(running, outputs, strict=True):
+        if process.returncode != 0:
+            raise RuntimeError(f"the peer failed ({process.returncode}): {stderr[-4000:]}")
+    figures = [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
+    origin = min(f["started"] for f in figures)
+    last_record_at = max(f["last_record_at"] or f["run_started"] for f in figures)
+    total = sum(f["records"] for f in figures)
     return PeerRun(
-        records=figures["records"],
-        seconds=figures["seconds"],
-        run_started_s=figures["run_started"],
-        chunk_ends_s=figures["chunk_ends"],
-        late_dropped=figures["late_dropped"],
-        windows_emitted=figures["windows_emitted"],
-        close_s=figures["close_s"],
-        peak_mib=peak[0],
+        processes=processes,
+        records=total,
+        seconds=max(f["stopped"] for f in figures) - origin,
+        run_started_s=min(f["run_started"] for f in figures) - origin,
+        chunk_ends_s=_chunk_ends(figures, chunk, mark_every, total, last_record_at, origin),
+        late_dropped=sum(f["late_dropped"] for f in figures),
+        windows_emitted=sum(f["windows_emitted"] for f in figures),
+        close_s=max(f["stopped"] for f in figures) - last_record_at,
+        peak_mib=sum(peaks),
+        parquet_records=sum(_parquet_rows(folder / "records") for folder, _ in members),
     )
+
+
+def _watch(
+    running: list[subprocess.Popen[str]],
+    members: list[tuple[Path, Path]],
+    records: int,
+    peaks: list[float],
+    timeout_s: float,
+) -> None:
+    """Sample the processes' memory until every one has stopped, asking them to stop once the
+    group has windowed `records` records; bounded by `timeout_s`."""
+    deadline = time.monotonic() + timeout_s + _EXIT_GRACE_S
+    while time.monotonic() < deadline:
+        if all(process.poll() is not None for process in running):
+            return
+        for index, process in enumerate(running):
+            peaks[index] = max(peaks[index], rss_mib(process.pid))
+        if sum(_progress(progress) for _, progress in members) >= records:
+            for folder, _ in members:
+                (folder / "stop").touch()
+        time.sleep(0.2)
+    raise TimeoutError(f"the peer did not stop within {timeout_s}s")
+
+
+def _progress(path: Path) -> int:
+    try:
+        return int(path.read_text() or 0)
+    except (FileNotFoundError, ValueError):  # not written yet, or caught mid-write
+        return 0
+
+
+def _chunk_ends(
+    figures: list[dict[str, Any]],
+    chunk: int,
+    mark_every: int,
+    total: int,
+    last_record_at: float,
+    origin: float,
+) -> list[float]:
+    """When the group's count of windowed records passed each multiple of `chunk` below the
+    total, from every process's marks (one each `mark_every` of its records), and when it
+    windowed its last record."""
+    ends = []
+    boundary = chunk
+    marks = sorted(mark for f in figures for mark in f["marks"])
+    for index, mark in enumerate(marks, start=1):
+        if index * mark_every >= boundary and boundary < total:
+            ends.append(mark - origin)
+            boundary += chunk
+    ends.append(last_record_at - origin)
+    return ends
+
+
+def _parquet_rows(folder: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return sum(pq.ParquetFile(path).metadata.num_rows for path in folder.rglob("*.parquet"))
 
 
 def chunk_seconds(run: PeerRun) -> list[float]:

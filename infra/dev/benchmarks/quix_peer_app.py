@@ -1,5 +1,12 @@
-"""The scale benchmark's peer: per-(tenant, source) tumbling event-time window counts in
-quixstreams, over a preloaded topic, stopping when it has consumed every record.
+"""The scale benchmark's peer: quixstreams doing the product's job over a preloaded topic: every
+record and every final per-(tenant, source) tumbling event-time window count written to Parquet
+through quixstreams' own file sink.
+
+It stops when it has consumed `--records` records, or when its parent asks, which is how the
+processes of one consumer group stop once their sum is complete; a stop commits, so the sinks
+write what they hold. While it runs it writes how many records it has
+windowed to `--progress-file`; the parent sums the group's files and, once the group has every
+record, creates each process's `--stop-file`.
 
 Run by `quix_peer.run_peer` in the peer's own venv (quixstreams pins confluent-kafka and
 pydantic below this project's pins), so it imports the standard library and quixstreams only,
@@ -10,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import threading
 import time
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 
@@ -21,26 +30,32 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     sources: dict[str, dict[str, Any]] = json.loads(args.sources)
     from quixstreams import Application  # the peer venv only
+    from quixstreams.sinks.community.file.local import LocalFileSink
 
-    # When each chunk's last record had been processed: chunks of `--chunk` records (the
-    # stream's `maxOffsetsPerTrigger`), so the parent can leave out the first as warm-up the way
-    # the other stages leave out their first batch.
-    times: list[float] = []
+    # Wall-clock time (comparable across the processes of one group) at every `--mark-every`
+    # records, so the parent can cut the group's records into chunks of the stream's
+    # `maxOffsetsPerTrigger` and leave out the first as the other stages leave out their first
+    # batch.
+    marks: list[float] = []
     consumed = 0
+    last_record_at: float | None = None
     late = 0
     windows = 0
+    progress = Path(args.progress_file)
 
     def processed(_topic: str, _partition: int, _offset: int) -> None:
         # Called after a message went through every branch: a record is counted once it has
-        # been windowed, and the run stops at the preloaded total.
-        nonlocal consumed
+        # been windowed and handed to the sinks.
+        nonlocal consumed, last_record_at
         consumed += 1
-        if consumed % args.chunk == 0 or consumed == args.records:
-            times.append(time.monotonic())
+        last_record_at = time.time()
+        if consumed % args.mark_every == 0:
+            marks.append(last_record_at)
+            progress.write_text(str(consumed))
         if consumed >= args.records:
             app.stop()
 
-    started = time.monotonic()
+    started = time.time()
     app = Application(
         broker_address=args.broker,
         consumer_group=args.group,
@@ -53,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         args.topic, value_deserializer="json", timestamp_extractor=_event_time_extractor(sources)
     )
     records = app.dataframe(topic)
+    # Every record as the product's `events` table keeps it, in Parquet files of its own.
+    records.sink(LocalFileSink(directory="records", format="parquet"))
     for name, source in sources.items():
 
         def too_late(*_: Any) -> bool:
@@ -85,35 +102,51 @@ def main(argv: list[str] | None = None) -> int:
             # work neither the product nor the built-in stage does.
             .final()
             .update(emitted)
+            # Every final window, as the product's `windows` table keeps it.
+            .sink(LocalFileSink(directory=f"windows_{_safe(name)}", format="parquet"))
         )
 
-    def watchdog() -> None:
-        # A bounded run: stop even if records are missing (the parent then reports a failure).
-        if not done.wait(args.timeout_s):
-            app.stop()
+    stop_file = Path(args.stop_file)
+
+    def stopper() -> None:
+        # Stops the Application when the parent asks (its stop file exists: the group has
+        # windowed every record) or at the timeout, which bounds the run (the parent then
+        # reports missing records). Asked again until `run` returns: a stop asked before `run`
+        # started would be forgotten by it.
+        deadline = time.monotonic() + args.timeout_s
+        while not done.wait(0.1):
+            if stop_file.exists() or time.monotonic() > deadline:
+                app.stop()
 
     done = threading.Event()
-    threading.Thread(target=watchdog, name="peer-timeout", daemon=True).start()
-    run_started = time.monotonic()
+    threading.Thread(target=stopper, name="peer-stopper", daemon=True).start()
+    run_started = time.time()
     try:
         app.run()
     finally:
         done.set()
-    stopped = time.monotonic()
+    stopped = time.time()
+    progress.write_text(str(consumed))
     print(
         json.dumps(
             {
                 "records": consumed,
                 "late_dropped": late,
                 "windows_emitted": windows,
-                "seconds": stopped - started,
-                "run_started": run_started - started,
-                "chunk_ends": [t - started for t in times],
-                "close_s": stopped - times[-1] if times else None,
+                "started": started,
+                "run_started": run_started,
+                "marks": marks,
+                "last_record_at": last_record_at,
+                "stopped": stopped,
             }
         )
     )
-    return 0 if consumed >= args.records else 1
+    return 0
+
+
+def _safe(name: str) -> str:
+    """A source name as a directory quixstreams' file sink accepts (letters, digits, `._`)."""
+    return re.sub(r"[^a-zA-Z0-9._]", "_", name)
 
 
 def _event_time_extractor(sources: dict[str, dict[str, Any]]) -> Any:
@@ -141,7 +174,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--group", required=True)
     parser.add_argument("--state-dir", required=True)
     parser.add_argument("--records", type=int, required=True)
-    parser.add_argument("--chunk", type=int, required=True)
+    parser.add_argument("--progress-file", required=True)
+    parser.add_argument("--mark-every", type=int, required=True)
+    parser.add_argument("--stop-file", required=True)
     parser.add_argument("--timeout-s", type=float, required=True)
     parser.add_argument("--sources", required=True, help="JSON: per source, its window rules")
     return parser

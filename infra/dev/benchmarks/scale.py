@@ -11,10 +11,13 @@ Spark session, `maxOffsetsPerTrigger` and shuffle partitions:
 3. `product`: `tenant-windows run --available-now` end to end, into a Delta lake.
 
 `peer` (`--stages read,builtin,product,peer`) is quixstreams, the Python library a user would
-pick instead, counting the same records in tumbling event-time windows per (tenant, source) with
-each source's window size and lateness, in a process and venv of its own (`quix_peer.py`). It has
-no batches: its records are timed in chunks of `--max-offsets`, and its steady rate leaves out the
-first chunk as the other stages leave out their first batch.
+pick instead, doing the product's job on the same records: tumbling event-time windows per
+(tenant, source) with each source's window size and lateness, and every record and every final
+window written to Parquet through its own file sink. It runs in a venv of its own
+(`quix_peer.py`), in one process and in two of one consumer group (`--peer-processes`); the
+faster is the stage's figures. It has no batches: its records are timed in chunks of
+`--max-offsets`, and its steady rate leaves out the first chunk as the other stages leave out
+their first batch.
 
 Two more stages (`--stages read,route,state_empty,windowed,builtin,product`) cut the product's
 plan short, each into `noop`, to show where a batch's time goes: `route` is reading and routing;
@@ -149,6 +152,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--state-buckets", type=int, default=None, help="stream.state_buckets (app.yaml's if unset)"
     )
+    parser.add_argument(
+        "--peer-processes",
+        default="1,2",
+        help="process counts of one consumer group the peer runs in; the faster is reported",
+    )
     parser.add_argument("--json", type=Path, default=Path("data/bench/scale.json"))
     return parser
 
@@ -178,6 +186,7 @@ class _Dataset:
     settings: AppSettings
     workdir: Path
     sources: Mapping[str, SourceConfig]
+    peer_processes: tuple[int, ...] = (1,)
 
     @classmethod
     def create(cls, kafka: LocalKafka, workdir: Path, tenants: int, args: Any) -> _Dataset:
@@ -216,7 +225,8 @@ class _Dataset:
             conf, kafka.bootstrap_servers, topic, workdir, f"scale-{tenants}", overrides
         )
         settings = without_limits(settings)
-        return cls(tenants, sent, settings, workdir, registry.sources)
+        peer_processes = tuple(int(n) for n in args.peer_processes.split(","))
+        return cls(tenants, sent, settings, workdir, registry.sources, peer_processes)
 
 
 # --- the three stages --------------------------------------------------------------------------
@@ -300,20 +310,31 @@ def _product_stage(spark: SparkSession, dataset: _Dataset) -> StageFigures:
 
 
 def _peer_stage(_spark: SparkSession, dataset: _Dataset) -> StageFigures:
-    """quixstreams over the same topic (see the module's docstring and `quix_peer.py`)."""
+    """quixstreams doing the product's job over the same topic (see `quix_peer.py`), in each
+    of `--peer-processes` processes of one consumer group; the faster's figures are the stage's
+    (by steady rate), every count's in `extra`."""
     kafka = dataset.settings.kafka
     chunk = kafka.max_offsets_per_trigger or dataset.records
-    run = quix_peer.run_peer(
-        kafka.bootstrap_servers,
-        kafka.topic,
-        dataset.records,
-        chunk,
-        dataset.sources,
-        dataset.workdir / "peer",
-        timeout_s=QUERY_TIMEOUT_S,
-    )
-    if run.records != dataset.records:
-        raise RuntimeError(f"the peer windowed {run.records} of {dataset.records} records")
+    runs = []
+    for processes in dataset.peer_processes:
+        run = quix_peer.run_peer(
+            kafka.bootstrap_servers,
+            kafka.topic,
+            dataset.records,
+            chunk,
+            dataset.sources,
+            dataset.workdir / f"peer-{processes}",
+            timeout_s=QUERY_TIMEOUT_S,
+            processes=processes,
+        )
+        if run.records != dataset.records or run.parquet_records != dataset.records:
+            raise RuntimeError(
+                f"the peer in {processes} processes windowed {run.records} and wrote "
+                f"{run.parquet_records} of {dataset.records} records"
+            )
+        runs.append(run)
+    steady = {run.processes: quix_peer.steady_rate(run, chunk) for run in runs}
+    run = max(runs, key=lambda r: steady[r.processes])
     durations = quix_peer.chunk_seconds(run)
     return StageFigures(
         stage="peer",
@@ -322,14 +343,24 @@ def _peer_stage(_spark: SparkSession, dataset: _Dataset) -> StageFigures:
         seconds=round(run.seconds, 1),
         batches=len(durations),
         overall_rate=round(run.records / run.seconds),
-        steady_rate=round(quix_peer.steady_rate(run, chunk)),
+        steady_rate=round(steady[run.processes]),
         batch_p50_s=round(statistics.median(durations), 2) if durations else 0,
         batch_p95_s=round(_percentile(durations, 0.95), 2) if durations else 0,
-        # One process, no workers: its peak RSS goes in the driver's column.
+        # No workers: the processes' summed peak RSS goes in the driver's column.
         driver_peak_mib=round(run.peak_mib),
         workers_peak_mib=0,
         extra={
             "library": quix_peer.PEER_REQUIREMENT,
+            "processes": run.processes,
+            "by_processes": {
+                other.processes: {
+                    "steady_rate": round(steady[other.processes]),
+                    "overall_rate": round(other.records / other.seconds),
+                    "seconds": round(other.seconds, 1),
+                }
+                for other in runs
+            },
+            "parquet_records": run.parquet_records,
             "late_dropped": run.late_dropped,
             "windows_emitted": run.windows_emitted,
             # Before its first chunk: the Application made, its topic looked up and its
@@ -637,12 +668,19 @@ def steady_ratios(results: list[StageFigures]) -> dict[int, dict[str, float]]:
         if product is None:
             continue
         ratios[tenants] = {}
-        for stage in ("read", "builtin", "peer"):
+        for stage in ("read", "state_empty", "builtin", "peer"):
             other = by.get((stage, tenants))
             if other is not None and other.steady_rate:
                 ratios[tenants][f"product/{stage}"] = round(
                     product.steady_rate / other.steady_rate, 2
                 )
+        peer = by.get(("peer", tenants))
+        if peer is not None and peer.overall_rate:
+            # The whole run: start-up and, for the product, the final settle; for the peer its
+            # sinks' last writes.
+            ratios[tenants]["product/peer, whole run"] = round(
+                product.overall_rate / peer.overall_rate, 2
+            )
         base = by.get(("product", tenant_counts[0]))
         if base is not None and base.steady_rate and tenants != tenant_counts[0]:
             ratios[tenants][f"product/product at {tenant_counts[0]} tenants"] = round(

@@ -20,7 +20,7 @@ from streaming.kafka.reader import (
     ARROW_SCHEMA,
     KAFKA_SCHEMA,
     KafkaInputPartition,
-    RecordColumns,
+    KafkaRecordColumns,
     read_partition,
 )
 from streaming.kafka.source import KafkaStreamReader, register
@@ -155,7 +155,7 @@ class FakeMessage:
 
 
 def test_records_become_arrow_rows_in_spark_kafka_layout() -> None:
-    columns = RecordColumns("t", 2)
+    columns = KafkaRecordColumns("t", 2)
     # librdkafka's timestamp types: 1 create time, 2 log append time, 0 not available.
     columns.append(FakeMessage(7, (1, 1_700_000_000_123), b"k", b"v", [("h", b"x")]))
     columns.append(FakeMessage(9, (0, -1), None, None, None))

@@ -25,7 +25,7 @@ from storage.lake.tables import DELIVERIES, WINDOWS
 from streaming.app import StreamApp
 from streaming.fault_points import FaultPoint
 from streaming.notify.notifier import notify_targets
-from streaming.notify.payloads import Pane, body_for, idempotency_key, qualifies
+from streaming.notify.payloads import PaneFacts, body_for, idempotency_key, qualifies
 from streaming.observe.stream_status import DEAD_LETTERS, NOTIFICATIONS, gather_status
 from tenants.registry import load_registry
 from tests.support.datasets import produce_dataset
@@ -122,7 +122,7 @@ def expected_deliveries(pipeline: Pipeline, acme_url: str) -> dict[tuple[str, st
     registry = load_registry(pipeline.conf_dir)
     expected = {}
     for row in pipeline.lake.open(WINDOWS).to_pyarrow_table().to_pylist():
-        pane = Pane.from_row(row)
+        pane = PaneFacts.from_row(row)
         for target in notify_targets(registry, pane.tenant, pane.source):
             if qualifies(target.on, pane):
                 reference = target.url.get_secret_value()

@@ -13,7 +13,7 @@ from storage.lake.delivery_outbox import AttemptRow, Outcome
 from streaming.fault_points import NO_FAULTS
 from streaming.notify.delivery import Delivery, EndpointScheduler, backoff_ceiling_ms, backoff_ms
 from streaming.notify.endpoints import post, resolve_endpoint
-from streaming.notify.payloads import Pane, idempotency_key, webhook_body
+from streaming.notify.payloads import PaneFacts, idempotency_key, webhook_body
 from tenants.models import NotifyKind, NotifyTarget
 from tenants.settings import NotifySettings
 from tests.support.sample_values import PANE
@@ -64,7 +64,7 @@ def test_a_hanging_endpoint_holds_up_no_other_endpoint(tmp_path: Path) -> None:
             )
             endpoint = resolve_endpoint(target, tmp_path, {})
             for pane_index in range(3):
-                pane = Pane(**{**PANE.__dict__, "pane_index": pane_index})
+                pane = PaneFacts(**{**PANE.__dict__, "pane_index": pane_index})
                 key = idempotency_key("s", pane)
                 scheduler.submit(Delivery("s", key, pane, endpoint, webhook_body(pane)))
         fast_done = wait_until(

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from streaming.notify.payloads import (
-    Pane,
+    PaneFacts,
     body_for,
     idempotency_key,
     qualifies,
@@ -27,7 +27,7 @@ def test_the_key_depends_on_stream_tenant_source_window_start_and_pane_only() ->
     key = idempotency_key("s", PANE)
     assert len(key) == 64 and int(key, 16) >= 0
     # A redelivery from other batch facts (count, batch) keeps the key.
-    same_pane_later = Pane(**{**PANE.__dict__, "count": 9, "batch_id": 8})
+    same_pane_later = PaneFacts(**{**PANE.__dict__, "count": 9, "batch_id": 8})
     assert idempotency_key("s", same_pane_later) == key
     for changed in (
         {"tenant": "globex"},
@@ -35,7 +35,7 @@ def test_the_key_depends_on_stream_tenant_source_window_start_and_pane_only() ->
         {"window_start_ms": PANE.window_start_ms + 1},
         {"pane_index": 2},
     ):
-        assert idempotency_key("s", Pane(**{**PANE.__dict__, **changed})) != key
+        assert idempotency_key("s", PaneFacts(**{**PANE.__dict__, **changed})) != key
     assert idempotency_key("other-stream", PANE) != key
 
 
@@ -50,7 +50,7 @@ def test_the_key_is_stable_across_releases() -> None:
 
 def test_the_webhook_body_is_canonical_json_of_the_pane_facts() -> None:
     body = webhook_body(PANE)
-    assert body == webhook_body(Pane(**PANE.__dict__))
+    assert body == webhook_body(PaneFacts(**PANE.__dict__))
     assert json.loads(body) == {
         "tenant": "acme",
         "source": "web",
@@ -92,7 +92,7 @@ def test_the_slack_message_has_text_and_blocks_with_the_same_facts() -> None:
 
 
 def test_final_endpoints_get_only_final_panes() -> None:
-    not_final = Pane(**{**PANE.__dict__, "is_final": False})
+    not_final = PaneFacts(**{**PANE.__dict__, "is_final": False})
     assert qualifies(NotifyOn.FINAL, PANE) and not qualifies(NotifyOn.FINAL, not_final)
     assert qualifies(NotifyOn.EVERY_PANE, not_final)
 
