@@ -6,7 +6,13 @@ import argparse
 import sys
 import time
 
-from infra.cli.command_context import add_settings_flags, settings_from
+from infra.cli.command_context import (
+    CONF_DIR,
+    LAKE_ROOT,
+    STREAM_NAME,
+    add_settings_flags,
+    settings_from,
+)
 from infra.cli.exit_codes import ExitCode
 from tenants.models import parse_duration_ms
 from tenants.registry import load_registry
@@ -17,7 +23,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     vacuum = commands.add_parser(
         "vacuum", help="delete data files no longer referenced (crashed attempts, old versions)"
     )
-    add_settings_flags(vacuum)
+    add_settings_flags(vacuum, LAKE_ROOT)
     vacuum.add_argument(
         "--retention", default="7d", help="keep files referenced by versions this recent"
     )
@@ -29,14 +35,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="delete rows of windows that ended before their tenant's retention "
         "(lake.default_retention, or a tenant's retention)",
     )
-    add_settings_flags(retain)
+    add_settings_flags(retain, CONF_DIR, LAKE_ROOT)
     retain.add_argument("--dry-run", action="store_true", help="count the rows, delete nothing")
     retain.set_defaults(handler=_retain)
 
     optimize = commands.add_parser(
         "optimize", help="compact small files and checkpoint every table's log"
     )
-    add_settings_flags(optimize)
+    add_settings_flags(optimize, LAKE_ROOT)
     optimize.add_argument(
         "--target-file-mb", type=int, default=None, help="size of compacted files (default: 100)"
     )
@@ -46,7 +52,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "migrate-layout",
         help="convert a lake written before staged writes (partitioned by tenant), once",
     )
-    add_settings_flags(migrate)
+    add_settings_flags(migrate, LAKE_ROOT, STREAM_NAME)
     migrate.add_argument("--dry-run", action="store_true", help="list the tables, change nothing")
     migrate.set_defaults(handler=_migrate_layout)
 

@@ -55,7 +55,6 @@ def test_retain_deletes_closed_windows_past_retention_and_keeps_open_ones(
         for tenant in lateness
     }
     flags = ["--conf", str(conf), "--lake-root", pipeline.settings.lake.root]
-    flags += ["--checkpoint-dir", pipeline.settings.stream.checkpoint_dir]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TW_LAKE__DEFAULT_RETENTION", "30d")
         assert main(["retain", "--dry-run", *flags]) == 0
