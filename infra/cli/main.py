@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from infra.cli import (
     config_commands,
+    dev_commands,
     lake_commands,
     notify_commands,
     sql_commands,
@@ -33,6 +34,7 @@ COMMAND_GROUPS = (
     sql_commands,
     lake_commands,
     notify_commands,
+    dev_commands,
 )
 
 

@@ -6,7 +6,13 @@ import argparse
 import dataclasses
 import json
 
-from infra.cli.command_context import add_settings_flags, settings_from
+from infra.cli.command_context import (
+    CONF_DIR,
+    LAKE_ROOT,
+    STREAM_NAME,
+    add_settings_flags,
+    settings_from,
+)
 from infra.cli.exit_codes import ExitCode
 
 
@@ -17,11 +23,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     retry = actions.add_parser(
         "retry", help="attempt dead-lettered deliveries again (same key and body)"
     )
-    add_settings_flags(retry)
+    add_settings_flags(retry, CONF_DIR, LAKE_ROOT, STREAM_NAME)
     retry.add_argument("--tenant", help="only this tenant's dead letters")
     retry.set_defaults(handler=_notify_retry)
     dead = actions.add_parser("dead-letters", help="dead-lettered deliveries per endpoint")
-    add_settings_flags(dead)
+    add_settings_flags(dead, LAKE_ROOT, STREAM_NAME)
     dead.set_defaults(handler=_notify_dead_letters)
 
 

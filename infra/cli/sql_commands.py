@@ -10,7 +10,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from infra.cli.command_context import add_settings_flags, settings_from
+from infra.cli.command_context import (
+    CONF_DIR,
+    LAKE_ROOT,
+    QUERY_METRICS_PORT,
+    add_settings_flags,
+    settings_from,
+)
 from infra.cli.exit_codes import ExitCode
 from tenants.models import ID_PATTERN, QueryLimits
 from tenants.registry import load_tenant
@@ -40,8 +46,13 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         nargs="?",
         help='e.g. "SELECT tenant, count(*) FROM events GROUP BY tenant"; omit it for a prompt',
     )
-    add_settings_flags(sql)
-    sql.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    add_settings_flags(sql, CONF_DIR, LAKE_ROOT)
+    sql.add_argument(
+        "--format",
+        choices=["table", "csv", "json"],
+        default="table",
+        help="output format (default table)",
+    )
     sql.add_argument(
         "--tenant", help="scope every view to this tenant's rows (a security boundary)"
     )
@@ -63,17 +74,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "serve",
         help="answer tenants' SQL over HTTP, each with its own API key (docs/querying.md)",
     )
-    add_settings_flags(serve)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--master", help="Spark master, as for run (default local[2])")
+    add_settings_flags(serve, CONF_DIR, LAKE_ROOT, QUERY_METRICS_PORT)
     serve.add_argument(
-        "--metrics-port",
-        dest="query_metrics_port",
-        type=int,
-        help="serve Prometheus metrics on this port, apart from --port (query.metrics_port; "
-        "0: any free port)",
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
     )
+    serve.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    serve.add_argument("--master", help="Spark master, as for run (default local[2])")
     serve.set_defaults(handler=_serve)
 
 

@@ -10,6 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infra.cli.command_context import (
+    CONF_DIR,
+    KAFKA_ENDPOINT,
+    STREAM_FLAGS,
+    STREAM_METRICS_PORT,
     add_settings_flags,
     cluster_conf,
     require_dev_tools,
@@ -29,7 +33,7 @@ log = logging.getLogger("tenant_windows")
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`run`, `status`, `produce`, `demo`."""
     run = commands.add_parser("run", help="run the stream (continuously, or --available-now)")
-    add_settings_flags(run)
+    add_settings_flags(run, *STREAM_FLAGS, STREAM_METRICS_PORT)
     # A standby waits to take over a continuous stream; a run to the end has nothing to take over.
     how = run.add_mutually_exclusive_group()
     how.add_argument(
@@ -46,11 +50,6 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="Spark master; default local[2] outside spark-submit. A cluster master "
         "(spark://, yarn, k8s://) gets the code and executor dependencies shipped",
     )
-    run.add_argument(
-        "--metrics-port",
-        type=int,
-        help="serve Prometheus metrics on this port (stream.metrics_port; 0: any free port)",
-    )
     run.set_defaults(handler=_run)
 
     status = commands.add_parser(
@@ -58,30 +57,67 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="per-key watermarks and counters, Kafka lag, the last batch, the writer lease "
         "(reads only: works while the stream runs)",
     )
-    add_settings_flags(status)
-    status.add_argument("--format", choices=["table", "json"], default="table")
+    add_settings_flags(status, *STREAM_FLAGS)
+    status.add_argument(
+        "--format", choices=["table", "json"], default="table", help="output format (default table)"
+    )
     status.set_defaults(handler=_status)
 
     produce = commands.add_parser("produce", help="produce sample multi-tenant load")
-    add_settings_flags(produce)
-    produce.add_argument("--tenants", default="acme,globex,initech")
-    produce.add_argument("--sources", default="web,billing")
-    produce.add_argument("--count", type=int, default=6000)
+    add_settings_flags(produce, CONF_DIR, *KAFKA_ENDPOINT)
+    produce.add_argument(
+        "--tenants",
+        default="acme,globex,initech",
+        help="comma-separated tenant ids the records are for (default acme,globex,initech)",
+    )
+    produce.add_argument(
+        "--sources",
+        default="web,billing",
+        help="comma-separated source names (default web,billing)",
+    )
+    produce.add_argument(
+        "--count", type=int, default=6000, help="records to produce (default 6000)"
+    )
     produce.add_argument(
         "--rate", type=float, default=None, help="records per second (default: as fast as possible)"
     )
     produce.add_argument("--jitter", default="5s", help="out-of-orderness of event times")
-    produce.add_argument("--late-share", type=float, default=0.02)
-    produce.add_argument("--malformed-share", type=float, default=0.01)
-    produce.add_argument("--ahead", action="append", default=[], metavar="TENANT=DURATION")
-    produce.add_argument("--seed", type=int, default=7)
+    produce.add_argument(
+        "--late-share",
+        type=float,
+        default=0.02,
+        help="share of records too late for their window (default 0.02)",
+    )
+    produce.add_argument(
+        "--malformed-share",
+        type=float,
+        default=0.01,
+        help="share of malformed records, which the stream quarantines (default 0.01)",
+    )
+    produce.add_argument(
+        "--ahead",
+        action="append",
+        default=[],
+        metavar="TENANT=DURATION",
+        help="give TENANT's event times this far ahead of the others' (repeatable)",
+    )
+    produce.add_argument(
+        "--seed", type=int, default=7, help="random seed: the same seed, the same records"
+    )
     produce.set_defaults(handler=_produce)
 
     demo = commands.add_parser(
         "demo", help="local broker + sample load + stream + summary, then stop"
     )
-    demo.add_argument("--workdir", type=Path, default=Path("data/demo"))
-    demo.add_argument("--count", type=int, default=12_000)
+    demo.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("data/demo"),
+        help="where the demo keeps its broker, lake and checkpoint (default data/demo)",
+    )
+    demo.add_argument(
+        "--count", type=int, default=12_000, help="sample records to produce (default 12000)"
+    )
     demo.set_defaults(handler=_demo)
 
 

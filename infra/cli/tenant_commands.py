@@ -9,7 +9,14 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from infra.cli.command_context import add_settings_flags, cluster_conf, settings_from
+from infra.cli.command_context import (
+    CONF_DIR,
+    LAKE_ROOT,
+    STREAM_NAME,
+    add_settings_flags,
+    cluster_conf,
+    settings_from,
+)
 from infra.cli.exit_codes import ExitCode
 from tenants.api_keys import ApiKeyError, issue_key, revoke_key
 from tenants.models import ID_PATTERN, parse_duration_ms
@@ -28,7 +35,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="remove a tenant: the stream closes its windows and quarantines its later records",
     )
     offboard.add_argument("tenant", help="the tenant id")
-    add_settings_flags(offboard)
+    add_settings_flags(offboard, CONF_DIR, LAKE_ROOT)
     offboard.add_argument(
         "--wait",
         action="store_true",
@@ -42,7 +49,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "held them",
     )
     purge.add_argument("tenant", help="the tenant id")
-    add_settings_flags(purge)
+    add_settings_flags(purge, CONF_DIR, LAKE_ROOT)
     purge.add_argument("--dry-run", action="store_true", help="say what would go; change nothing")
     purge.set_defaults(handler=_purge)
     reprocess = tenant_commands.add_parser(
@@ -51,7 +58,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "records the lake holds; runs beside the stream",
     )
     reprocess.add_argument("tenant", help="the tenant id")
-    add_settings_flags(reprocess)
+    add_settings_flags(reprocess, CONF_DIR, LAKE_ROOT, STREAM_NAME)
     reprocess.add_argument(
         "--since", help="windows starting at or after this ISO 8601 time (UTC if no zone)"
     )

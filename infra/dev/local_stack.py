@@ -7,14 +7,19 @@ the wrapper leaves its native child holding the port, so the next start on that 
 from __future__ import annotations
 
 import importlib.resources
+import os
+import signal
 import socket
 import stat
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 from kafka import KafkaAdminClient
 from kafka.errors import TopicAlreadyExistsError
 
-from infra.dev.local_process import LocalProcess
+from infra.dev.local_process import LocalProcess, log_tail
 
 _ADMIN_TIMEOUT_MS = 10_000
 # Short, so one slow probe cannot eat most of the start-up deadline.
@@ -135,3 +140,54 @@ class LocalKafka(LocalProcess):
     def create_topic(self, name: str, partitions: int) -> None:
         """Create `name` with `partitions` partitions; a topic that already exists is left as is."""
         create_topic(self._admin(), name, partitions)
+
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost"})
+_WATCH_INTERVAL_S = 0.5
+
+
+def loopback_port(bootstrap_servers: str) -> int:
+    """The port of the first `host:port` of `bootstrap_servers`, which must be on loopback: the
+    development broker never listens beyond this machine."""
+    first = bootstrap_servers.split(",")[0].strip()
+    host, _, port = first.rpartition(":")
+    if host not in LOOPBACK_HOSTS or not port.isdigit():
+        raise ValueError(
+            f"kafka.bootstrap_servers is {bootstrap_servers!r}: the development broker listens on "
+            "127.0.0.1 only; set it to 127.0.0.1:PORT (or give --bootstrap-servers)"
+        )
+    return int(port)
+
+
+def run_until_stopped(
+    kafka: LocalKafka, topic: str, partitions: int, say: Callable[[str], None]
+) -> int:
+    """Start `kafka` with `topic`, say where it is and how to stop it, and keep it until Ctrl-C
+    or SIGTERM (then stop it cleanly: its data is kept for the next start). 0 when stopped so,
+    1 when the broker exited on its own."""
+    stop_requested = threading.Event()
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        stop_requested.set()
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        with kafka:
+            kafka.create_topic(topic, partitions)
+            say(
+                f"Kafka broker (noida-db) listening on {kafka.bootstrap_servers}, topic {topic!r} "
+                f"({partitions} partitions); data in {kafka.data_dir}, log in {kafka.log_path}.\n"
+                f"Stop it with Ctrl-C, or `kill {os.getpid()}`."
+            )
+            try:
+                while kafka.is_running and not stop_requested.wait(_WATCH_INTERVAL_S):
+                    pass
+            except KeyboardInterrupt:
+                pass
+            if not kafka.is_running:
+                say(f"the broker exited on its own; log tail:\n{log_tail(kafka.log_path)}")
+                return 1
+        say("broker stopped")
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)

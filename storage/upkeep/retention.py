@@ -44,6 +44,8 @@ class TenantRetention:
     """Its slowest key's watermark; None without data."""
     allowed_lateness_ms: int = 0
     """The largest allowed lateness of its sources."""
+    slowest_source: str | None = None
+    """The source of the key whose watermark that is: for saying why a cut-off is held back."""
 
     def cutoff_ms(self, now_ms: int) -> int | None:
         """Windows that ended before this are closed and past retention; None: keep all."""
@@ -53,6 +55,13 @@ class TenantRetention:
         if self.watermark_ms is not None:
             cutoff = min(cutoff, self.watermark_ms - self.allowed_lateness_ms)
         return cutoff
+
+    def held_back(self, now_ms: int) -> bool:
+        """Whether its cut-off is its watermark's (windows after it may still be open), not
+        now minus its retention."""
+        if self.retention_ms is None or self.watermark_ms is None:
+            return False
+        return self.watermark_ms - self.allowed_lateness_ms < now_ms - self.retention_ms
 
 
 @dataclass(frozen=True)
@@ -94,10 +103,13 @@ class Cut:
 
 
 def tenant_retentions(
-    registry: TenantRegistry, default_ms: int | None, watermarks: Mapping[str, int]
+    registry: TenantRegistry,
+    default_ms: int | None,
+    slowest_keys: Mapping[str, tuple[str, int]],
 ) -> dict[str, TenantRetention]:
     """What retention needs of every configured tenant, and of every tenant with a
-    watermark that is no longer configured (offboarded: kept until its keys have closed)."""
+    watermark that is no longer configured (offboarded: kept until its keys have closed).
+    `slowest_keys`: each tenant's slowest key, (source, watermark ms)."""
     tenants: dict[str, TenantRetention] = {}
     for tenant, config in registry.tenants.items():
         lateness = [
@@ -107,11 +119,12 @@ def tenant_retentions(
         ]
         tenants[tenant] = TenantRetention(
             retention_ms=config.retention_ms or default_ms,
-            watermark_ms=watermarks.get(tenant),
+            watermark_ms=slowest_keys[tenant][1] if tenant in slowest_keys else None,
             allowed_lateness_ms=max(lateness, default=0),
+            slowest_source=slowest_keys[tenant][0] if tenant in slowest_keys else None,
         )
-    for tenant, watermark_ms in watermarks.items():
-        tenants.setdefault(tenant, TenantRetention(default_ms, watermark_ms))
+    for tenant, (source, watermark_ms) in slowest_keys.items():
+        tenants.setdefault(tenant, TenantRetention(default_ms, watermark_ms, slowest_source=source))
     return tenants
 
 
@@ -138,6 +151,52 @@ def plan_cuts(
     return cuts
 
 
+@dataclass(frozen=True)
+class CutReason:
+    """Why one cut's cut-off is where it is, for the user: the tenants it covers, how many of
+    them are held back to their watermark, and the one held back furthest."""
+
+    cut: Cut
+    tenants: tuple[str, ...]
+    """The tenants it covers; for the shared cut, the configured ones without a cut of their
+    own (any other tenant's rows too)."""
+    retention_ms: int | None
+    """The retention that set the cut-off when no tenant is held back; None when they differ."""
+    held_back: tuple[str, ...]
+    """The tenants whose cut-off is their watermark's, slowest first."""
+    slowest: TenantRetention | None
+    """The first of `held_back`."""
+
+
+def explain_cuts(
+    cuts: list[Cut], tenants: Mapping[str, TenantRetention], now_ms: int
+) -> tuple[list[CutReason], tuple[str, ...]]:
+    """Why each cut is where it is, and the tenants that keep everything (no retention)."""
+    reasons = []
+    for cut in cuts:
+        if cut.except_tenants is None:
+            covered = cut.tenants
+        else:
+            excluded = set(cut.except_tenants)
+            covered = tuple(sorted(tenant for tenant in tenants if tenant not in excluded))
+        held = sorted(
+            (t for t in covered if tenants[t].held_back(now_ms)),
+            key=lambda t: (tenants[t].watermark_ms or 0, t),
+        )
+        retentions = {tenants[t].retention_ms for t in covered if t not in set(held)}
+        reasons.append(
+            CutReason(
+                cut,
+                covered,
+                next(iter(retentions)) if len(retentions) == 1 else None,
+                tuple(held),
+                tenants[held[0]] if held else None,
+            )
+        )
+    kept = tuple(sorted(t for t, retention in tenants.items() if retention.retention_ms is None))
+    return reasons, kept
+
+
 def apply_retention(lake: DeltaLake, cuts: list[Cut], dry_run: bool) -> dict[str, int]:
     """Rows deleted (or, dry, that would be) per table."""
     deleted = {}
@@ -151,7 +210,7 @@ def apply_retention(lake: DeltaLake, cuts: list[Cut], dry_run: bool) -> dict[str
             else:
                 rows += lake.delete_rows(spec, cut.sql(column, as_date))
         deleted[spec.name] = rows
-        log.info(
+        log.debug(
             "retention: %s %d rows of %s", "would delete" if dry_run else "deleted", rows, spec.name
         )
     return deleted

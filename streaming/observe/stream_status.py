@@ -231,17 +231,22 @@ def _latest_rows(lake: DeltaLake, configured: set[tuple[str, str]]) -> pa.Table:
     return latest_per_key(lake.read_newest(TENANT_STATUS, columns, every_configured_key_seen))
 
 
-def tenant_watermarks(lake: DeltaLake, registry: TenantRegistry) -> dict[str, int]:
-    """Each tenant's slowest key's watermark (ms), from the keys' latest `tenant_status` rows;
-    tenants without a watermark yet are left out."""
+def slowest_keys(lake: DeltaLake, registry: TenantRegistry) -> dict[str, tuple[str, int]]:
+    """Each tenant's slowest key: its source and watermark (ms), from the keys' latest
+    `tenant_status` rows; tenants without a watermark yet are left out."""
     latest = _latest_rows(lake, set(registry.configured_keys()))
-    slowest = (
-        latest.filter(pc.is_valid(latest["watermark"]))
-        .group_by("tenant")
-        .aggregate([("watermark", "min")])
+    with_watermark = latest.filter(pc.is_valid(latest["watermark"])).sort_by(
+        [("tenant", "ascending"), ("watermark", "ascending"), ("source", "ascending")]
     )
+    # Sorted so, a tenant's first row is its slowest key.
+    tenants = with_watermark["tenant"].combine_chunks()
+    first = pa.concat_arrays(
+        [pa.array([True] * min(len(tenants), 1)), pc.not_equal(tenants[1:], tenants[:-1])]
+    )
+    slowest = with_watermark.filter(first).select(["tenant", "source", "watermark"])
     return {
-        row["tenant"]: int(row["watermark_min"].timestamp() * 1000) for row in slowest.to_pylist()
+        row["tenant"]: (row["source"], int(row["watermark"].timestamp() * 1000))
+        for row in slowest.to_pylist()
     }
 
 

@@ -55,11 +55,27 @@ def test_retain_deletes_closed_windows_past_retention_and_keeps_open_ones(
         for tenant in lateness
     }
     flags = ["--conf", str(conf), "--lake-root", pipeline.settings.lake.root]
-    flags += ["--checkpoint-dir", pipeline.settings.stream.checkpoint_dir]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TW_LAKE__DEFAULT_RETENTION", "30d")
         assert main(["retain", "--dry-run", *flags]) == 0
-        dry = capsys.readouterr().out
+        dry, dry_err = capsys.readouterr()
+        # Why the cut-offs are where they are, once: each tenant's is held back to its slowest
+        # key's watermark, and the line names the slowest key of the tenants that share it;
+        # each count once, not again as a log line.
+        held = latest[latest["tenant"].isin(list(cutoff))]
+        for tenant, at in cutoff.items():
+            lines = [line for line in dry.splitlines() if tenant in line.split(":", 3)[-2]]
+            assert len(lines) == 1, dry
+            assert lines[0].strip().startswith(at.strftime("%Y-%m-%dT%H:%M:%SZ for ")), dry
+            sharing = held[held["tenant"].map(cutoff) == at]
+            slowest = sharing.sort_values(["watermark", "tenant"]).iloc[0]
+            assert "held back to the watermark" in lines[0]
+            assert f"of {slowest['tenant']}/{slowest['source']} minus" in lines[0], lines[0]
+        for name in before:
+            assert [line.startswith(f"{name}: would delete") for line in dry.splitlines()].count(
+                True
+            ) == 1
+        assert "rows of events" not in dry_err
         assert {name: len(pipeline.table(name)) for name in before} == {
             name: len(table) for name, table in before.items()
         }

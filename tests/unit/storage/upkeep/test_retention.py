@@ -89,3 +89,26 @@ def test_the_delete_and_the_dry_run_select_the_same_rows(cut: Cut, tmp_path: Pat
         key = [("window_end", "ascending")]
         assert kept.sort_by(key).equals(expected.sort_by(key)), (column, cut)
         assert 0 < kept.num_rows < rows.num_rows or not cut.tenants
+
+
+def test_explain_cuts_says_which_tenants_are_held_back_to_their_watermark() -> None:
+    from storage.upkeep.retention import explain_cuts
+
+    tenants = {
+        "steady": TenantRetention(30 * DAY_MS, NOW_MS, 60_000, "web"),
+        "acme": TenantRetention(30 * DAY_MS, NOW_MS - 330 * DAY_MS, 300_000, "billing"),
+        "keeps-long": TenantRetention(400 * DAY_MS, NOW_MS, 0, "web"),
+        "forever": TenantRetention(None),
+    }
+    cuts = plan_cuts(tenants, TenantRetention(30 * DAY_MS), NOW_MS)
+    reasons, kept = explain_cuts(cuts, tenants, NOW_MS)
+    assert kept == ("forever",)
+    by_tenants = {reason.tenants: reason for reason in reasons}
+    shared = by_tenants[("steady",)]
+    assert shared.cut.except_tenants is not None
+    assert (shared.retention_ms, shared.held_back) == (30 * DAY_MS, ())
+    acme = by_tenants[("acme",)]
+    assert acme.held_back == ("acme",) and acme.slowest is tenants["acme"]
+    assert acme.cut.cutoff_ms <= NOW_MS - 330 * DAY_MS - 300_000
+    long = by_tenants[("keeps-long",)]
+    assert (long.retention_ms, long.held_back) == (400 * DAY_MS, ())
