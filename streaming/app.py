@@ -56,7 +56,13 @@ from streaming.pipeline.batch_sink import MicroBatchSink
 from streaming.pipeline.compaction_schedule import CompactionSchedule, scheduler_conf
 from streaming.pipeline.spark_session import build_spark
 from streaming.pipeline.stream_plan import start_query, windowed_stream
-from streaming.process import StopSignals, outage_cause, quiet_failure_logs, stop_spark
+from streaming.process import (
+    StopSignals,
+    outage_cause,
+    quiet_failure_logs,
+    quiet_stopping,
+    stop_spark,
+)
 from streaming.records.quarantine_log import QuarantineLog
 from streaming.state.bucket_state import STATE_LAYOUT
 from streaming.state.configured_status import ConfiguredKeyRows
@@ -424,6 +430,7 @@ def run_stream(
         log.error("the stream failed: %s", failure if cause is None else cause)
         return 1
     finally:
+        quiet_stopping(spark)
         app.stop()
         stop_spark(spark)
     if app.lost is not None:

@@ -4,7 +4,8 @@
 here: a first SIGTERM/SIGINT asks for a graceful stop and a second one for a stop now
 (`StopSignals`), Spark's own log lines that only repeat what the stream reports are quieted
 (`quiet_failure_logs`), a failed query caused by an outage is told as one line
-(`outage_cause`), and the session stops without a Java trace (`stop_spark`).
+(`outage_cause`), and the query and the session stop without a Java trace (`quiet_stopping`,
+`stop_spark`).
 """
 
 from __future__ import annotations
@@ -28,10 +29,15 @@ OUTAGES: tuple[type[Exception], ...] = (KafkaUnavailableError, LakeUnavailableEr
 # itself when the query ends, so that log only repeats it. Failed tasks keep their warnings:
 # on a cluster a retried task is news the operator needs, outage or not.
 SPARK_FAILURE_LOGGERS = ("org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",)
-# Every state store class logs under this package (`StateStore`, and the providers, e.g.
-# `HDFSBackedStateStoreProvider`, whose maintenance logs "Error doing snapshots" when the
-# session stops under it).
-STATE_STORE_PACKAGE = "org.apache.spark.sql.execution.streaming.state"
+# What a stop interrupts logs a Java trace, though nothing is lost (the interrupted batch is
+# replayed on the next start): every state store class (`StateStore`, and the providers, e.g.
+# `HDFSBackedStateStoreProvider`, whose maintenance logs "Error doing snapshots" when the session
+# stops under it), and Hadoop's shell commands, which the checkpoint's local file system runs
+# (its "Interrupted while joining" when the query's stop interrupts a batch that just began).
+STOPPING_LOGGERS = (
+    "org.apache.spark.sql.execution.streaming.state",
+    "org.apache.hadoop.util.Shell",
+)
 
 
 class StopSignals:
@@ -72,16 +78,19 @@ def quiet_failure_logs(spark: SparkSession) -> None:
     _set_spark_log_level(spark, SPARK_FAILURE_LOGGERS, "OFF")
 
 
+def quiet_stopping(spark: SparkSession) -> None:
+    """Before the query stops: what the stop interrupts says nothing (`STOPPING_LOGGERS`)."""
+    _set_spark_log_level(spark, STOPPING_LOGGERS, "OFF")
+
+
 def stop_spark(spark: SparkSession) -> None:
-    """Stop the session after its queries stopped, without a Java trace on the way.
+    """Stop the session after its queries stopped (and `quiet_stopping`), without a Java trace.
 
     State store maintenance runs in a background pool of the driver's JVM. Stopped first, it
     cannot race the session's stop: otherwise a snapshot it takes as the RPC environment goes
     away fails and logs a 27-line trace (`RpcEnvStoppedException`). A maintenance skipped at
-    exit costs nothing: the next start runs it again. Its loggers are quieted too, for a
-    maintenance already under way.
+    exit costs nothing: the next start runs it again.
     """
-    _set_spark_log_level(spark, (STATE_STORE_PACKAGE,), "OFF")
     jvm = spark.sparkContext._jvm
     assert jvm is not None  # a classic session: the driver's JVM is at hand
     try:
