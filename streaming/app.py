@@ -3,7 +3,9 @@
 `StreamApp` is the one place that wires the application and owns its lifecycle: it checks the
 checkpoint, creates the tables, claims the writer lease, publishes the tenant config, starts
 the query, and runs the background threads (lease renewal, config watcher, notifier). `stop()`
-stops all of it and joins the threads. `run_stream` is what `tenant-windows run` calls.
+stops all of it and joins the threads. `run_stream` is what `tenant-windows run` calls; what
+the process does around the query (signals, Spark's log levels, outages, the session's stop)
+is `streaming.process`.
 
 Lifecycle, in the order the methods run:
 - `claim()`: needs no Spark; checks the config and the checkpoint, creates the tables, claims
@@ -22,13 +24,11 @@ Lifecycle, in the order the methods run:
 from __future__ import annotations
 
 import logging
-import signal
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import FrameType
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
@@ -46,7 +46,6 @@ from streaming.checkpoint.checkpoint_identity import (
 )
 from streaming.checkpoint.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
 from streaming.fault_points import NO_FAULTS, FaultHook
-from streaming.kafka.client import KafkaUnavailableError
 from streaming.kafka.deferral import Deferral
 from streaming.kafka.group_offsets import GroupOffsets
 from streaming.notify.notifier import Notifier
@@ -57,6 +56,13 @@ from streaming.pipeline.batch_sink import MicroBatchSink
 from streaming.pipeline.compaction_schedule import CompactionSchedule, scheduler_conf
 from streaming.pipeline.spark_session import build_spark
 from streaming.pipeline.stream_plan import start_query, windowed_stream
+from streaming.process import (
+    StopSignals,
+    outage_cause,
+    quiet_failure_logs,
+    quiet_stopping,
+    stop_spark,
+)
 from streaming.records.quarantine_log import QuarantineLog
 from streaming.state.bucket_state import STATE_LAYOUT
 from streaming.state.configured_status import ConfiguredKeyRows
@@ -70,14 +76,6 @@ CONFIG_POLL_INTERVAL_S = 1.0
 PROGRESS_DRAIN_S = 5.0
 # How often a graceful stop looks at the checkpoint for the batch in progress to be committed.
 STOP_POLL_INTERVAL_S = 0.01
-# A failed query caused by one of these is an outage, not a bug: its own one line says what
-# failed and what to do, and the Python and Java frames around it say nothing more.
-OUTAGES: tuple[type[Exception], ...] = (KafkaUnavailableError, LakeUnavailableError)
-# Spark logs a query's failure with Java frames as it happens; `run_stream` reports the failure
-# itself when the query ends, so that log only repeats it. Failed tasks keep their warnings:
-# on a cluster a retried task is news the operator needs, outage or not.
-SPARK_FAILURE_LOGGERS = ("org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",)
-STATE_STORE_LOGGER = "org.apache.spark.sql.execution.streaming.state.StateStore"
 
 
 class StreamApp:
@@ -408,87 +406,37 @@ def run_stream(
     log.info("Spark session started in %.1fs", time.monotonic() - started)
     debugging = log.isEnabledFor(logging.DEBUG)
     if not debugging:
-        _set_spark_log_level(spark, SPARK_FAILURE_LOGGERS, "OFF")
-    # The handler only sets flags: stopping the query inside it would interrupt the py4j call
-    # the main thread is blocked in.
-    stop_requested = threading.Event()
-    stop_now = threading.Event()
-
-    def request_stop(signum: int, _frame: FrameType | None) -> None:
-        if stop_requested.is_set():
-            log.info("signal %d again: stopping the stream now", signum)
-            stop_now.set()
-            return
-        log.info(
-            "signal %d: stopping the stream once the batch in progress is committed (at most "
-            "%.0fs; a second signal stops it now)",
-            signum,
-            settings.stream.stop_grace_ms / 1000,
-        )
-        stop_requested.set()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+        quiet_failure_logs(spark)
+    stop = StopSignals(settings.stream.stop_grace_ms / 1000).install()
     try:
-        if standby and not app.stand_by(spark, stop_requested):
+        if standby and not app.stand_by(spark, stop.requested):
             return 0
         started = time.monotonic()
         app.start(spark, available_now)
         log.info("query started in %.1fs", time.monotonic() - started)
         query = app.query
-        while query.isActive and not stop_requested.is_set():
+        while query.isActive and not stop.requested.is_set():
             query.awaitTermination(timeout=1)
         if query.isActive:
-            app.wait_between_batches(settings.stream.stop_grace_ms / 1000, stop_now)
+            app.wait_between_batches(stop.grace_s, stop.now)
         # A query that ended by itself may have failed; awaitTermination raises if it did.
         if not query.isActive:
             query.awaitTermination()
             if available_now:
                 app.compact_now(spark)
-                app.wait_for_notifications(stop_requested)
+                app.wait_for_notifications(stop.requested)
     except StreamingQueryException as failure:
         cause = None if debugging else outage_cause(str(failure))
         log.error("the stream failed: %s", failure if cause is None else cause)
         return 1
     finally:
+        quiet_stopping(spark)
         app.stop()
-        # State store maintenance races the session's stop and logs a Java trace when it loses;
-        # a maintenance skipped at exit costs nothing, the next start runs it again.
-        _set_spark_log_level(spark, (STATE_STORE_LOGGER,), "ERROR")
-        spark.stop()
+        stop_spark(spark)
     if app.lost is not None:
         log.error("the stream stopped: %s", app.lost)
         return 1
     return 0
-
-
-def outage_cause(failure: str, outages: tuple[type[Exception], ...] = OUTAGES) -> str | None:
-    """The one line of a failed query's error (`failure`: Spark's text, Python tracebacks and
-    Java frames inside) that states an outage, as `Class: message`; None if no outage caused
-    it. The last such line is the outermost error of the last traceback: the one raised."""
-    names = {
-        f"{kind.__module__}.{kind.__qualname__}": kind.__name__
-        for outage in outages
-        for kind in _with_subclasses(outage)
-    }
-    cause = None
-    for line in failure.splitlines():
-        qualified, separator, message = line.partition(": ")
-        if separator and qualified in names:
-            cause = f"{names[qualified]}: {message}"
-    return cause
-
-
-def _with_subclasses(kind: type[Exception]) -> list[type[Exception]]:
-    return [kind, *(sub for direct in kind.__subclasses__() for sub in _with_subclasses(direct))]
-
-
-def _set_spark_log_level(spark: SparkSession, loggers: tuple[str, ...], level: str) -> None:
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None  # a classic session: the driver's JVM is at hand
-    log4j_level = jvm.org.apache.logging.log4j.Level.getLevel(level)
-    for logger in loggers:
-        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(logger, log4j_level)
 
 
 def _now_ms() -> int:

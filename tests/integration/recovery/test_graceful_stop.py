@@ -1,4 +1,5 @@
-"""SIGTERM finishes the batch in progress, exits 0, and a restart goes on where it stopped.
+"""SIGTERM finishes the batch in progress, exits 0 without a Java trace, and a restart goes on
+where it stopped.
 
 A real `tenant-windows run --available-now` is held mid-batch by the pause hook (after its
 first table's Delta commit of batch 1), gets SIGTERM while held, and is let go on. A batch that
@@ -22,13 +23,14 @@ from streaming.checkpoint.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, Checkp
 from streaming.fault_points import FaultPoint
 from tenants.registry import load_registry
 from tests.support.datasets import clean_run, sample_records
-from tests.support.pipeline_harness import Pipeline
-from tests.support.stream_process import start_process, wait_or_kill
+from tests.support.pipeline_harness import Pipeline, record
+from tests.support.stream_process import start_process, wait_for_commit_log, wait_or_kill
 from tests.support.table_snapshots import (
     assert_every_record_landed_once,
     assert_same_tables,
     snapshot,
 )
+from tests.support.timestamps import T0_MS
 
 pytestmark = pytest.mark.integration
 
@@ -37,6 +39,16 @@ RECORDS = 600  # four batches
 PAUSED_BATCH = 1
 # This 2-core machine is shared: a batch has taken 40 s here.
 WAIT_FOR_PAUSE_S = 300
+# State store maintenance every 100 ms (every minute by default), a snapshot at every run of it
+# (every 10 versions by default), so that one runs as the session stops: it used to lose that
+# race with a 27-line Java trace.
+MAINTENANCE_OFTEN = {
+    "PYSPARK_SUBMIT_ARGS": (
+        "--conf spark.sql.streaming.stateStore.maintenanceInterval=100ms "
+        "--conf spark.sql.streaming.stateStore.minDeltasForSnapshot=1 pyspark-shell"
+    )
+}
+STATE_VERSIONS = 12
 RUN_TIMEOUT_S = 300
 
 
@@ -78,6 +90,36 @@ def test_a_batch_outlasting_the_grace_period_is_cut_short_and_a_restart_matches_
     assert code == 0, output[-3000:]
     assert f"batch {PAUSED_BATCH} did not finish within the grace period" in output, output[-3000:]
     _assert_a_restart_matches_a_clean_run(stopped, kafka, spark, conf_dir, tmp_path)
+
+
+def test_sigterm_of_a_running_stream_exits_0_without_a_java_trace(
+    kafka: Any, conf_dir: Path, tmp_path: Path
+) -> None:
+    pipeline = Pipeline.create(kafka, tmp_path / "running", conf_dir, trigger_interval="500ms")
+    log_path = tmp_path / "running.log"
+    with log_path.open("wb") as log:  # the stream's stdout and stderr
+        process = start_process(pipeline, log, MAINTENANCE_OFTEN, available_now=False)
+        try:
+            # More state versions than a snapshot waits for: maintenance writes snapshots.
+            for batch_id in range(STATE_VERSIONS):
+                pipeline.produce([record("acme", "web", T0_MS + batch_id * 1_000)])
+                wait_for_commit_log(pipeline, batch_id, process, WAIT_FOR_PAUSE_S)
+            process.send_signal(signal.SIGTERM)
+            code = wait_or_kill(process, RUN_TIMEOUT_S)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    output = log_path.read_text(errors="replace")
+
+    assert code == 0, output[-3000:]
+    assert "stopping between batches" in output, output[-3000:]
+    lines = output.splitlines()
+    frames = [number for number, line in enumerate(lines) if line.lstrip().startswith("at ")]
+    trace = "\n".join(lines[frames[0] - 3 : frames[0] + 5]) if frames else ""
+    assert not frames, f"a Java trace on stopping:\n{trace}"
+    assert "Exception" not in output, output[-5000:]
+    events = pipeline.table("events")
+    assert not events.duplicated(["partition", "offset"]).any(), "a record landed twice"
 
 
 def _producing_pipeline(

@@ -1,8 +1,8 @@
-"""What `run_stream` says when its query fails: one line for an outage, everything for a bug."""
+"""What the stream says when its query fails: one line for an outage, everything for a bug."""
 
 from __future__ import annotations
 
-from streaming.app import outage_cause
+from streaming.process import outage_cause
 
 KAFKA_CAUSE = (
     "tw_kafka: fetching end offsets of topic 'events' from bootstrap servers 127.0.0.1:9 kept "
