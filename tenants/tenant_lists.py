@@ -14,7 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import re
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -231,21 +231,28 @@ class TenantDirectory(Mapping[str, TenantConfig]):
     rule_sets: Mapping[str, RuleSet]
     _facts: dict[str, _RuleSetFacts] = field(init=False, repr=False, compare=False)
     _own_index: SourceIdIndex | None = field(init=False, repr=False, compare=False)
+    # `listed.get`, or its one file's `dict.get`: asked once per key of every micro-batch.
+    _rule_set_name: Callable[[str], str | None] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         facts = {name: _RuleSetFacts.of(rule_set) for name, rule_set in self.rule_sets.items()}
         object.__setattr__(self, "_facts", facts)
         own_index = self.own if isinstance(self.own, SourceIdIndex) else None
         object.__setattr__(self, "_own_index", own_index)
+        listed = self.listed
+        one_file = isinstance(listed, ListedTenants) and len(listed.files) == 1
+        lookup = listed.files[0].get if one_file else listed.get  # type: ignore[attr-defined]
+        object.__setattr__(self, "_rule_set_name", lookup)
 
     def __getitem__(self, tenant_id: str) -> TenantConfig:
-        name = self.listed.get(tenant_id)
+        name = self._rule_set_name(tenant_id)
         if name is None:
             return self.own[tenant_id]
         return TenantConfig.of_rule_set(tenant_id, self.rule_sets[name])
 
     def __contains__(self, tenant_id: object) -> bool:
-        return tenant_id in self.listed or tenant_id in self.own
+        listed = isinstance(tenant_id, str) and self._rule_set_name(tenant_id) is not None
+        return listed or tenant_id in self.own
 
     def __iter__(self) -> Iterator[str]:
         yield from self.own
@@ -256,10 +263,10 @@ class TenantDirectory(Mapping[str, TenantConfig]):
 
     def rule_set_of(self, tenant_id: str) -> str | None:
         """The name of the rule set a list names for the tenant; None for a tenant file's."""
-        return self.listed.get(tenant_id)
+        return self._rule_set_name(tenant_id)
 
     def source_ids(self, tenant_id: str) -> Collection[str]:
-        name = self.listed.get(tenant_id)
+        name = self._rule_set_name(tenant_id)
         if name is not None:
             return self.rule_sets[name].sources.keys()
         if self._own_index is not None:
@@ -267,7 +274,7 @@ class TenantDirectory(Mapping[str, TenantConfig]):
         return self.own[tenant_id].sources.keys()
 
     def overrides_nothing(self, tenant_id: str, source: str) -> bool:
-        name = self.listed.get(tenant_id)
+        name = self._rule_set_name(tenant_id)
         if name is not None:
             return source in self._facts[name].unchanged_sources
         if self._own_index is not None:
@@ -275,7 +282,7 @@ class TenantDirectory(Mapping[str, TenantConfig]):
         return False
 
     def sets_quota(self, tenant_id: str) -> bool:
-        name = self.listed.get(tenant_id)
+        name = self._rule_set_name(tenant_id)
         if name is not None:
             return self.rule_sets[name].quota is not None
         if self._own_index is not None:
