@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import re
 import time
@@ -301,6 +302,8 @@ class ConfReader:
         self._outcome: TenantRegistry | ConfigError | None = None
         # The files whose content changed, appeared or disappeared in the last `load`.
         self.last_changed: tuple[Path, ...] = ()
+        # Tenant files that say the same besides their id share one validated rule set.
+        self._rule_sets_by_content: dict[str, RuleSet] = {}
 
     def load(self) -> TenantRegistry:
         """The registry of `conf/` as it is now; raise `ConfigError` naming the first bad file.
@@ -355,7 +358,9 @@ class ConfReader:
             known = self._tenants.get(name)
             if known is not None and known.is_current(stat):
                 continue  # the common case, so no `Path` is built for it
-            read = self._refreshed(tenants_dir / name, stat, known, _parse_tenant, scan_started_ns)
+            read = self._refreshed(
+                tenants_dir / name, stat, known, self._parse_tenant, scan_started_ns
+            )
             if known is None or read.digest != known.digest:
                 changed.append(tenants_dir / name)
             self._tenants[name] = read
@@ -370,6 +375,31 @@ class ConfReader:
         if isinstance(self._outcome, ConfigError):
             raise self._outcome.with_traceback(None)
         return self._outcome
+
+    def _parse_tenant(self, path: Path, data: bytes) -> TenantConfig:
+        """A tenant file's config; one whose rules (all but its id) another file has too is
+        not validated again, and shares that file's frozen rule objects."""
+        body = _parse_yaml(path, data)
+        tenant_id = body.get("id")
+        try:
+            content = json.dumps({**body, "id": None}, sort_keys=True)
+        except (TypeError, ValueError):
+            content = None  # not JSON-like (a date, a set): validated on its own, and refused
+        shared = self._rule_sets_by_content.get(content) if content is not None else None
+        if shared is not None and isinstance(tenant_id, str) and _is_valid_id(tenant_id):
+            return TenantConfig.of_rule_set(tenant_id, shared)
+        tenant = validate_model(TenantConfig, body, path, "")
+        if content is not None:
+            # Bounded by the files there are: content no file has any more is forgotten.
+            if len(self._rule_sets_by_content) > 2 * len(self._tenants) + 64:
+                self._rule_sets_by_content.clear()
+            self._rule_sets_by_content[content] = RuleSet.model_construct(
+                sources=tenant.sources,
+                quota=tenant.quota,
+                retention_ms=tenant.retention_ms,
+                query=tenant.query,
+            )
+        return tenant
 
     def file_of(self, tenant_id: str) -> Path | None:
         """The file that defines `tenant_id` as of the last `load`, if one does."""

@@ -304,3 +304,20 @@ def test_a_list_of_100000_tenants_stays_within_the_million_tenant_budget(conf: P
     assert isinstance(read_back, TenantRegistry)
     route = read_back.resolve(f"c{LISTED - 1:07d}", "web")
     assert route is not None and route == registry.resolve(f"c{LISTED - 1:07d}", "web")
+
+
+def test_tenant_files_with_the_same_rules_share_one_validated_rule_set(conf: Path) -> None:
+    body = "sources:\n  web: {allowed_lateness: 3m}\n  billing: {}\nquota: {records_per_second: 5, burst: 9}\n"
+    for tenant in ("f1", "f2"):
+        (conf / "tenants" / f"{tenant}.yaml").write_text(f"id: {tenant}\n{body}")
+    (conf / "tenants" / "f3.yaml").write_text("id: f3\nsources:\n  web: {allowed_lateness: 4m}\n")
+    registry = load_registry(conf)
+    f1, f2, f3 = (registry.tenants[tenant] for tenant in ("f1", "f2", "f3"))
+    assert f1.sources is f2.sources and f1.quota is f2.quota and f1.id == "f1"
+    assert f3.sources is not f1.sources
+    first, second = registry.resolve("f1", "web"), registry.resolve("f2", "web")
+    assert first is not None and second is not None and first.rules == second.rules
+    assert first.rules.allowed_lateness_ms == 180_000
+    # A file that repeats another's rules with a bad id is still refused for its id.
+    (conf / "tenants" / "f4.yaml").write_text(f"id: F4\n{body}")
+    assert f"{conf / 'tenants' / 'f4.yaml'}: id: String should match pattern" in refusal(conf)
