@@ -457,10 +457,15 @@ class RuleSet(_Frozen):
         return data
 
 
-class TenantConfig(RuleSet):
+class _TenantId(_Frozen):
+    id: Identifier
+
+
+class TenantConfig(RuleSet, _TenantId):
     """One tenant: its id and the sources it sends, each with the tenant's rule overrides."""
 
-    id: Identifier
+    # `_TenantId` is a base so that `id` stays the first field (bases' fields come first, the
+    # last base's first): error messages, schema and reference list it first, as files do.
 
     @classmethod
     def of_rule_set(cls, tenant_id: str, rule_set: RuleSet) -> TenantConfig:
