@@ -29,8 +29,9 @@ from typing import Any
 from pyarrow import fs
 from pydantic import BaseModel
 
-from tenants.models import SourceConfig, TenantConfig
+from tenants.models import RuleSet, SourceConfig, TenantConfig
 from tenants.registry import ConfigError, ConfReader, TenantRegistry, validate_model
+from tenants.tenant_lists import TenantDirectory, listed_by_rule_set, listed_from_groups
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +42,29 @@ class _Snapshot(BaseModel):
     fingerprint: str
     sources: dict[str, SourceConfig]
     tenants: dict[str, TenantConfig]
+    """The tenants with a config of their own (tenant files)."""
+    rule_sets: dict[str, RuleSet] = {}
+    tenant_lists: dict[str, list[str]] = {}
+    """Rule set name -> the ids of the tenants lists name it for: a listed tenant costs its id
+    (a million of them about 12 MB), and each rule set is stored once."""
 
 
 def snapshot_bytes(registry: TenantRegistry) -> bytes:
     # Serialised by pydantic's core in one call: a snapshot of 100,000 tenants is written each
     # time one of them changes. Unset overrides are left out; they read back as unset.
-    snapshot = _Snapshot.model_construct(
-        fingerprint=registry.fingerprint,
-        sources=dict(registry.sources),
-        tenants=dict(registry.tenants),
-    )
+    tenants = registry.tenants
+    if isinstance(tenants, TenantDirectory):
+        snapshot = _Snapshot.model_construct(
+            fingerprint=registry.fingerprint,
+            sources=dict(registry.sources),
+            tenants=dict(tenants.own),
+            rule_sets=dict(tenants.rule_sets),
+            tenant_lists=listed_by_rule_set(tenants.listed),
+        )
+    else:
+        snapshot = _Snapshot.model_construct(
+            fingerprint=registry.fingerprint, sources=dict(registry.sources), tenants=dict(tenants)
+        )
     return snapshot.model_dump_json(exclude_none=True).encode()
 
 
@@ -62,8 +76,16 @@ def registry_from_snapshot(data: bytes, origin: str) -> TenantRegistry:
         name: validate_model(SourceConfig, body, origin, f"sources.{name}")
         for name, body in snapshot["sources"].items()
     }
+    rule_sets = {
+        name: validate_model(RuleSet, body, origin, f"rule_sets.{name}")
+        for name, body in snapshot.get("rule_sets", {}).items()
+    }
     return TenantRegistry.build(
-        sources, _SnapshotTenants(snapshot["tenants"], origin), snapshot["fingerprint"]
+        sources,
+        _SnapshotTenants(snapshot["tenants"], origin),
+        snapshot["fingerprint"],
+        rule_sets=rule_sets,
+        listed=listed_from_groups(snapshot.get("tenant_lists", {})),
     )
 
 

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tenants.models import ID_PATTERN, SourceConfig, TenantConfig
+from tenants.models import ID_PATTERN, RuleSet, SourceConfig, TenantConfig
 from tenants.settings import AppSettings
 
 SCHEMA_DIR = "schema"
@@ -21,15 +21,18 @@ SCHEMA_DIR = "schema"
 APP_SCHEMA = "app.schema.json"
 SOURCES_SCHEMA = "sources.schema.json"
 TENANT_SCHEMA = "tenant.schema.json"
+RULE_SETS_SCHEMA = "rule_sets.schema.json"
 _DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 
 def config_schemas() -> dict[str, dict[str, Any]]:
-    """File name -> schema, for `app.yaml`, `sources.yaml` and each `tenants/*.yaml`."""
+    """File name -> schema, for `app.yaml`, `sources.yaml`, each `tenants/*.yaml` and
+    `rule_sets.yaml` (tenant lists are CSV: `tenants validate` checks them)."""
     return {
         APP_SCHEMA: _document("app.yaml: the stream's settings", AppSettings.model_json_schema()),
         SOURCES_SCHEMA: _sources_document(),
         TENANT_SCHEMA: _document("tenants/*.yaml: one tenant", TenantConfig.model_json_schema()),
+        RULE_SETS_SCHEMA: _rule_sets_document(),
     }
 
 
@@ -78,6 +81,29 @@ def _sources_document() -> dict[str, Any]:
                 "type": "object",
                 "propertyNames": {"pattern": ID_PATTERN},
                 "additionalProperties": {"$ref": "#/$defs/SourceConfig"},
+            }
+        },
+        "$defs": definitions,
+    }
+
+
+def _rule_sets_document() -> dict[str, Any]:
+    rule_set = RuleSet.model_json_schema()
+    definitions = rule_set.pop("$defs", {})
+    definitions["RuleSet"] = rule_set
+    return {
+        "$schema": _DIALECT,
+        "title": "rule_sets.yaml: named rule sets, each shared by the tenants a tenant list "
+        "names it for",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["rule_sets"],
+        "properties": {
+            "rule_sets": {
+                "type": "object",
+                "minProperties": 1,
+                "propertyNames": {"pattern": ID_PATTERN},
+                "additionalProperties": {"$ref": "#/$defs/RuleSet"},
             }
         },
         "$defs": definitions,

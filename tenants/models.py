@@ -418,12 +418,15 @@ def _sources_may_be_names(schema: dict[str, Any]) -> None:
     schema["properties"]["sources"] = {**described, "anyOf": [mapping, names]}
 
 
-class TenantConfig(_Frozen):
-    """One tenant: its id and the sources it sends, each with the tenant's rule overrides."""
+class RuleSet(_Frozen):
+    """What a tenant is configured with besides its id: the sources it sends, each with its
+    rule overrides, and its own quota, retention and query limits.
+
+    A named rule set (`rule_sets.yaml`) is validated once and shared, as one frozen object, by
+    every tenant a tenant list names it for; a tenant file (`TenantConfig`) has its own."""
 
     model_config = ConfigDict(json_schema_extra=_sources_may_be_names)
 
-    id: Identifier
     sources: dict[Identifier, RuleOverrides] = Field(min_length=1)
     quota: Quota | None = Field(
         default=None,
@@ -452,3 +455,26 @@ class TenantConfig(_Frozen):
         if isinstance(data, dict) and isinstance(data.get("sources"), list):
             data = {**data, "sources": {name: {} for name in data["sources"]}}
         return data
+
+
+class _TenantId(_Frozen):
+    id: Identifier
+
+
+class TenantConfig(RuleSet, _TenantId):
+    """One tenant: its id and the sources it sends, each with the tenant's rule overrides."""
+
+    # `_TenantId` is a base so that `id` stays the first field (bases' fields come first, the
+    # last base's first): error messages, schema and reference list it first, as files do.
+
+    @classmethod
+    def of_rule_set(cls, tenant_id: str, rule_set: RuleSet) -> TenantConfig:
+        """The config of a tenant a list names `rule_set` for, without validating it again: it
+        shares the rule set's (frozen) parts, so it costs one small object, built on demand."""
+        return cls.model_construct(
+            id=tenant_id,
+            sources=rule_set.sources,
+            quota=rule_set.quota,
+            retention_ms=rule_set.retention_ms,
+            query=rule_set.query,
+        )

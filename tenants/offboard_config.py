@@ -31,6 +31,18 @@ def offboard_tenant(conf_dir: Path, tenant_id: str, now: datetime | None = None)
     reader = ConfReader(conf_dir)
     registry = reader.load()
     path = reader.file_of(tenant_id)
+    if path is None and tenant_id in registry.tenants:
+        list_file, line = reader.where_listed(tenant_id)
+        raise ConfigError(
+            list_file,
+            [
+                (
+                    f"line {line}: tenant_id",
+                    f"tenant {tenant_id!r} is listed here, not in a file of its own: delete its "
+                    "row to offboard it (the stream sees the change at its next recheck)",
+                )
+            ],
+        )
     if path is None:
         known = ", ".join(sorted(registry.tenants)[:10]) or "none"
         raise ConfigError(

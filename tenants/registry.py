@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import re
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -28,10 +29,25 @@ from tenants.models import (
     ID_PATTERN,
     EventTimeSpec,
     Quota,
+    RuleSet,
     SourceConfig,
     TenantConfig,
     WindowRules,
     rules_id,
+)
+from tenants.tenant_lists import (
+    LIST_SUFFIX,
+    RULE_SETS_FILE,
+    TENANT_LISTS_DIR,
+    ListedTenants,
+    SourceIdIndex,
+    TenantDirectory,
+    TenantList,
+    TenantListError,
+    first_line_naming,
+    first_lines,
+    parse_tenant_list,
+    unknown_rule_set_problem,
 )
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -66,21 +82,6 @@ class ResolvedSource:
     """`rules_id(rules)`, computed once per key and process rather than once per batch."""
 
 
-@runtime_checkable
-class SourceIdIndex(Protocol):
-    """A tenants mapping that can list a tenant's source ids without building its config."""
-
-    def source_ids(self, tenant_id: str) -> Collection[str]: ...
-
-    def overrides_nothing(self, tenant_id: str, source: str) -> bool:
-        """Whether the tenant sends `source` with the source's own rules, all unchanged."""
-        ...
-
-    def sets_quota(self, tenant_id: str) -> bool:
-        """Whether the tenant's config has a `quota` of its own."""
-        ...
-
-
 @dataclass(frozen=True)
 class TenantRegistry:
     """All tenants and sources; `fingerprint` changes whenever any file's content does."""
@@ -99,6 +100,10 @@ class TenantRegistry:
     _routes: dict[tuple[str, str], ResolvedSource] = field(
         default_factory=dict, repr=False, compare=False
     )
+    # The rules of a (rule set, source), built once for all the tenants a list names it for.
+    _rule_set_rules: dict[tuple[str, str], tuple[WindowRules, str]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     @classmethod
     def build(
@@ -106,7 +111,13 @@ class TenantRegistry:
         sources: Mapping[str, SourceConfig],
         tenants: Mapping[str, TenantConfig],
         fingerprint: str = "",
+        rule_sets: Mapping[str, RuleSet] | None = None,
+        listed: Mapping[str, str] | None = None,
     ) -> TenantRegistry:
+        """The registry of `sources` and `tenants`, and of the tenants `listed` (id -> the name
+        of their rule set in `rule_sets`) when there are rule sets or lists."""
+        if rule_sets or listed:
+            tenants = TenantDirectory(own=tenants, listed=listed or {}, rule_sets=rule_sets or {})
         source_rules = {name: source.rules() for name, source in sources.items()}
         return cls(
             sources=dict(sources),
@@ -161,15 +172,26 @@ class TenantRegistry:
         """Whether any tenant has a quota of its own: looked at once per registry, so a reader
         with no quota to apply skips admission without a look per tenant."""
         index = self._index
+        if isinstance(index, TenantDirectory):
+            return index.any_sets_quota()
         if index is not None:
             return any(index.sets_quota(tenant) for tenant in self.tenants)
         return any(config.quota is not None for config in self.tenants.values())
 
     def notifies_anyone(self) -> bool:
         """Whether any key has an endpoint to tell about its panes; builds the config only of
-        tenants that override a source's rules."""
+        tenants that override a source's rules, and looks at each rule set in use once."""
         index = self._index
-        for tenant, source_name in self.configured_keys():
+        keys: Iterable[tuple[str, str]] = self.configured_keys()
+        if isinstance(index, TenantDirectory):
+            for name in index.rule_sets_in_use():
+                rule_set = index.rule_sets[name]
+                for source_name, overrides in rule_set.sources.items():
+                    source = self.sources.get(source_name)
+                    if source is not None and source.notify_targets(overrides):
+                        return True
+            keys = ((tenant, source) for tenant in index.own for source in index.source_ids(tenant))
+        for tenant, source_name in keys:
             source = self.sources.get(source_name)
             if source is None:
                 continue
@@ -189,18 +211,27 @@ class TenantRegistry:
         source_rules = self._source_rules.get(source)
         if source_rules is None or not self.configures(tenant, source):
             return None
-        if self._index is not None and self._index.overrides_nothing(tenant, source):
+        index = self._index
+        if index is not None and index.overrides_nothing(tenant, source):
             # No tenant config to build: validating it was most of routing a new key, which
             # every executor process does for every key after each config change.
-            rules = source_rules
+            rules, rules_id_ = source_rules, self._source_rules_ids[source]
+        elif isinstance(index, TenantDirectory) and (name := index.rule_set_of(tenant)):
+            # Every tenant of a rule set shares its rules: built and hashed once per process.
+            shared = self._rule_set_rules.get((name, source))
+            if shared is None:
+                rules = source_rules.with_overrides(index.rule_sets[name].sources[source])
+                shared = self._rule_set_rules[(name, source)] = (rules, rules_id(rules))
+            rules, rules_id_ = shared
         else:
             rules = source_rules.with_overrides(self.tenants[tenant].sources[source])
+            rules_id_ = self._source_rules_ids[source] if rules is source_rules else rules_id(rules)
         return ResolvedSource(
             tenant=tenant,
             source=source,
             event_time=self.sources[source].event_time,
             rules=rules,
-            rules_id=self._source_rules_ids[source] if rules is source_rules else rules_id(rules),
+            rules_id=rules_id_,
         )
 
 
@@ -261,11 +292,18 @@ class ConfReader:
         self.conf_dir = conf_dir
         self._read_bytes = read_bytes
         self._sources: _FileRead[dict[str, SourceConfig]] | None = None
+        self._rule_sets: _FileRead[dict[str, RuleSet]] | None = None
         self._tenants: dict[str, _FileRead[TenantConfig]] = {}
+        # Tenant lists are few and large: one is read again only when its stat changed.
+        self._lists: dict[str, _FileRead[TenantList]] = {}
+        # The lists' rows merged (cross-list duplicates checked), as of these lists' digests.
+        self._listed: tuple[tuple[bytes, ...], ListedTenants] | None = None
         self._order: list[str] = []  # the names of `_tenants` in `_file_order`
         self._outcome: TenantRegistry | ConfigError | None = None
         # The files whose content changed, appeared or disappeared in the last `load`.
         self.last_changed: tuple[Path, ...] = ()
+        # Tenant files that say the same besides their id share one validated rule set.
+        self._rule_sets_by_content: dict[str, RuleSet] = {}
 
     def load(self) -> TenantRegistry:
         """The registry of `conf/` as it is now; raise `ConfigError` naming the first bad file.
@@ -281,8 +319,36 @@ class ConfReader:
         if self._sources is None or sources.digest != self._sources.digest:
             changed.append(sources_path)
         self._sources = sources
+        rule_sets_path = self.conf_dir / RULE_SETS_FILE
+        rule_sets = self._refreshed(
+            rule_sets_path,
+            _stat(rule_sets_path),
+            self._rule_sets,
+            _parse_rule_sets,
+            scan_started_ns,
+            missing_means=_NO_RULE_SETS,
+        )
+        appeared = self._rule_sets is not None or rule_sets.outcome is not _NO_RULE_SETS
+        if appeared and (self._rule_sets is None or rule_sets.digest != self._rule_sets.digest):
+            changed.append(rule_sets_path)
+        self._rule_sets = rule_sets
+        lists_dir = self.conf_dir / TENANT_LISTS_DIR
+        present_lists = _scan_files(lists_dir, (LIST_SUFFIX,))
+        for name in [name for name in self._lists if name not in present_lists]:
+            del self._lists[name]
+            changed.append(lists_dir / name)
+        for name, stat in sorted(present_lists.items()):
+            known_list = self._lists.get(name)
+            if known_list is not None and known_list.is_current(stat):
+                continue
+            list_read = self._refreshed(
+                lists_dir / name, stat, known_list, _parse_list_file, scan_started_ns
+            )
+            if known_list is None or list_read.digest != known_list.digest:
+                changed.append(lists_dir / name)
+            self._lists[name] = list_read
         tenants_dir = self.conf_dir / TENANTS_DIR
-        present = _scan_tenant_files(tenants_dir)
+        present = _scan_files(tenants_dir, (".yaml", ".yml"))
         gone = [name for name in self._tenants if name not in present]
         for name in gone:
             del self._tenants[name]
@@ -292,7 +358,9 @@ class ConfReader:
             known = self._tenants.get(name)
             if known is not None and known.is_current(stat):
                 continue  # the common case, so no `Path` is built for it
-            read = self._refreshed(tenants_dir / name, stat, known, _parse_tenant, scan_started_ns)
+            read = self._refreshed(
+                tenants_dir / name, stat, known, self._parse_tenant, scan_started_ns
+            )
             if known is None or read.digest != known.digest:
                 changed.append(tenants_dir / name)
             self._tenants[name] = read
@@ -307,6 +375,31 @@ class ConfReader:
         if isinstance(self._outcome, ConfigError):
             raise self._outcome.with_traceback(None)
         return self._outcome
+
+    def _parse_tenant(self, path: Path, data: bytes) -> TenantConfig:
+        """A tenant file's config; one whose rules (all but its id) another file has too is
+        not validated again, and shares that file's frozen rule objects."""
+        body = _parse_yaml(path, data)
+        tenant_id = body.get("id")
+        try:
+            content = json.dumps({**body, "id": None}, sort_keys=True)
+        except (TypeError, ValueError):
+            content = None  # not JSON-like (a date, a set): validated on its own, and refused
+        shared = self._rule_sets_by_content.get(content) if content is not None else None
+        if shared is not None and isinstance(tenant_id, str) and _is_valid_id(tenant_id):
+            return TenantConfig.of_rule_set(tenant_id, shared)
+        tenant = validate_model(TenantConfig, body, path, "")
+        if content is not None:
+            # Bounded by the files there are: content no file has any more is forgotten.
+            if len(self._rule_sets_by_content) > 2 * len(self._tenants) + 64:
+                self._rule_sets_by_content.clear()
+            self._rule_sets_by_content[content] = RuleSet.model_construct(
+                sources=tenant.sources,
+                quota=tenant.quota,
+                retention_ms=tenant.retention_ms,
+                query=tenant.query,
+            )
+        return tenant
 
     def file_of(self, tenant_id: str) -> Path | None:
         """The file that defines `tenant_id` as of the last `load`, if one does."""
@@ -323,15 +416,21 @@ class ConfReader:
         known: _FileRead[OutcomeT] | None,
         parse: Callable[[Path, bytes], OutcomeT],
         scan_started_ns: int,
+        missing_means: OutcomeT | None = None,
     ) -> _FileRead[OutcomeT]:
         """The file as it is now: `known` again, with a new stat if only that changed, or the
-        file read, and validated if its content digest changed."""
+        file read, and validated if its content digest changed. A missing file is an error,
+        or `missing_means` for an optional one."""
         if known is not None and known.is_current(stat):
             return known
+        if missing_means is not None and stat is None and not path.exists():
+            return _FileRead(stat=None, digest=b"", outcome=missing_means, racy=False)
         racy = stat is not None and stat[1] >= scan_started_ns - RACY_WINDOW_NS
         try:
             data = self._read_bytes(path)
         except FileNotFoundError:
+            if missing_means is not None:
+                return _FileRead(stat=None, digest=b"", outcome=missing_means, racy=False)
             return _unreadable(ConfigError(path, [("", "file not found")]))
         except OSError as error:
             return _unreadable(ConfigError(path, [("", f"cannot be read: {error}")]))
@@ -377,7 +476,125 @@ class ConfReader:
             tenants[tenant.id] = tenant
             tenant_files[tenant.id] = name
             fingerprint.update(name.encode() + b"\0" + read.digest)
-        return TenantRegistry.build(sources, tenants, fingerprint=fingerprint.hexdigest())
+        rule_sets = _outcome(self._rule_sets) if self._rule_sets is not None else {}
+        if rule_sets:
+            self._check_rule_sets(rule_sets, sources)
+        listed = self._merged_lists()
+        if not rule_sets and not len(listed):
+            return TenantRegistry.build(sources, tenants, fingerprint=fingerprint.hexdigest())
+        assert self._rule_sets is not None
+        fingerprint.update(b"\0" + RULE_SETS_FILE.encode() + b"\0" + self._rule_sets.digest)
+        for list_name, list_read in sorted(self._lists.items()):
+            fingerprint.update(b"\0" + list_name.encode() + b"\0" + list_read.digest)
+        self._check_rule_sets_named(listed, rule_sets)
+        for tenant_id, name in tenant_files.items():
+            if tenant_id in listed:
+                list_file, line = self.where_listed(tenant_id)
+                raise ConfigError(
+                    tenants_dir / name,
+                    [
+                        (
+                            "id",
+                            f"tenant {tenant_id!r} is also listed in {list_file} (line {line}); "
+                            "a tenant is either in a list (a shared rule set) or has a file "
+                            "(rules of its own): remove it from one of them",
+                        )
+                    ],
+                )
+        return TenantRegistry.build(
+            sources,
+            tenants,
+            fingerprint=fingerprint.hexdigest(),
+            rule_sets=rule_sets,
+            listed=listed,
+        )
+
+    def _check_rule_sets(
+        self, rule_sets: Mapping[str, RuleSet], sources: Mapping[str, SourceConfig]
+    ) -> None:
+        path = self.conf_dir / RULE_SETS_FILE
+        problems = [
+            (
+                f"rule_sets.{name}.sources.{source}",
+                f"unknown source; {self.conf_dir / SOURCES_FILE} defines {sorted(sources)}",
+            )
+            for name, rule_set in rule_sets.items()
+            for source in rule_set.sources
+            if source not in sources
+        ]
+        if problems:
+            raise ConfigError(path, problems)
+
+    def _merged_lists(self) -> ListedTenants:
+        """Every list's rows as one mapping; a tenant in two lists is refused. Checked again
+        only when a list changed, not when a tenant file did."""
+        reads = sorted(self._lists.items())
+        digests = tuple(read.digest for _, read in reads)
+        if self._listed is not None and self._listed[0] == digests:
+            return self._listed[1]
+        lists = [(name, _outcome(read)) for name, read in reads]
+        for position, (name, tenant_list) in enumerate(lists):
+            for earlier_name, earlier in lists[:position]:
+                smaller, larger = sorted((tenant_list.rule_set_of, earlier.rule_set_of), key=len)
+                twice = next((tenant for tenant in smaller if tenant in larger), None)
+                if twice is not None:
+                    lines = self._list_lines(name, [twice])
+                    earlier_lines = self._list_lines(earlier_name, [twice])
+                    raise ConfigError(
+                        self.conf_dir / TENANT_LISTS_DIR / name,
+                        [
+                            (
+                                f"line {lines.get(twice, '?')}: tenant_id",
+                                f"tenant {twice!r} is also listed in "
+                                f"{self.conf_dir / TENANT_LISTS_DIR / earlier_name} "
+                                f"(line {earlier_lines.get(twice, '?')}); list it once",
+                            )
+                        ],
+                    )
+        merged = ListedTenants(tuple(tenant_list for _, tenant_list in lists))
+        self._listed = (digests, merged)
+        return merged
+
+    def _check_rule_sets_named(
+        self, listed: ListedTenants, rule_sets: Mapping[str, RuleSet]
+    ) -> None:
+        unknown = listed.rule_set_names - rule_sets.keys()
+        if not unknown:
+            return
+        rule_sets_path = self.conf_dir / RULE_SETS_FILE
+        for name, read in sorted(self._lists.items()):
+            named = _outcome(read).rule_set_names & unknown
+            if named:
+                path = self.conf_dir / TENANT_LISTS_DIR / name
+                text = self._list_text(name)
+                raise ConfigError(
+                    path,
+                    [
+                        (
+                            f"line {first_line_naming(text, rule_set) or '?'}: rule_set",
+                            unknown_rule_set_problem(rule_set, rule_sets.keys(), rule_sets_path),
+                        )
+                        for rule_set in sorted(named)
+                    ],
+                )
+
+    def where_listed(self, tenant_id: str) -> tuple[Path, int | str]:
+        """The list file (and line) that lists `tenant_id`; raise `KeyError` if none does."""
+        for name, read in sorted(self._lists.items()):
+            if tenant_id in _outcome(read).rule_set_of:
+                line = self._list_lines(name, [tenant_id]).get(tenant_id, "?")
+                return self.conf_dir / TENANT_LISTS_DIR / name, line
+        raise KeyError(tenant_id)
+
+    def _list_text(self, name: str) -> str:
+        # Errors only: a valid list keeps no line numbers, so they are found by reading again.
+        try:
+            return self._read_bytes(self.conf_dir / TENANT_LISTS_DIR / name).decode("utf-8-sig")
+        except (OSError, UnicodeDecodeError):
+            return ""
+
+    def _list_lines(self, name: str, tenants: list[str]) -> dict[str, int]:
+        return first_lines(self._list_text(name), tenants)
 
 
 def _outcome(read: _FileRead[OutcomeT]) -> OutcomeT:
@@ -403,13 +620,13 @@ def _file_stat(stat: os.stat_result) -> FileStat:
     return (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
 
 
-def _scan_tenant_files(tenants_dir: Path) -> dict[str, FileStat | None]:
-    """Every `*.yaml` and `*.yml` in `tenants_dir` with its stat (None: cannot be stat'ed)."""
+def _scan_files(directory: Path, suffixes: tuple[str, ...]) -> dict[str, FileStat | None]:
+    """Every file in `directory` named `*<suffix>` with its stat (None: cannot be stat'ed)."""
     found: dict[str, FileStat | None] = {}
     try:
-        with os.scandir(tenants_dir) as entries:
+        with os.scandir(directory) as entries:
             for entry in entries:
-                if not entry.name.endswith((".yaml", ".yml")) or entry.is_dir():
+                if not entry.name.endswith(suffixes) or entry.is_dir():
                     continue
                 try:
                     found[entry.name] = _file_stat(entry.stat())
@@ -417,7 +634,7 @@ def _scan_tenant_files(tenants_dir: Path) -> dict[str, FileStat | None]:
                     # A dangling link, or a file removed since listing: reading it says which.
                     found[entry.name] = None
     except FileNotFoundError:
-        pass  # no tenants yet
+        pass  # no tenants (or no lists) yet
     return found
 
 
@@ -442,6 +659,31 @@ def _parse_sources(path: Path, data: bytes) -> dict[str, SourceConfig]:
 
 def _parse_tenant(path: Path, data: bytes) -> TenantConfig:
     return validate_model(TenantConfig, _parse_yaml(path, data), path, "")
+
+
+# What a conf dir without `rule_sets.yaml` has: no rule sets (one shared object, so a missing
+# file is told apart from an empty one only by identity).
+_NO_RULE_SETS: dict[str, RuleSet] = {}
+
+
+def _parse_rule_sets(path: Path, data: bytes) -> dict[str, RuleSet]:
+    entries = _parse_yaml(path, data).get("rule_sets")
+    if not isinstance(entries, dict) or not entries:
+        raise ConfigError(path, [("rule_sets", "must be a mapping of rule set name to its rules")])
+    bad_names = [name for name in entries if not _is_valid_id(name)]
+    if bad_names:
+        raise ConfigError(path, [(f"rule_sets.{name}", _ID_PROBLEM) for name in bad_names])
+    return {
+        name: validate_model(RuleSet, body, path, f"rule_sets.{name}")
+        for name, body in entries.items()
+    }
+
+
+def _parse_list_file(path: Path, data: bytes) -> TenantList:
+    try:
+        return parse_tenant_list(data)
+    except TenantListError as error:
+        raise ConfigError(path, error.problems) from None
 
 
 _ID_PROBLEM = "must match ^[a-z0-9][a-z0-9_-]{0,62}$ (an id is a path component)"

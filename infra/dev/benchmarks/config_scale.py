@@ -18,6 +18,16 @@ the project's `conf/sources.yaml`, and prints one row per step:
 - `resolve: first` / `resolve: again`: mean cost per `resolve(tenant, source)` for 1,000
   distinct keys on first use, then for the same keys again.
 
+With `--listed 10000 100000 1000000` it measures tenant lists instead: that many tenants in one
+`tenant_lists/*.csv`, all naming one rule set of `rule_sets.yaml`, beside no tenant files:
+
+- `load`: `load_registry`, with the resident memory it added; `load: allocated`: the same load
+  under tracemalloc, the registry's own bytes per tenant (tracemalloc slows it, so it is timed
+  apart); `yaml: allocated` is that figure for tenant files (`--yaml-baseline` of them);
+- `watch: first`, `watch: idle`, `watch: +100 rows` (the list grew and is read again),
+  `watch: 1 bad row` (refused, the last good config stays);
+- `publish`, `snapshot: first task`, `snapshot: next task`, `resolve: ...` as above.
+
 Files are dated an hour back, as tenant files that have been there a while are; only the files a
 step changes are new. Timings are wall clock on a shared machine: compare rows of one run.
 """
@@ -25,6 +35,8 @@ step changes are new. Timings are wall clock on a shared machine: compare rows o
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import json
 import os
 import pickle
@@ -34,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from collections.abc import Callable
 from dataclasses import astuple, dataclass
 from pathlib import Path
@@ -42,6 +55,7 @@ from typing import TypeVar
 from infra.dev.local_process import rss_mib
 from tenants.config_store import ConfigSnapshots, ConfigWatcher
 from tenants.registry import load_registry
+from tenants.tenant_lists import RULE_SETS_FILE, TENANT_LISTS_DIR
 
 ROOT = Path(__file__).resolve().parents[3]
 SEED = 20_240_601
@@ -64,18 +78,117 @@ class Took:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tenants", type=int, nargs="+", default=[1_000, 10_000, 100_000])
+    parser.add_argument(
+        "--listed", type=int, nargs="+", help="measure tenant lists of these sizes instead"
+    )
+    parser.add_argument(
+        "--yaml-baseline",
+        type=int,
+        default=10_000,
+        help="with --listed: tenant files whose bytes per tenant are the baseline",
+    )
     parser.add_argument("--read-snapshot", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.read_snapshot:
         print(json.dumps(_read_snapshot_in_this_process(args.read_snapshot)))
         return
     print(f"{'tenants':>8}  {'step':<22} {'wall s':>10} {'CPU s':>10}  note")
+    if args.listed:
+        _in_a_workdir(functools.partial(_measure_yaml_bytes, args.yaml_baseline))
+        for count in args.listed:
+            _in_a_workdir(functools.partial(_measure_listed, count))
+        return
     for count in args.tenants:
-        workdir = Path(tempfile.mkdtemp(prefix="tw-config-scale-"))
-        try:
-            _measure(count, workdir)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+        _in_a_workdir(functools.partial(_measure, count))
+
+
+def _in_a_workdir(measure: Callable[[Path], None]) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="tw-config-scale-"))
+    try:
+        measure(workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _row(count: int, step: str, took: Took, note: str = "") -> None:
+    print(f"{count:>8}  {step:<22} {took.wall_s:>10.6f} {took.cpu_s:>10.6f}  {note}", flush=True)
+
+
+def _allocated(action: Callable[[], ResultT]) -> tuple[ResultT, int, Took]:
+    """`action`'s result, the bytes it left allocated (tracemalloc) and how long it took."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        result, took = _timed(action)
+        gc.collect()
+        allocated, _peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return result, allocated, took
+
+
+def _measure_yaml_bytes(count: int, workdir: Path) -> None:
+    conf = workdir / "conf"
+    _write_conf(conf, count, random.Random(SEED))
+    registry, allocated, took = _allocated(lambda: load_registry(conf))
+    note = (
+        f"{allocated / count:,.0f} B per tenant file (tracemalloc), {len(registry.tenants)} tenants"
+    )
+    _row(count, "yaml: allocated", took, note)
+
+
+def _measure_listed(count: int, workdir: Path) -> None:
+    conf = workdir / "conf"
+    tenant_ids = _write_listed_conf(conf, count)
+    listed = conf / TENANT_LISTS_DIR / "customers.csv"
+    gc.collect()
+    rss_before = rss_mib(os.getpid())
+    registry, took = _timed(lambda: load_registry(conf))
+    rss_added = rss_mib(os.getpid()) - rss_before
+    _row(count, "load", took, f"+{rss_added:.0f} MiB resident, {len(registry.tenants)} tenants")
+    del registry
+    _, allocated, took = _allocated(lambda: load_registry(conf))
+    note = f"{allocated / 2**20:.0f} MiB, {allocated / count:.0f} B per tenant (tracemalloc)"
+    _row(count, "load: allocated", took, note)
+
+    watcher = ConfigWatcher(conf, ConfigSnapshots(str(workdir / "snapshots")))
+    published, took = _timed(lambda: watcher.refresh(1_000))
+    _row(count, "watch: first", took, "published" if published else "NOT published")
+    _, took = _timed(lambda: watcher.refresh(1_001))
+    _row(count, "watch: idle", took)
+    with listed.open("a") as rows:
+        rows.writelines(f"new-{number:03d},standard\n" for number in range(100))
+    published, took = _timed(lambda: watcher.refresh(1_002))
+    _row(count, "watch: +100 rows", took, "published" if published else "NOT published")
+    assert published is not None and published.knows_tenant("new-099")
+    with listed.open("a") as rows:
+        rows.write("new-bad,no_such_rule_set\n")
+    refused, took = _timed(lambda: watcher.refresh(1_003))
+    _row(count, "watch: 1 bad row", took, "refused" if refused is None else "published (wrong)")
+
+    snapshots = ConfigSnapshots(str(workdir / "published"))
+    _, took = _timed(lambda: snapshots.publish(published, effective_from_ms=0))
+    size = sum(p.stat().st_size for p in (workdir / "published").iterdir())
+    _row(
+        count, "publish", took, f"snapshot file {size / 2**20:.1f} MiB, {size / count:.1f} B/tenant"
+    )
+    _read_in_a_fresh_process(count, snapshots)
+    assert tenant_ids
+
+
+def _write_listed_conf(conf: Path, count: int) -> list[str]:
+    (conf / TENANT_LISTS_DIR).mkdir(parents=True)
+    shutil.copy(ROOT / "conf" / "sources.yaml", conf / "sources.yaml")
+    (conf / RULE_SETS_FILE).write_text("rule_sets:\n  standard:\n    sources: [web, billing]\n")
+    tenant_ids = [f"tenant-{number:07d}" for number in range(count)]
+    listed = conf / TENANT_LISTS_DIR / "customers.csv"
+    with listed.open("w") as rows:
+        rows.write("tenant_id,rule_set\n")
+        rows.writelines(f"{tenant},standard\n" for tenant in tenant_ids)
+    an_hour_ago_ns = time.time_ns() - 3_600 * 10**9
+    for path in (listed, conf / "sources.yaml", conf / RULE_SETS_FILE):
+        os.utime(path, ns=(an_hour_ago_ns, an_hour_ago_ns))
+    return tenant_ids
 
 
 def _measure(count: int, workdir: Path) -> None:
@@ -83,9 +196,7 @@ def _measure(count: int, workdir: Path) -> None:
     tenant_ids = _write_conf(conf, count, random.Random(SEED))
 
     def row(step: str, took: Took, note: str = "") -> None:
-        print(
-            f"{count:>8}  {step:<22} {took.wall_s:>10.6f} {took.cpu_s:>10.6f}  {note}", flush=True
-        )
+        _row(count, step, took, note)
 
     registry, seconds = _timed(lambda: load_registry(conf))
     row(
@@ -123,6 +234,12 @@ def _measure(count: int, workdir: Path) -> None:
     _, seconds = _timed(lambda: snapshots.publish(published, effective_from_ms=0))
     size_mib = sum(p.stat().st_size for p in (workdir / "published").iterdir()) / 2**20
     row("publish", seconds, f"snapshot file {size_mib:.1f} MiB")
+    _read_in_a_fresh_process(count, snapshots)
+
+
+def _read_in_a_fresh_process(count: int, snapshots: ConfigSnapshots) -> None:
+    def row(step: str, took: Took, note: str = "") -> None:
+        _row(count, step, took, note)
 
     reader = subprocess.run(
         [

@@ -16,13 +16,14 @@ from pydantic import BaseModel, ValidationError
 from infra.cli.main import main
 from tenants.json_schema import (
     APP_SCHEMA,
+    RULE_SETS_SCHEMA,
     SCHEMA_DIR,
     SOURCES_SCHEMA,
     TENANT_SCHEMA,
     config_schemas,
     stale_schemas,
 )
-from tenants.models import SourceConfig, TenantConfig
+from tenants.models import RuleSet, SourceConfig, TenantConfig
 from tenants.settings import AppSettings
 from tests.support.paths import ROOT
 
@@ -54,6 +55,8 @@ _Yaml12Loader.add_implicit_resolver(
 def _schema_for(path: Path) -> str:
     if path.name == "app.yaml":
         return APP_SCHEMA
+    if path.name == "rule_sets.yaml":
+        return RULE_SETS_SCHEMA
     return SOURCES_SCHEMA if path.name == "sources.yaml" else TENANT_SCHEMA
 
 
@@ -75,7 +78,7 @@ def test_the_command_writes_and_checks_the_schemas(
     assert "is stale" in capsys.readouterr().out
     assert main(["config", "schema", "--conf", str(tmp_path)]) == 0
     written = sorted(path.name for path in (tmp_path / SCHEMA_DIR).iterdir())
-    assert written == sorted([APP_SCHEMA, SOURCES_SCHEMA, TENANT_SCHEMA])
+    assert written == sorted([APP_SCHEMA, SOURCES_SCHEMA, TENANT_SCHEMA, RULE_SETS_SCHEMA])
     assert main(["config", "schema", "--conf", str(tmp_path), "--check"]) == 0
 
 
@@ -112,6 +115,11 @@ _CASES: list[tuple[type[BaseModel], str, dict[str, Any]]] = [
     (SourceConfig, "SourceConfig", {**_SOURCE, "window": {"kind": "hopping", "size": "1m"}}),
     (SourceConfig, "SourceConfig", {**_SOURCE, "out_of_orderness": "-5s"}),
     (SourceConfig, "SourceConfig", {**_SOURCE, "out_of_orderness": "0s"}),
+    (RuleSet, "RuleSet", {"sources": ["web", "app"]}),
+    (RuleSet, "RuleSet", {"sources": {"web": {"window": {"kind": "session", "gap": "1m"}}}}),
+    (RuleSet, "RuleSet", {"sources": ["web"], "quota": {"burst": 5}}),
+    (RuleSet, "RuleSet", {"id": "acme", "sources": ["web"]}),
+    (RuleSet, "RuleSet", {"sources": []}),
     (AppSettings, APP_SCHEMA, {"stream": {"trigger_interval": "5s"}}),
     (AppSettings, APP_SCHEMA, {"stream": {"trigger_interval": "5 seconds"}}),
     (AppSettings, APP_SCHEMA, {"kafka": {"topic": "events", "partitions": 3}}),
@@ -130,5 +138,8 @@ def test_the_schema_accepts_and_refuses_what_the_model_does(
     if schema == "SourceConfig":  # a source's schema is a definition inside sources.yaml's
         document = {"sources": {"web": document}}
         schema = SOURCES_SCHEMA
+    if schema == "RuleSet":  # a rule set's schema is a definition inside rule_sets.yaml's
+        document = {"rule_sets": {"standard": document}}
+        schema = RULE_SETS_SCHEMA
     schema_accepts = _validator(schema).is_valid(document)
     assert schema_accepts == model_accepts, json.dumps(document)
