@@ -40,6 +40,7 @@ import pyarrow as pa
 from pyspark.errors import AnalysisException
 from pyspark.logger import PySparkLogger
 from pyspark.sql import DataFrame, SparkSession
+from sqlglot import exp
 
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.table_files import TableFiles
@@ -47,6 +48,7 @@ from storage.lake.tables import ALL_TABLES, LAKE_TABLES
 from storage.query.latest_tables import LatestTables
 from storage.query.local_sql import LocalSql, StatementTimeout
 from storage.query.query_errors import QueryError, check_statement_length, statement_timeout
+from storage.query.result_order import order_frame, statement_order
 from storage.query.scoped_sql import (
     ResourceRefused,
     TenantSql,
@@ -57,7 +59,12 @@ from storage.query.scoped_sql import (
 )
 from storage.query.sql_guard import QueryRefused, check_query
 from storage.query.sql_views import register_views
-from storage.query.view_tables import TENANT_VIEW_NAMES, LakeNotWrittenError, TableVersionError
+from storage.query.view_tables import (
+    OPERATOR_VIEW_NAMES,
+    TENANT_VIEW_NAMES,
+    LakeNotWrittenError,
+    TableVersionError,
+)
 from tenants.models import QueryLimits
 
 log = logging.getLogger(__name__)
@@ -145,10 +152,15 @@ class QueryService:
             with self._lock:
                 remembered = self._results.get(result_key)
             if remembered is None:
-                local = self._answer_locally(scope, statement, tables, limits)
+                with _as_query_errors():
+                    tree = check_query(
+                        statement, OPERATOR_VIEW_NAMES if scope is OPERATOR else TENANT_VIEW_NAMES
+                    )
+                local = self._answer_locally(scope, tree, tables, limits)
                 if local is None:
                     with _as_query_errors():
-                        frame = self._scope(scope, as_of_version, data_version).query(statement)
+                        query = self._scope(scope, as_of_version, data_version).query
+                        frame = spark_frame_in_order(query, statement, tree)
                     local = self._collect(scope, frame, limits)
                 remembered = _cut(local, limits)
                 if remembered[0].nbytes <= _REMEMBERED_RESULT_BYTES:
@@ -187,15 +199,13 @@ class QueryService:
     def _answer_locally(
         self,
         scope: str | None,
-        statement: str,
+        tree: exp.Query,
         tables: dict[str, TableFiles | None],
         limits: QueryLimits,
     ) -> pa.Table | None:
         """The statement's rows from the in-process engine, where it answers as Spark would."""
         if self.local is None or scope is OPERATOR or None in tables.values():
             return None
-        with _as_query_errors():
-            tree = check_query(statement, TENANT_VIEW_NAMES)
         try:
             return self.local.answer(
                 scope,
@@ -283,6 +293,24 @@ class QueryService:
             limits,
             lambda: frame.limit(limits.max_result_rows + 1).toArrow(),
         )
+
+
+def spark_frame_in_order(
+    query: Callable[[str], DataFrame], statement: str, tree: exp.Query
+) -> DataFrame:
+    """`statement`'s frame from `query`, in `result_order`'s order where `tree` (its guarded
+    tree) gives none, ordered before its `LIMIT`/`OFFSET`: the rows the in-process engine
+    returns."""
+    order = statement_order(tree)
+    if order.ordered:
+        return query(statement)
+    if order.unlimited is tree:
+        return order_frame(query(statement))
+    # The statement without its outermost LIMIT/OFFSET, as sqlglot writes the guarded tree.
+    frame = order_frame(query(order.unlimited.sql(dialect="spark")))
+    if order.offset:
+        frame = frame.offset(order.offset)
+    return frame if order.limit is None else frame.limit(order.limit)
 
 
 def run_within_limits(
