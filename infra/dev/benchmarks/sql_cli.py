@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -170,12 +171,15 @@ def write_lake(workdir: Path) -> Path:
     return workdir / "lake"
 
 
-def time_case(checkout: Path, case: Case, runs: int) -> list[float]:
-    """Wall seconds of each run of `case` as a new process started in `checkout`."""
+def time_case(checkout: Path, case: Case, runs: int) -> list[tuple[float, float]]:
+    """Wall seconds of each run of `case` as a new process started in `checkout`, and its CPU
+    seconds (user and system): the figure a busy machine disturbs least."""
     environ = {**os.environ, "PYTHONPATH": str(checkout)}
     environ = {name: value for name, value in environ.items() if not name.startswith("TW_")}
-    seconds = []
+    seconds: list[tuple[float, float]] = []
     for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_before = before.ru_utime + before.ru_stime
         started = time.monotonic()
         done = subprocess.run(
             [sys.executable, "-m", "infra.cli", *case.arguments],
@@ -187,7 +191,9 @@ def time_case(checkout: Path, case: Case, runs: int) -> list[float]:
             timeout=RUN_TIMEOUT_S,
             check=False,
         )
-        seconds.append(time.monotonic() - started)
+        wall = time.monotonic() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        seconds.append((wall, after.ru_utime + after.ru_stime - cpu_before))
         if done.returncode != case.exit_code:
             raise RuntimeError(
                 f"{case.name} in {checkout}: exit {done.returncode}, expected {case.exit_code}: "
@@ -214,20 +220,25 @@ def main(argv: list[str] | None = None) -> int:
         checkouts = [("after", ROOT)]
         if args.before:
             checkouts.insert(0, ("before", args.before.resolve()))
-        print(f"{'case':<14} {'code':<7} {'runs':>4} {'min s':>7} {'median s':>9} {'max s':>7}")
+        print(
+            f"{'case':<14} {'code':<7} {'runs':>4} {'min s':>7} {'median s':>9} {'max s':>7} "
+            f"{'CPU median s':>12}"
+        )
         timed = [] if args.only_corpus else cases(lake, workdir / "conf")
         if args.corpus or args.only_corpus:
             timed += corpus_cases(lake, workdir / "conf")
         for case in timed:
             for label, checkout in checkouts:
                 try:
-                    seconds = time_case(checkout, case, args.runs)
+                    timings = time_case(checkout, case, args.runs)
                 except RuntimeError as failed:  # e.g. an exit code the other checkout gives
                     print(f"{case.name:<14} {label:<7} {failed}", flush=True)
                     continue
+                seconds = [wall for wall, _ in timings]
+                cpu = statistics.median(cpu for _, cpu in timings)
                 print(
                     f"{case.name:<14} {label:<7} {len(seconds):>4} {min(seconds):>7.2f} "
-                    f"{statistics.median(seconds):>9.2f} {max(seconds):>7.2f}",
+                    f"{statistics.median(seconds):>9.2f} {max(seconds):>7.2f} {cpu:>12.2f}",
                     flush=True,
                 )
     finally:
