@@ -142,7 +142,7 @@ def _open_lake(
     """The lake, and with `open_tables` the tables the views read at the versions asked for;
     `_Refusal` with the line Spark's views give when the lake has no such table or version."""
     from storage.lake.tables import ALL_TABLES, LAKE_TABLES
-    from storage.query.view_tables import (
+    from storage.query.view_catalog import (
         LakeNotWrittenError,
         TableVersionError,
         open_view_tables,
@@ -183,7 +183,7 @@ def _checked(statement: str, limits: QueryLimits | None) -> exp.Query | None:
     from storage.query.query_errors import QueryError, check_statement_length
     from storage.query.sql_guard import QueryRefused, UnknownRelation, check_query
     from storage.query.unknown_names import UnknownColumnError, check_columns
-    from storage.query.view_tables import OPERATOR_VIEW_NAMES, TENANT_VIEW_NAMES, view_columns
+    from storage.query.view_catalog import OPERATOR_VIEW_NAMES, TENANT_VIEW_NAMES, view_columns
 
     try:
         if limits is None:
@@ -301,8 +301,8 @@ class _OnSpark:
         not have them."""
         from storage.query.query_service import leave_statement_errors_to_the_service
         from storage.query.scoped_sql import TenantSql
-        from storage.query.sql_views import register_views
-        from storage.query.view_tables import LakeNotWrittenError, TableVersionError
+        from storage.query.spark_views import register_views
+        from storage.query.view_catalog import LakeNotWrittenError, TableVersionError
         from streaming.pipeline.spark_session import build_spark
 
         shuffle_partitions = self.settings.stream.shuffle_partitions

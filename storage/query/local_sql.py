@@ -47,7 +47,7 @@ from storage.lake.tables import ALL_TABLES, EVENTS, LAKE_TABLES, WINDOWS
 from storage.query.portable_sql import DUCKDB_FUNCTIONS, KINDS, OPERATOR_KINDS, local_statement
 from storage.query.result_order import order_rows, statement_order
 from storage.query.tenant_rows import TenantRows
-from storage.query.view_tables import WINDOW_CONTENTS
+from storage.query.view_catalog import WINDOW_CONTENTS
 from tenants.settings import QuerySettings
 
 log = logging.getLogger(__name__)
@@ -277,4 +277,4 @@ FROM windows AS pane JOIN events AS record
     AND ((record.window_id = pane.window_id AND record.pane_index <= pane.pane_index)
         OR list_contains(pane.merged_window_ids, record.window_id))
 """
-"""`sql_views.window_contents` in DuckDB's SQL: the same columns, in the same order."""
+"""`spark_views.window_contents` in DuckDB's SQL: the same columns, in the same order."""

@@ -15,7 +15,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from storage.lake.tables import ALL_TABLES, LAKE_TABLES, TableSpec
-from storage.query.view_tables import WINDOW_CONTENTS
+from storage.query.view_catalog import WINDOW_CONTENTS
 
 # Parts of a Spark statement that DuckDB evaluates alike (same result, same type), given
 # operands of agreeing types (`_Kinds`). Exact types: a subclass may mean something else.

@@ -43,9 +43,9 @@ from pyspark.sql import DataFrame, SparkSession
 from sqlglot import exp
 
 from storage.lake.delta_lake import DeltaLake
+from storage.lake.newest_tables import NewestTables
 from storage.lake.table_files import TableFiles
 from storage.lake.tables import ALL_TABLES, LAKE_TABLES
-from storage.query.latest_tables import LatestTables
 from storage.query.local_sql import LocalSql, StatementTimeout
 from storage.query.query_errors import QueryError, check_statement_length, statement_timeout
 from storage.query.result_order import order_frame, statement_order
@@ -57,9 +57,9 @@ from storage.query.scoped_sql import (
     plan_nodes,
     tree_nodes,
 )
+from storage.query.spark_views import register_views
 from storage.query.sql_guard import QueryRefused, check_query
-from storage.query.sql_views import register_views
-from storage.query.view_tables import (
+from storage.query.view_catalog import (
     OPERATOR_VIEW_NAMES,
     TENANT_VIEW_NAMES,
     LakeNotWrittenError,
@@ -130,10 +130,10 @@ class QueryService:
     the same statement gets it again without a Spark job until a table has a new version."""
     _gates: dict[str | None, _TenantGate] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _latest: LatestTables = field(init=False)
+    _newest: NewestTables = field(init=False)
 
     def __post_init__(self) -> None:
-        self._latest = LatestTables(self.lake)
+        self._newest = NewestTables(self.lake)
 
     def run(
         self, scope: str | None, statement: str, as_of_version: int | None = None
@@ -173,11 +173,11 @@ class QueryService:
 
     def follow_tables(self, interval_s: float) -> None:
         """Read the tables' new commits in a thread every `interval_s`, so that no statement
-        waits for them (`LatestTables`), until `close`."""
-        self._latest.follow(interval_s)
+        waits for them (`NewestTables.follow`), until `close`."""
+        self._newest.follow(interval_s)
 
     def close(self) -> None:
-        self._latest.close()
+        self._newest.close()
 
     def _tables(self, scope: str | None, as_of_version: int | None) -> dict[str, TableFiles | None]:
         """The scope's tables' files at the versions the statement reads (None: a table not
@@ -186,7 +186,7 @@ class QueryService:
         for spec in LAKE_TABLES if scope is OPERATOR else ALL_TABLES:
             try:
                 if as_of_version is None:
-                    files = self._latest.latest(spec)
+                    files = self._newest.files(spec)
                 else:
                     table = self.lake.open(spec)
                     table.load_as_version(as_of_version)

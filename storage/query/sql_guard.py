@@ -12,7 +12,7 @@ Three independent checks, each deny-by-default:
   registered views (and the statement's own CTEs, in scope), unqualified;
 - functions in the tree: sqlglot's typed function nodes must be allow-listed classes, untyped
   ones allow-listed names.
-The CLI then checks Spark's own parse and plan of the accepted text (`storage.query.sql_views`).
+The CLI then checks Spark's own parse and plan of the accepted text (`storage.query.spark_views`).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from storage.query.local_sql import LocalSql
 from storage.query.portable_sql import local_statement
 from storage.query.query_service import QueryService
 from storage.query.sql_guard import check_query
-from storage.query.view_tables import TENANT_VIEW_NAMES
+from storage.query.view_catalog import TENANT_VIEW_NAMES
 from streaming.observe.stream_status import tenant_key_status
 from tenants.api_keys import issue_key, revoke_key
 from tenants.models import QueryLimits

@@ -9,7 +9,7 @@ import sqlglot
 from storage.lake.tables import ALL_TABLES
 from storage.query.sql_guard import UnknownRelation, check_query
 from storage.query.unknown_names import UnknownColumnError, check_columns
-from storage.query.view_tables import TENANT_VIEW_NAMES, view_columns
+from storage.query.view_catalog import TENANT_VIEW_NAMES, view_columns
 
 VIEWS = view_columns(ALL_TABLES)
 

@@ -1,7 +1,7 @@
 """What the SQL views read, without Spark: their names, and the lake's tables at the versions a
 statement reads, or the one-line error that says why the lake cannot give them.
 
-Spark's views (`sql_views`) and the in-process engine (`local_sql`) read the same tables; this
+Spark's views (`spark_views`) and the in-process engine (`local_sql`) read the same tables; this
 module is what they share that needs no JVM, so `tenant-windows sql` can check the lake, and
 answer small statements, before (or without) starting Spark.
 """
@@ -29,7 +29,7 @@ WINDOW_CONTENTS_COLUMNS = (
     *("record_pane_index", "record_timing", "event_time", "event_id", "topic", "partition"),
     *("offset", "payload", "record_batch_id"),
 )
-"""`window_contents`' columns, in order (`sql_views.window_contents`)."""
+"""`window_contents`' columns, in order (`spark_views.window_contents`)."""
 
 
 def view_columns(specs: tuple[TableSpec, ...]) -> dict[str, tuple[str, ...]]:
