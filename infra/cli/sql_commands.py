@@ -126,7 +126,7 @@ def _sql(args: argparse.Namespace) -> int:
             if answered is not None:
                 print(answered, end="")
                 return True
-        return on_spark.run(statement)
+        return on_spark.run(statement, tree)
 
     def run_statement(statement: str) -> bool:
         try:
@@ -148,7 +148,7 @@ def _open_lake(
     """The lake, and with `open_tables` the tables the views read at the versions asked for;
     `_Refusal` with the line Spark's views give when the lake has no such table or version."""
     from storage.lake.tables import ALL_TABLES, LAKE_TABLES
-    from storage.query.view_tables import (
+    from storage.query.view_catalog import (
         LakeNotWrittenError,
         TableVersionError,
         open_view_tables,
@@ -182,23 +182,35 @@ class _Refusal(Exception):  # noqa: N818 - an outcome, printed as one line
 def _checked(statement: str, limits: QueryLimits | None) -> exp.Query | None:
     """The statement's tree, if the guard accepts it. A tenant's statement must pass its length
     limit and the guard (`_Refusal` in the words Spark's path uses); an operator's statement
-    the guard does not accept is any Spark SQL, left to Spark (None)."""
+    the guard does not accept is any Spark SQL, left to Spark (None), unless it names a view
+    that does not exist. A column that no view has is refused here, with the names it could
+    mean (`unknown_names`), before Spark starts."""
+    from storage.lake.tables import ALL_TABLES, LAKE_TABLES
     from storage.query.query_errors import QueryError, check_statement_length
-    from storage.query.sql_guard import QueryRefused, check_query
-    from storage.query.view_tables import OPERATOR_VIEW_NAMES, TENANT_VIEW_NAMES
+    from storage.query.sql_guard import QueryRefused, UnknownRelation, check_query
+    from storage.query.unknown_names import UnknownColumnError, check_columns
+    from storage.query.view_catalog import OPERATOR_VIEW_NAMES, TENANT_VIEW_NAMES, view_columns
 
-    if limits is None:
-        try:
-            return check_query(statement, OPERATOR_VIEW_NAMES)
-        except QueryRefused:
-            return None
     try:
-        check_statement_length(statement, limits)
-        return check_query(statement, TENANT_VIEW_NAMES)
+        if limits is None:
+            try:
+                tree = check_query(statement, OPERATOR_VIEW_NAMES)
+            except UnknownRelation as unknown:
+                # Spark has no such view either: said now, not after Spark has started.
+                raise _Refusal(f"query failed: {unknown.reason}") from None
+            except QueryRefused:
+                return None
+        else:
+            check_statement_length(statement, limits)
+            tree = check_query(statement, TENANT_VIEW_NAMES)
+        check_columns(tree, view_columns(ALL_TABLES if limits is not None else LAKE_TABLES))
+        return tree
     except QueryError as error:
         raise _Refusal(f"{error.code}: {error.message}") from None
     except QueryRefused as refused:
         raise _Refusal(f"refused: {refused.reason}") from None
+    except UnknownColumnError as unknown:
+        raise _Refusal(f"query failed: {unknown}") from None
 
 
 @dataclass
@@ -244,8 +256,7 @@ class _InProcess:
                 return None  # the operator's statement has no timeout on Spark
             timeout = statement_timeout(limits)
             return _Refusal(f"{timeout.code}: {timeout.message}")
-        if answer is None or (answer.num_rows > 1 and tree.args.get("order") is None):
-            # Without ORDER BY the order of the rows is each engine's own: Spark prints them.
+        if answer is None:
             return None
         try:
             return render_rows(answer, self.args.format, rows)
@@ -296,8 +307,8 @@ class _OnSpark:
         not have them."""
         from storage.query.query_service import leave_statement_errors_to_the_service
         from storage.query.scoped_sql import TenantSql
-        from storage.query.sql_views import register_views
-        from storage.query.view_tables import LakeNotWrittenError, TableVersionError
+        from storage.query.spark_views import register_views
+        from storage.query.view_catalog import LakeNotWrittenError, TableVersionError
         from streaming.pipeline.spark_session import build_spark
 
         shuffle_partitions = self.settings.stream.shuffle_partitions
@@ -318,24 +329,30 @@ class _OnSpark:
         self._spark = spark
         return True
 
-    def run(self, statement: str) -> bool:
+    def run(self, statement: str, tree: exp.Query | None) -> bool:
+        """Run `statement` (`tree`: its guarded tree, whose rows come in `result_order`'s order
+        where it gives none; None: any other Spark SQL of the operator's, as Spark orders it)."""
         from pyspark.errors import AnalysisException
 
         from infra.cli.sql_shell import print_frame, render_frame
         from storage.query.query_errors import QueryError
-        from storage.query.query_service import run_within_limits
+        from storage.query.query_service import run_within_limits, spark_frame_in_order
         from storage.query.sql_guard import QueryRefused
 
         if (self._query is None or self._spark is None) and not self.open():
             return False
         assert self._query is not None and self._spark is not None
         try:
-            if self.limits is None:
-                print_frame(self._query(statement), self.args.format, self.args.limit)
-                return True
             # Its length and the guard were checked before (`_checked`); TenantSql runs the
             # guard again, as the security boundary it is.
-            frame = self._query(statement)
+            frame = (
+                self._query(statement)
+                if tree is None
+                else spark_frame_in_order(self._query, statement, tree)
+            )
+            if self.limits is None:
+                print_frame(frame, self.args.format, self.args.limit)
+                return True
             rows = min(self.args.limit, self.limits.max_result_rows)
             text = run_within_limits(
                 self._spark,

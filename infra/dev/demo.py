@@ -15,7 +15,7 @@ from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_stack import LocalKafka
 from infra.progress_bar import ProgressBar
 from storage.lake.delta_lake import DeltaLake
-from storage.query.sql_views import register_views
+from storage.query.spark_views import register_views
 from streaming.app import StreamApp
 from streaming.observe.stream_status import backlog_records
 from streaming.pipeline.spark_session import build_spark

@@ -40,13 +40,15 @@ import pyarrow as pa
 from pyspark.errors import AnalysisException
 from pyspark.logger import PySparkLogger
 from pyspark.sql import DataFrame, SparkSession
+from sqlglot import exp
 
 from storage.lake.delta_lake import DeltaLake
+from storage.lake.newest_tables import NewestTables
 from storage.lake.table_files import TableFiles
 from storage.lake.tables import ALL_TABLES, LAKE_TABLES
-from storage.query.latest_tables import LatestTables
 from storage.query.local_sql import LocalSql, StatementTimeout
 from storage.query.query_errors import QueryError, check_statement_length, statement_timeout
+from storage.query.result_order import order_frame, statement_order
 from storage.query.scoped_sql import (
     ResourceRefused,
     TenantSql,
@@ -55,9 +57,14 @@ from storage.query.scoped_sql import (
     plan_nodes,
     tree_nodes,
 )
+from storage.query.spark_views import register_views
 from storage.query.sql_guard import QueryRefused, check_query
-from storage.query.sql_views import register_views
-from storage.query.view_tables import TENANT_VIEW_NAMES, LakeNotWrittenError, TableVersionError
+from storage.query.view_catalog import (
+    OPERATOR_VIEW_NAMES,
+    TENANT_VIEW_NAMES,
+    LakeNotWrittenError,
+    TableVersionError,
+)
 from tenants.models import QueryLimits
 
 log = logging.getLogger(__name__)
@@ -123,10 +130,10 @@ class QueryService:
     the same statement gets it again without a Spark job until a table has a new version."""
     _gates: dict[str | None, _TenantGate] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _latest: LatestTables = field(init=False)
+    _newest: NewestTables = field(init=False)
 
     def __post_init__(self) -> None:
-        self._latest = LatestTables(self.lake)
+        self._newest = NewestTables(self.lake)
 
     def run(
         self, scope: str | None, statement: str, as_of_version: int | None = None
@@ -145,10 +152,15 @@ class QueryService:
             with self._lock:
                 remembered = self._results.get(result_key)
             if remembered is None:
-                local = self._answer_locally(scope, statement, tables, limits)
+                with _as_query_errors():
+                    tree = check_query(
+                        statement, OPERATOR_VIEW_NAMES if scope is OPERATOR else TENANT_VIEW_NAMES
+                    )
+                local = self._answer_locally(scope, tree, tables, limits)
                 if local is None:
                     with _as_query_errors():
-                        frame = self._scope(scope, as_of_version, data_version).query(statement)
+                        query = self._scope(scope, as_of_version, data_version).query
+                        frame = spark_frame_in_order(query, statement, tree)
                     local = self._collect(scope, frame, limits)
                 remembered = _cut(local, limits)
                 if remembered[0].nbytes <= _REMEMBERED_RESULT_BYTES:
@@ -161,11 +173,11 @@ class QueryService:
 
     def follow_tables(self, interval_s: float) -> None:
         """Read the tables' new commits in a thread every `interval_s`, so that no statement
-        waits for them (`LatestTables`), until `close`."""
-        self._latest.follow(interval_s)
+        waits for them (`NewestTables.follow`), until `close`."""
+        self._newest.follow(interval_s)
 
     def close(self) -> None:
-        self._latest.close()
+        self._newest.close()
 
     def _tables(self, scope: str | None, as_of_version: int | None) -> dict[str, TableFiles | None]:
         """The scope's tables' files at the versions the statement reads (None: a table not
@@ -174,7 +186,7 @@ class QueryService:
         for spec in LAKE_TABLES if scope is OPERATOR else ALL_TABLES:
             try:
                 if as_of_version is None:
-                    files = self._latest.latest(spec)
+                    files = self._newest.files(spec)
                 else:
                     table = self.lake.open(spec)
                     table.load_as_version(as_of_version)
@@ -187,15 +199,13 @@ class QueryService:
     def _answer_locally(
         self,
         scope: str | None,
-        statement: str,
+        tree: exp.Query,
         tables: dict[str, TableFiles | None],
         limits: QueryLimits,
     ) -> pa.Table | None:
         """The statement's rows from the in-process engine, where it answers as Spark would."""
         if self.local is None or scope is OPERATOR or None in tables.values():
             return None
-        with _as_query_errors():
-            tree = check_query(statement, TENANT_VIEW_NAMES)
         try:
             return self.local.answer(
                 scope,
@@ -283,6 +293,24 @@ class QueryService:
             limits,
             lambda: frame.limit(limits.max_result_rows + 1).toArrow(),
         )
+
+
+def spark_frame_in_order(
+    query: Callable[[str], DataFrame], statement: str, tree: exp.Query
+) -> DataFrame:
+    """`statement`'s frame from `query`, in `result_order`'s order where `tree` (its guarded
+    tree) gives none, ordered before its `LIMIT`/`OFFSET`: the rows the in-process engine
+    returns."""
+    order = statement_order(tree)
+    if order.ordered:
+        return query(statement)
+    if order.unlimited is tree:
+        return order_frame(query(statement))
+    # The statement without its outermost LIMIT/OFFSET, as sqlglot writes the guarded tree.
+    frame = order_frame(query(order.unlimited.sql(dialect="spark")))
+    if order.offset:
+        frame = frame.offset(order.offset)
+    return frame if order.limit is None else frame.limit(order.limit)
 
 
 def run_within_limits(

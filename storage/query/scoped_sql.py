@@ -24,8 +24,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.tables import LAYOUT_PREFIX, STAGED
+from storage.query.spark_views import register_views
 from storage.query.sql_guard import ALLOWED_FUNCTIONS, QueryRefused, check_query
-from storage.query.sql_views import register_views
 
 SCOPED_SESSION_CONF = {
     # `SELECT * FROM parquet.`/any/path`` would otherwise read any file the process can.

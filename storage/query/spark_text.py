@@ -261,3 +261,12 @@ def java_double(value: float) -> str:
         return f"{sign}0.{'0' * -point}{digits}"
     whole, fraction = digits[:point].ljust(point, "0"), digits[point:]
     return f"{sign}{whole}.{fraction or '0'}"
+
+
+def json_text(data_type: pa.DataType, value: Any) -> str | None:
+    """A value's text as Spark's `to_json` writes it, where it is known here (elsewhere, a
+    stable text of it): the key `result_order` sorts arrays, maps and structs by."""
+    try:
+        return _json_value(data_type, value)
+    except NotPrintable:
+        return None if value is None else repr(value)

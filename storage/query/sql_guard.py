@@ -12,11 +12,12 @@ Three independent checks, each deny-by-default:
   registered views (and the statement's own CTEs, in scope), unqualified;
 - functions in the tree: sqlglot's typed function nodes must be allow-listed classes, untyped
   ones allow-listed names.
-The CLI then checks Spark's own parse and plan of the accepted text (`storage.query.sql_views`).
+The CLI then checks Spark's own parse and plan of the accepted text (`storage.query.spark_views`).
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Collection, Iterator
 
 import sqlglot
@@ -33,6 +34,17 @@ class QueryRefused(Exception):  # noqa: N818 - a refusal, not a failure
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(reason)
+
+
+class UnknownRelation(QueryRefused):
+    """A statement naming a relation that is no view: refused by every door (Spark has none
+    such either), with the views it could mean."""
+
+
+def did_you_mean(name: str, candidates: Collection[str]) -> str:
+    """ "did you mean 'x'? " with the candidates closest to `name`, or nothing."""
+    close = difflib.get_close_matches(name.lower(), sorted(candidates), n=3, cutoff=0.6)
+    return f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
 
 
 def _words(text: str) -> frozenset[str]:
@@ -219,7 +231,10 @@ def _check_relation(table: exp.Table, views: set[str]) -> None:
     name = table.name.lower()
     if name in views or name in _ctes_in_scope(table):
         return
-    raise QueryRefused(f"unknown relation {table.name!r}: the views are {_listing(views)}")
+    raise UnknownRelation(
+        f"unknown relation {table.name!r}: {did_you_mean(name, views)}the views are "
+        f"{_listing(views)}"
+    )
 
 
 def _is_hint_argument(table: exp.Table) -> bool:

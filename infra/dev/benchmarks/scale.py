@@ -75,11 +75,11 @@ from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_process import descendants, rss_mib
 from infra.dev.local_stack import LocalKafka
 from storage.lake.delta_lake import DeltaLake, compaction_app_id
+from storage.lake.newest_tables import NewestTables
 from storage.lake.tables import ALL_TABLES, EVENTS, TENANT_STATUS, WINDOWS
-from storage.query.latest_tables import LatestTables
 from storage.query.local_sql import LocalSql
 from storage.query.query_service import QueryService
-from storage.query.sql_views import register_views
+from storage.query.spark_views import register_views
 from streaming.app import StreamApp
 from streaming.pipeline.spark_session import build_spark
 from streaming.pipeline.stream_plan import read_kafka, windowed_rows
@@ -601,8 +601,8 @@ class _ServedQuery:
         self.service = QueryService(spark, lake, lambda _: QueryLimits(), local)
         self.service.follow_tables(query.table_follow_interval_ms / 1000)
         # What the follower's thread pays for the compaction's commit, on a reader of its own.
-        self.reader = LatestTables(lake)
-        self.reader.latest(EVENTS)
+        self.reader = NewestTables(lake)
+        self.reader.files(EVENTS)
         started = time.monotonic()
         self.before = self.service.run(tenant, self.STATEMENT).table.to_pylist()
         self.open_s = time.monotonic() - started
@@ -613,7 +613,7 @@ class _ServedQuery:
             after = self.service.run(self.tenant, self.STATEMENT).table.to_pylist()
             served_s = time.monotonic() - started
             started = time.monotonic()
-            self.reader.latest(EVENTS)
+            self.reader.files(EVENTS)
             follow_s = time.monotonic() - started
         finally:
             self.service.close()

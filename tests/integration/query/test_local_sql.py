@@ -21,7 +21,7 @@ from storage.query.local_sql import LocalSql
 from storage.query.query_service import QueryService
 from storage.query.scoped_sql import TenantSql
 from storage.query.sql_guard import check_query
-from storage.query.view_tables import TENANT_VIEW_NAMES
+from storage.query.view_catalog import TENANT_VIEW_NAMES
 from tenants.models import QueryLimits
 from tests.support.pipeline_harness import Pipeline, record
 from tests.support.sql_escapes import ESCAPES_SEEING_ONLY_THE_TENANT, PASSWD_MARK
@@ -324,7 +324,7 @@ def test_a_new_table_version_reads_only_its_new_files(
 def test_a_service_following_the_tables_sees_each_run_and_every_row_once_meanwhile(
     spark: Any, kafka: Any, conf_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """`serve` reads new commits in a thread (`LatestTables.follow`): each batch's rows reach
+    """`serve` reads new commits in a thread (`NewestTables.follow`): each batch's rows reach
     its statements, and no version it reads (a batch's, or a compaction's swap of files) shows
     a row twice or loses one."""
     pipeline = Pipeline.create(kafka, tmp_path_factory.mktemp("local_sql_follow"), conf_dir)

@@ -26,10 +26,11 @@ from infra.dev.local_process import LocalProcess
 from infra.dev.local_stack import find_free_loopback_port
 from infra.service.query_api import KeyCheck, TenantLimits, create_app, resolved_operator_key
 from infra.service.query_metrics import OUTCOMES, QueryMetrics
-from storage.query.local_sql import LocalSql, local_statement
+from storage.query.local_sql import LocalSql
+from storage.query.portable_sql import local_statement
 from storage.query.query_service import QueryService
 from storage.query.sql_guard import check_query
-from storage.query.view_tables import TENANT_VIEW_NAMES
+from storage.query.view_catalog import TENANT_VIEW_NAMES
 from streaming.observe.stream_status import tenant_key_status
 from tenants.api_keys import issue_key, revoke_key
 from tenants.models import QueryLimits

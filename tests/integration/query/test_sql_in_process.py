@@ -4,7 +4,9 @@ exactly as the Spark path prints them."""
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
+import io
 import json
 import math
 import random
@@ -161,17 +163,52 @@ def test_what_the_engine_leaves_still_runs_on_spark(
     assert "window_contents" in capsys.readouterr().out
 
 
-def test_rows_in_no_order_are_spark_s_to_print(
+def test_rows_in_no_order_come_in_the_documented_order_from_both_engines(
     pipeline: Pipeline, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Without ORDER BY each engine returns the rows in its own order: Spark prints them, unless
-    there is at most one."""
-    statement = "SELECT source, count(*) AS n FROM events GROUP BY source"
-    with pytest.raises(AssertionError, match="went to Spark"):
-        run_cli(pipeline, capsys, monkeypatch, [statement, "--tenant", TENANT], in_process=True)
-    single = "SELECT count(*) AS n FROM events"
-    code, out, _ = run_cli(pipeline, capsys, monkeypatch, [single, "--tenant", TENANT], True)
-    assert code == 0 and out.startswith("+---+\n|n  |")
+    """Without ORDER BY, both paths print the rows sorted by every column (`result_order`),
+    and a LIMIT keeps the first rows of that order: the same text in-process and on Spark."""
+    statements = [
+        "SELECT source, count(*) AS n FROM events GROUP BY source",
+        "SELECT * FROM windows LIMIT 3",
+        "SELECT * FROM events LIMIT 4 OFFSET 1",
+        "SELECT timing, payload FROM events",
+        "SELECT source, batch_id, sum(on_time_records) OVER (PARTITION BY source ORDER BY "
+        "batch_id) AS on_time_so_far FROM tenant_status",
+    ]
+    for statement in statements:
+        for scope in (["--tenant", TENANT], []):
+            arguments = [statement, *scope, "--format", "csv"]
+            in_process = run_cli(pipeline, capsys, monkeypatch, arguments, in_process=True)
+            on_spark = run_cli(pipeline, capsys, monkeypatch, arguments, in_process=False)
+            assert in_process == on_spark, statement
+            assert in_process[0] == 0, in_process[2]
+            rows = list(csv.reader(io.StringIO(in_process[1])))[1:]
+            assert rows == sorted(rows, key=_sort_key) or "payload" not in statement
+    code, out, _ = run_cli(
+        pipeline, capsys, monkeypatch, [statements[0], "--tenant", TENANT, "--format", "json"], True
+    )
+    assert code == 0 and [json.loads(line)["source"] for line in out.splitlines()] == [
+        "billing",
+        "web",
+    ]
+
+
+def _sort_key(row: list[str]) -> list[tuple[bool, str]]:
+    """A CSV row as the rule sorts text: NULL (an empty field) first."""
+    return [(cell != "", cell) for cell in row]
+
+
+def test_a_misspelled_column_or_view_is_refused_before_spark_with_what_it_could_mean(
+    pipeline: Pipeline,
+) -> None:
+    lake = ["--lake-root", pipeline.lake.root, "--conf", str(pipeline.conf_dir)]
+    code, out, err, spark = cli_process("SELECT sourse FROM events", "--tenant", TENANT, *lake)
+    assert (code, out, spark) == (2, "", False)
+    assert err.startswith("query failed: unknown column 'sourse': did you mean 'source'?")
+    code, out, err, spark = cli_process("SELECT count(*) FROM event", *lake)
+    assert (code, out, spark) == (2, "", False)
+    assert "unknown relation 'event': did you mean 'events'" in err
 
 
 def cli_process(*arguments: str) -> tuple[int, str, str, bool]:

@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 from infra.cli.main import main
 from storage.lake.tables import ALL_TABLES
 from storage.query.scoped_sql import TenantSql
-from storage.query.sql_views import register_views
+from storage.query.spark_views import register_views
 from tests.support.pipeline_harness import Pipeline, record
 from tests.support.sql_escapes import ESCAPES_REFUSED, ESCAPES_SEEING_ONLY_THE_TENANT, PASSWD_MARK
 from tests.support.timestamps import T0_MS

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from storage.query.sql_guard import ALLOWED_FUNCTIONS, QueryRefused, check_query
-from storage.query.view_tables import TENANT_VIEW_NAMES
+from storage.query.view_catalog import TENANT_VIEW_NAMES
 
 ACCEPTED = [
     "SELECT tenant, count(*) AS n FROM events GROUP BY tenant ORDER BY tenant",

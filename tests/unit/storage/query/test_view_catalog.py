@@ -9,7 +9,7 @@ import pytest
 
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.tables import ALL_TABLES, LAKE_TABLES
-from storage.query.view_tables import (
+from storage.query.view_catalog import (
     LakeNotWrittenError,
     TableVersionError,
     open_view_tables,

@@ -1,7 +1,7 @@
 """What the SQL views read, without Spark: their names, and the lake's tables at the versions a
 statement reads, or the one-line error that says why the lake cannot give them.
 
-Spark's views (`sql_views`) and the in-process engine (`local_sql`) read the same tables; this
+Spark's views (`spark_views`) and the in-process engine (`local_sql`) read the same tables; this
 module is what they share that needs no JVM, so `tenant-windows sql` can check the lake, and
 answer small statements, before (or without) starting Spark.
 """
@@ -23,6 +23,21 @@ WINDOW_CONTENTS = "window_contents"
 TENANT_VIEW_NAMES = (*(spec.name for spec in ALL_TABLES), WINDOW_CONTENTS)
 OPERATOR_VIEW_NAMES = (*(spec.name for spec in LAKE_TABLES), WINDOW_CONTENTS)
 """Without `--tenant`, `deliveries` too."""
+WINDOW_CONTENTS_COLUMNS = (
+    *("tenant", "source", "window_id", "window_start", "window_end", "window_date"),
+    *("pane_index", "pane_timing", "is_final", "pane_count", "record_window_id"),
+    *("record_pane_index", "record_timing", "event_time", "event_id", "topic", "partition"),
+    *("offset", "payload", "record_batch_id"),
+)
+"""`window_contents`' columns, in order (`spark_views.window_contents`)."""
+
+
+def view_columns(specs: tuple[TableSpec, ...]) -> dict[str, tuple[str, ...]]:
+    """Each view's columns, by name: the tables of `specs`, and `window_contents`."""
+    return {
+        **{spec.name: tuple(spec.schema.names) for spec in specs},
+        WINDOW_CONTENTS: WINDOW_CONTENTS_COLUMNS,
+    }
 
 
 class TableVersionError(ValueError):

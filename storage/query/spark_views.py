@@ -23,7 +23,7 @@ from storage.lake.delta_lake import DeltaLake
 from storage.lake.snapshot_reader import partition_columns, read_snapshot
 from storage.lake.table_files import tenant_files
 from storage.lake.tables import ALL_TABLES, DELIVERIES, EVENTS, LAKE_TABLES, WINDOWS, TableSpec
-from storage.query.view_tables import (
+from storage.query.view_catalog import (
     WINDOW_CONTENTS,
     TableVersionError,
     check_version,
