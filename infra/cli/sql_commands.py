@@ -8,6 +8,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infra.cli.command_context import add_settings_flags, settings_from
@@ -74,6 +75,17 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="serve Prometheus metrics on this port, apart from --port (query.metrics_port; "
         "0: any free port)",
     )
+    serve.add_argument(
+        "--pg-port",
+        type=int,
+        help="also answer tenants over the Postgres protocol on this port: user = tenant id, "
+        "password = an API key, database lake (docs/querying.md)",
+    )
+    serve.add_argument("--pg-host", default="127.0.0.1", help="the Postgres door's address")
+    serve.add_argument(
+        "--pg-cert-file", type=Path, help="TLS certificate (PEM) for the Postgres door"
+    )
+    serve.add_argument("--pg-key-file", type=Path, help="its private key (PEM)")
     serve.set_defaults(handler=_serve)
 
 
@@ -367,10 +379,19 @@ def _tenant_limits(settings: AppSettings, tenant: str) -> QueryLimits:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from infra.service.pg_door import PgDoorConfig
     from infra.service.query_api import serve
 
     # sqlglot logs a warning for every statement it can only read as a bare command; the guard
     # refuses those with its own message.
     logging.getLogger("sqlglot").setLevel(logging.ERROR)
-    serve(settings_from(args), args.host, args.port, args.master)
+    if (args.pg_cert_file is None) != (args.pg_key_file is None):
+        print("--pg-cert-file and --pg-key-file: give both, or neither", file=sys.stderr)
+        return ExitCode.REFUSED
+    pg_door = (
+        PgDoorConfig(args.pg_host, args.pg_port, args.pg_cert_file, args.pg_key_file)
+        if args.pg_port is not None
+        else None
+    )
+    serve(settings_from(args), args.host, args.port, args.master, pg_door)
     return ExitCode.OK
