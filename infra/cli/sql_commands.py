@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import re
 import sys
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """`sql`, `serve`."""
+    """`sql`, `serve`, `serve-jdbc`."""
     sql = commands.add_parser(
         "sql",
         help="run Spark SQL over the output tables (docs/querying.md)",
@@ -87,6 +88,17 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     serve.add_argument("--pg-key-file", type=Path, help="its private key (PEM)")
     serve.set_defaults(handler=_serve)
+
+    serve_jdbc = commands.add_parser(
+        "serve-jdbc",
+        help="Spark's JDBC/ODBC (thrift) server over every tenant's views, for the operator "
+        "(loopback only; docs/querying.md)",
+    )
+    add_settings_flags(serve_jdbc)
+    serve_jdbc.add_argument("--host", default="127.0.0.1", help="a loopback address")
+    serve_jdbc.add_argument("--port", type=int, default=10000)
+    serve_jdbc.add_argument("--master", help="Spark master, as for run (default local[2])")
+    serve_jdbc.set_defaults(handler=_serve_jdbc)
 
 
 def _sql(args: argparse.Namespace) -> int:
@@ -394,4 +406,19 @@ def _serve(args: argparse.Namespace) -> int:
         else None
     )
     serve(settings_from(args), args.host, args.port, args.master, pg_door)
+    return ExitCode.OK
+
+
+def _serve_jdbc(args: argparse.Namespace) -> int:
+    import threading
+
+    from infra.service.jdbc_door import JdbcDoorError, check_loopback, serve_jdbc
+
+    try:
+        check_loopback(args.host)
+    except JdbcDoorError as error:
+        print(f"{error}", file=sys.stderr)
+        return ExitCode.REFUSED
+    with contextlib.suppress(KeyboardInterrupt):
+        serve_jdbc(settings_from(args), args.host, args.port, args.master, threading.Event())
     return ExitCode.OK
