@@ -25,15 +25,16 @@ fi
 # Real clients from Debian: the query console's test drives Chromium headless
 # (tests/integration/query/test_query_api.py), and a real Prometheus scrapes the stream and the
 # query service and loads the alert rules (tests/integration/query/test_prometheus_scrape.py;
-# promtool comes with it).
+# promtool comes with it); psql connects through the Postgres door
+# (tests/integration/query/test_pg_door.py).
 if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ] \
-  || [ ! -x /usr/bin/prometheus ] || [ ! -x /usr/bin/promtool ]; then
+  || [ ! -x /usr/bin/prometheus ] || [ ! -x /usr/bin/promtool ] || [ ! -x /usr/bin/psql ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -q >/dev/null \
-      && apt-get install -y -q chromium chromium-driver prometheus >/dev/null
+      && apt-get install -y -q chromium chromium-driver prometheus postgresql-client >/dev/null
   else
-    echo "the tests need Debian's chromium, chromium-driver and prometheus:" \
-      "sudo apt-get install -y chromium chromium-driver prometheus" >&2
+    echo "the tests need Debian's chromium, chromium-driver, prometheus and postgresql-client:" \
+      "sudo apt-get install -y chromium chromium-driver prometheus postgresql-client" >&2
     exit 1
   fi
 fi

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infra.cli.command_context import (
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """`sql`, `serve`."""
+    """`sql`, `serve`, `serve-jdbc`."""
     sql = commands.add_parser(
         "sql",
         help="run Spark SQL over the output tables (docs/querying.md)",
@@ -80,7 +82,31 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     serve.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     serve.add_argument("--master", help="Spark master, as for run (default local[2])")
+    serve.add_argument(
+        "--pg-port",
+        type=int,
+        help="also answer tenants over the Postgres protocol on this port: user = tenant id, "
+        "password = an API key, database lake (docs/querying.md)",
+    )
+    serve.add_argument("--pg-host", default="127.0.0.1", help="the Postgres door's address")
+    serve.add_argument(
+        "--pg-cert-file", type=Path, help="TLS certificate (PEM) for the Postgres door"
+    )
+    serve.add_argument("--pg-key-file", type=Path, help="its private key (PEM)")
     serve.set_defaults(handler=_serve)
+
+    serve_jdbc = commands.add_parser(
+        "serve-jdbc",
+        help="Spark's JDBC/ODBC (thrift) server over every tenant's views, for the operator "
+        "(loopback only; docs/querying.md)",
+    )
+    add_settings_flags(serve_jdbc, LAKE_ROOT)
+    serve_jdbc.add_argument("--host", default="127.0.0.1", help="a loopback address")
+    serve_jdbc.add_argument(
+        "--port", type=int, default=10000, help="port to listen on (default 10000)"
+    )
+    serve_jdbc.add_argument("--master", help="Spark master, as for run (default local[2])")
+    serve_jdbc.set_defaults(handler=_serve_jdbc)
 
 
 def _sql(args: argparse.Namespace) -> int:
@@ -390,10 +416,34 @@ def _tenant_limits(settings: AppSettings, tenant: str) -> QueryLimits:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from infra.service.pg_door import PgDoorConfig
     from infra.service.query_api import serve
 
     # sqlglot logs a warning for every statement it can only read as a bare command; the guard
     # refuses those with its own message.
     logging.getLogger("sqlglot").setLevel(logging.ERROR)
-    serve(settings_from(args), args.host, args.port, args.master)
+    if (args.pg_cert_file is None) != (args.pg_key_file is None):
+        print("--pg-cert-file and --pg-key-file: give both, or neither", file=sys.stderr)
+        return ExitCode.REFUSED
+    pg_door = (
+        PgDoorConfig(args.pg_host, args.pg_port, args.pg_cert_file, args.pg_key_file)
+        if args.pg_port is not None
+        else None
+    )
+    serve(settings_from(args), args.host, args.port, args.master, pg_door)
+    return ExitCode.OK
+
+
+def _serve_jdbc(args: argparse.Namespace) -> int:
+    import threading
+
+    from infra.service.jdbc_door import JdbcDoorError, check_loopback, serve_jdbc
+
+    try:
+        check_loopback(args.host)
+    except JdbcDoorError as error:
+        print(f"{error}", file=sys.stderr)
+        return ExitCode.REFUSED
+    with contextlib.suppress(KeyboardInterrupt):
+        serve_jdbc(settings_from(args), args.host, args.port, args.master, threading.Event())
     return ExitCode.OK

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 import orjson
 import pyarrow as pa
@@ -32,6 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infra.service.query_metrics import Outcome, QueryMetrics
+
+if TYPE_CHECKING:
+    from infra.service.pg_door import PgDoorConfig
 from storage.query.query_errors import QueryError
 from storage.query.query_service import (
     OPERATOR,
@@ -75,8 +78,13 @@ class KeyCheck:
     def caller(self, authorization: str | None) -> Caller | None:
         """The caller a `Bearer` header proves; tenant None is the operator."""
         scheme, _, presented = (authorization or "").partition(" ")
-        presented = presented.strip()
-        if scheme.lower() != "bearer" or not presented:
+        if scheme.lower() != "bearer":
+            return None
+        return self.caller_of_key(presented.strip())
+
+    def caller_of_key(self, presented: str) -> Caller | None:
+        """The caller a key proves (the Postgres door's password); tenant None: the operator."""
+        if not presented:
             return None
         operator = self.operator_key.get_secret_value() if self.operator_key else ""
         if operator and hmac.compare_digest(presented.encode(), operator.encode()):
@@ -159,23 +167,30 @@ class QueryAccounting:
             write_once()
 
     def _write(self, audit: QueryAudit, outcome: Outcome, elapsed_s: float) -> None:
-        # A result whose answer then failed (`internal`) reached no one: no rows to count.
-        rows = audit.rows if outcome == "ok" else 0
-        truncated = audit.truncated and outcome == "ok"
-        audit_log.info(
-            json.dumps(
-                {
-                    "tenant": audit.tenant,
-                    "key_name": audit.key_name,
-                    "statement_sha256": audit.statement_sha256,
-                    "outcome": outcome,
-                    "rows": rows,
-                    "truncated": truncated,
-                    "elapsed_ms": int(elapsed_s * 1000),
-                }
-            )
+        account_query(self.metrics, audit, outcome, elapsed_s)
+
+
+def account_query(
+    metrics: QueryMetrics, audit: QueryAudit, outcome: Outcome, elapsed_s: float
+) -> None:
+    """One statement's audit line and its count in `metrics`, whichever door it came through."""
+    # A result whose answer then failed (`internal`) reached no one: no rows to count.
+    rows = audit.rows if outcome == "ok" else 0
+    truncated = audit.truncated and outcome == "ok"
+    audit_log.info(
+        json.dumps(
+            {
+                "tenant": audit.tenant,
+                "key_name": audit.key_name,
+                "statement_sha256": audit.statement_sha256,
+                "outcome": outcome,
+                "rows": rows,
+                "truncated": truncated,
+                "elapsed_ms": int(elapsed_s * 1000),
+            }
         )
-        self.metrics.record(outcome, elapsed_s, rows, truncated)
+    )
+    metrics.record(outcome, elapsed_s, rows, truncated)
 
 
 def query_audit(request: Request) -> QueryAudit | None:
@@ -411,10 +426,18 @@ def resolved_operator_key(settings: AppSettings) -> SecretStr | None:
     return SecretStr(text)
 
 
-def serve(settings: AppSettings, host: str, port: int, master: str | None) -> None:
-    """Run the query service until interrupted: one warm Spark session for every tenant."""
+def serve(
+    settings: AppSettings,
+    host: str,
+    port: int,
+    master: str | None,
+    pg_door: PgDoorConfig | None = None,
+) -> None:
+    """Run the query service until interrupted: one warm Spark session for every tenant; with
+    `pg_door`, its Postgres door beside the HTTP API, on the same engine."""
     import uvicorn
 
+    from infra.service.pg_door import PgDoor
     from storage.lake.delta_lake import DeltaLake
     from storage.query.local_sql import LocalSql
     from streaming.observe.stream_status import tenant_key_status
@@ -439,18 +462,22 @@ def serve(settings: AppSettings, host: str, port: int, master: str | None) -> No
     local = LocalSql.of_settings(lake, settings.query) if settings.query.local_engine else None
     service = QueryService(spark, lake, limits, local)
     service.follow_tables(settings.query.table_follow_interval_ms / 1000)
+    keys = KeyCheck(settings.conf_dir, resolved_operator_key(settings), recheck_s)
     app = create_app(
         service,
-        KeyCheck(settings.conf_dir, resolved_operator_key(settings), recheck_s),
+        keys,
         lambda tenant: tenant_key_status(lake, tenant),
         metrics,
         limits.window_rules,
     )
     if settings.query.metrics_port is not None:
         metrics.serve(settings.query.metrics_host, settings.query.metrics_port)
+    door = PgDoor(service, keys, metrics, limits, pg_door).start() if pg_door else None
     log.info("query service on http://%s:%d (OpenAPI at /openapi.json)", host, port)
     try:
         uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)
     finally:
+        if door is not None:
+            door.close()
         service.close()
         metrics.close()

@@ -48,7 +48,7 @@ class TableMaintenance:
 
 DELETE_ATTEMPTS = 5
 TableOpener = Callable[[TableSpec], DeltaTable]
-"""A table at its newest version (`DeltaLake.open`, or `NewestTables.current`)."""
+"""A table at its newest version (`DeltaLake.open`, or `NewestTables.table`)."""
 
 
 class DeltaLake:

@@ -1,0 +1,268 @@
+"""The Postgres door's latency: a psql session step by step, then 20 psycopg connections of 5
+tenants running the latency corpus, beside the same corpus over HTTP in the same run.
+
+    .venv/bin/python -m infra.dev.benchmarks.pg_door_latency [--seconds 60] [--tenants 5]
+
+It writes a lake with the real stream (a local broker, sample load, `run --available-now`),
+starts the query service in this process on loopback (FAIR scheduler and the in-process engine,
+as `serve` runs them) with its HTTP API and its Postgres door, issues each tenant a key and then
+measures:
+
+1. `psql`: Debian's psql, on a warm service: connecting (`psql -c '\\q'`, the whole process),
+   then `\\dt` and a `GROUP BY` over `windows` as psql's `\\timing` reports them, and the whole
+   session (connect, `\\dt`, the `GROUP BY`, disconnect) as one process;
+2. `postgres`: `--connections` psycopg connections, spread over the tenants, each running the
+   corpus in a loop for `--seconds`: p50, p99, errors, and rows naming another tenant;
+3. `http`: the same clients and corpus over `POST /v1/query`: the baseline.
+
+The corpus is `query_latency`'s small statement, the same made distinct per request (so the
+service remembers no result for it), and a grouping that returns the tenant column, whose every
+row must be the connection's own tenant. Tenants are allowed 8 statements at once (the default
+is 2), so 4 connections of one tenant measure the door, not the concurrency limit.
+Every loop is bounded by `--seconds` and by a request count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import psycopg
+import requests
+import uvicorn
+from pyspark.sql import SparkSession
+
+from infra.dev.benchmarks.query_latency import SMALL
+from infra.dev.benchmarks.sample_lake import PROJECT_CONF, stream_sample_lake
+from infra.dev.load_generator import LoadSpec
+from infra.dev.local_stack import LocalKafka
+from infra.service.pg_door import PgDoor, PgDoorConfig
+from infra.service.query_api import KeyCheck, TenantLimits, create_app
+from infra.service.query_metrics import QueryMetrics
+from storage.query.local_sql import LocalSql
+from storage.query.query_service import QueryService, fair_scheduler_conf
+from streaming.observe.stream_status import tenant_key_status
+from streaming.pipeline.spark_session import build_spark
+from tenants.api_keys import issue_key
+from tenants.models import QueryLimits
+from tenants.registry import ConfReader
+
+GROUPED = "SELECT tenant, source, count(*) AS n FROM windows GROUP BY tenant, source"
+MAX_REQUESTS_PER_CLIENT = 50_000
+PSQL_RUNS = 5
+
+
+def corpus(number: int) -> str:
+    """The `number`th statement of a client's loop."""
+    kind = number % 3
+    if kind == 0:
+        return SMALL
+    if kind == 1:
+        return f"{SMALL} AND count > -{number}"
+    return GROUPED
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tenants", type=int, default=5)
+    parser.add_argument("--connections", type=int, default=20)
+    parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="tw-pg-door-latency-"))
+    try:
+        with LocalKafka(workdir / "kafka") as kafka:
+            spark = build_spark(
+                "tenant-windows-pg-door-latency",
+                shuffle_partitions=4,
+                extra_conf=fair_scheduler_conf(workdir),
+            )
+            try:
+                _run(spark, kafka, workdir, args)
+            finally:
+                spark.stop()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+def _run(spark: SparkSession, kafka: LocalKafka, workdir: Path, args: argparse.Namespace) -> None:
+    tenants = tuple(f"q{n:02d}" for n in range(args.tenants))
+    conf = workdir / "conf"
+    (conf / "tenants").mkdir(parents=True)
+    shutil.copy(PROJECT_CONF / "sources.yaml", conf / "sources.yaml")
+    for tenant in tenants:
+        (conf / "tenants" / f"{tenant}.yaml").write_text(
+            f"id: {tenant}\nsources: [web, billing]\n"
+            "query: {max_queries_per_minute: 1000000, max_concurrent_queries: 8}\n"
+        )
+    spec = LoadSpec(tenants=tenants, sources=("web", "billing"), count=args.records, seed=7)
+    settings, lake = stream_sample_lake(spark, kafka, conf, workdir, "pg-latency", spec)
+    limits = TenantLimits(QueryLimits(), ConfReader(conf), 60.0)
+    service = QueryService(spark, lake, limits, LocalSql.of_settings(lake, settings.query))
+    keys_check = KeyCheck(conf, None, 60.0)
+    metrics = QueryMetrics()
+    app = create_app(service, keys_check, lambda tenant: tenant_key_status(lake, tenant), metrics)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, access_log=False)
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/v1/query"
+    keys = {tenant: issue_key(conf, tenant) for tenant in tenants}
+    try:
+        with PgDoor(service, keys_check, metrics, limits, PgDoorConfig(port=0)) as door:
+            for tenant in tenants:  # warm: each tenant's key verified, rows read once
+                with _connect(door, tenant, keys[tenant]) as connection:
+                    for number in range(3):
+                        connection.execute(corpus(number)).fetchall()
+            print(_psql_steps(door, tenants[0], keys[tenants[0]]))
+            print(f"{'door':<9} {'conns':>5} {'requests':>8} {'p50 ms':>7} {'p99 ms':>7}  note")
+            clients = [tenants[n % len(tenants)] for n in range(args.connections)]
+            for name, client in (
+                ("postgres", _pg_client(door, keys)),
+                ("http", _http_client(url, keys)),
+            ):
+                print(_phase(name, clients, client, args.seconds))
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        service.close()
+
+
+def _connect(door: PgDoor, tenant: str, key: str) -> psycopg.Connection[tuple[object, ...]]:
+    return psycopg.connect(
+        host="127.0.0.1",
+        port=door.port,
+        user=tenant,
+        password=key,
+        dbname="lake",
+        autocommit=True,
+        connect_timeout=30,
+    )
+
+
+def _psql_steps(door: PgDoor, tenant: str, key: str) -> str:
+    psql = shutil.which("psql")
+    if psql is None:
+        return "psql: not installed (apt-get install -y postgresql-client)"
+    base = [psql, "-X", "-h", "127.0.0.1", "-p", str(door.port), "-U", tenant, "-d", "lake"]
+    env = {**os.environ, "PGPASSWORD": key}
+    connect_s, dt_ms, group_ms, session_s = [], [], [], []
+    for _ in range(PSQL_RUNS):
+        started = time.monotonic()
+        subprocess.run([*base, "-c", r"\q"], env=env, check=True, capture_output=True, timeout=60)
+        connect_s.append(time.monotonic() - started)
+        started = time.monotonic()
+        session = subprocess.run(
+            [*base, "-c", r"\timing on", "-c", r"\dt", "-c", f"{GROUPED} ORDER BY source"],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        session_s.append(time.monotonic() - started)
+        times = [float(t) for t in re.findall(r"Time: ([0-9.]+) ms", session.stdout)]
+        dt_ms.append(sum(times[:-1]))  # \dt's catalog statement(s)
+        group_ms.append(times[-1])
+    return (
+        f"psql (median of {PSQL_RUNS}, max in brackets): connect {_ms(connect_s, 1000)} ms "
+        f"(whole process), \\dt {_ms(dt_ms)} ms, GROUP BY {_ms(group_ms)} ms, session "
+        f"(connect, \\dt, GROUP BY, disconnect) {_ms(session_s, 1000)} ms"
+    )
+
+
+def _ms(values: list[float], scale: float = 1.0) -> str:
+    return f"{statistics.median(values) * scale:.1f} [{max(values) * scale:.1f}]"
+
+
+def _pg_client(door: PgDoor, keys: dict[str, str]):  # type: ignore[no-untyped-def]
+    def run(tenant: str, deadline: float) -> tuple[list[float], Counter[str], int]:
+        latencies, outcomes, foreign = [], Counter[str](), 0
+        with _connect(door, tenant, keys[tenant]) as connection:
+            for number in range(MAX_REQUESTS_PER_CLIENT):
+                if time.monotonic() >= deadline:
+                    break
+                statement = corpus(number)
+                started = time.monotonic()
+                try:
+                    cursor = connection.execute(statement)
+                    rows = cursor.fetchall()
+                    names = [column.name for column in cursor.description or ()]
+                except psycopg.Error as error:
+                    outcomes[f"error {error.sqlstate}"] += 1
+                    continue
+                latencies.append(time.monotonic() - started)
+                outcomes["ok"] += 1
+                if "tenant" in names:
+                    at = names.index("tenant")
+                    foreign += sum(row[at] != tenant for row in rows)
+        return latencies, outcomes, foreign
+
+    return run
+
+
+def _http_client(url: str, keys: dict[str, str]):  # type: ignore[no-untyped-def]
+    def run(tenant: str, deadline: float) -> tuple[list[float], Counter[str], int]:
+        latencies, outcomes, foreign = [], Counter[str](), 0
+        with requests.Session() as session:
+            for number in range(MAX_REQUESTS_PER_CLIENT):
+                if time.monotonic() >= deadline:
+                    break
+                started = time.monotonic()
+                answer = session.post(
+                    url,
+                    json={"sql": corpus(number)},
+                    headers={"Authorization": f"Bearer {keys[tenant]}"},
+                    timeout=120,
+                )
+                if answer.status_code != 200:
+                    outcomes[f"error {answer.status_code}"] += 1
+                    continue
+                latencies.append(time.monotonic() - started)
+                outcomes["ok"] += 1
+                body = answer.json()
+                names = [column["name"] for column in body["columns"]]
+                if "tenant" in names:
+                    at = names.index("tenant")
+                    foreign += sum(row[at] != tenant for row in body["rows"])
+        return latencies, outcomes, foreign
+
+    return run
+
+
+def _phase(name: str, clients: list[str], client, seconds: float) -> str:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + seconds
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(clients)) as pool:
+        parts = list(pool.map(lambda tenant: client(tenant, deadline), clients))
+    latencies = sorted(latency for part in parts for latency in part[0])
+    outcomes = sum((part[1] for part in parts), Counter[str]())
+    foreign = sum(part[2] for part in parts)
+    p50 = statistics.median(latencies) * 1000 if latencies else float("nan")
+    p99 = (
+        latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1000
+        if latencies
+        else float("nan")
+    )
+    return (
+        f"{name:<9} {len(clients):>5} {len(latencies):>8} {p50:>7.1f} {p99:>7.1f}  "
+        f"outcomes {dict(outcomes)}; rows of another tenant: {foreign}"
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
