@@ -75,3 +75,9 @@ def test_the_slugs_are_githubs() -> None:
     )
     assert slug("When a window's final pane is out") == "when-a-windows-final-pane-is-out"
     assert slug("§1. Input records") == "1-input-records"
+
+
+def test_the_index_and_the_sizing_guide_are_on_the_readmes_first_screen() -> None:
+    first_screen = "\n".join((ROOT / "README.md").read_text().splitlines()[:40])
+    linked = {match.group("target") for match in LINK.finditer(first_screen)}
+    assert {"docs/README.md", "docs/sizing.md"} <= linked, linked
