@@ -181,12 +181,12 @@ def _reprocess(args: argparse.Namespace) -> int:
     from storage.lake.delta_lake import DeltaLake
     from streaming.pipeline.spark_session import build_spark
     from streaming.repair.replay import NO_TIME
-    from streaming.repair.reprocess import ReprocessError, parse_time_ms, reprocess_tenant
+    from streaming.repair.reprocess import ReprocessError, reprocess_tenant
 
     settings = settings_from(args)
     try:
-        since_ms = parse_time_ms(args.since) if args.since else 0
-        until_ms = parse_time_ms(args.until) if args.until else NO_TIME
+        since_ms = _time_ms(args.since) if args.since else 0
+        until_ms = _time_ms(args.until) if args.until else NO_TIME
     except ValueError as error:
         print(
             f"--since/--until: {error} (an ISO 8601 time, e.g. 2026-11-01T00:00Z)", file=sys.stderr
@@ -255,3 +255,11 @@ def _revoke_key(args: argparse.Namespace) -> int:
     revoke_key(args.conf, args.tenant, args.name)
     print(f"key {args.name!r} of tenant {args.tenant!r} revoked", file=sys.stderr)
     return ExitCode.OK
+
+
+def _time_ms(text: str) -> int:
+    """An ISO 8601 time (UTC when it names no zone) as ms since the epoch."""
+    moment = datetime.fromisoformat(text)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)

@@ -17,13 +17,9 @@ from infra.dev.load_generator import LoadSpec
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.tables import ALL_TABLES
 from streaming.app import StreamApp
+from streaming.repair.plan_journal import ReprocessReport, reprocess_app_id
 from streaming.repair.replay import NO_TIME
-from streaming.repair.reprocess import (
-    ReprocessError,
-    ReprocessReport,
-    reprocess_app_id,
-    reprocess_tenant,
-)
+from streaming.repair.reprocess import ReprocessError, reprocess_tenant
 from tenants.registry import load_registry
 from tests.support.datasets import sample_records
 from tests.support.fault_hooks import cli_command
