@@ -261,9 +261,11 @@ class TenantDirectory(Mapping[str, TenantConfig]):
     def __len__(self) -> int:
         return len(self.own) + len(self.listed)
 
-    def rule_set_of(self, tenant_id: str) -> str | None:
-        """The name of the rule set a list names for the tenant; None for a tenant file's."""
-        return self._rule_set_name(tenant_id)
+    @property
+    def rule_set_of(self) -> Callable[[str], str | None]:
+        """Tenant id -> the name of the rule set a list names for it; None for a tenant
+        file's (a function rather than a method: asked once per listed tenant in a diff)."""
+        return self._rule_set_name
 
     def source_ids(self, tenant_id: str) -> Collection[str]:
         name = self._rule_set_name(tenant_id)

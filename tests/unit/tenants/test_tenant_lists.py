@@ -6,6 +6,7 @@ Real files in `tmp_path`; reads are counted through the reader's injected `read_
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import os
 import shutil
@@ -321,3 +322,40 @@ def test_tenant_files_with_the_same_rules_share_one_validated_rule_set(conf: Pat
     # A file that repeats another's rules with a bad id is still refused for its id.
     (conf / "tenants" / "f4.yaml").write_text(f"id: F4\n{body}")
     assert f"{conf / 'tenants' / 'f4.yaml'}: id: String should match pattern" in refusal(conf)
+
+
+def _new_keys_by_sets(previous: TenantRegistry, current: TenantRegistry) -> set[tuple[str, str]]:
+    return set(current.configured_keys()) - set(previous.configured_keys())
+
+
+def test_keys_added_since_a_registry_are_what_a_diff_of_all_keys_gives(conf: Path) -> None:
+    reader = ConfReader(conf)
+    registries = [reader.load()]
+    listed = conf / "tenant_lists" / "customers.csv"
+
+    def change(path: Path, text: str) -> None:
+        path.write_text(text)
+        registries.append(reader.load())
+
+    # A tenant moves to a rule set with another source; a new one joins; one leaves.
+    change(listed, "tenant_id,rule_set\nu1,standard\nu3,standard\nu4,slow_web\n")
+    # A rule set gains a source, for every tenant that names it.
+    change(
+        conf / "rule_sets.yaml",
+        RULE_SETS.replace("      web: {window:", "      billing: {}\n      web: {window:"),
+    )
+    # A listed tenant gets a file of its own, with fewer sources; a file tenant moves to a list.
+    (conf / "tenants" / "acme.yaml").unlink()
+    (conf / "tenants" / "u1.yaml").write_text("id: u1\nsources: [web]\n")
+    change(listed, "tenant_id,rule_set\nacme,slow_web\nu3,standard\nu4,slow_web\n")
+    assert [len(registry.tenants) for registry in registries] == [4, 4, 4, 4]
+    # Executors compare snapshots: those registries read their tenants from JSON.
+    snapshots = [registry_from_snapshot(snapshot_bytes(r), "s.json") for r in registries]
+    for history in (registries, snapshots):
+        assert set(history[0].keys_added_since(None)) == set(history[0].configured_keys())
+        for previous, current in itertools.pairwise(history):
+            added = list(current.keys_added_since(previous))
+            assert len(added) == len(set(added))
+            assert set(added) == _new_keys_by_sets(previous, current)
+            assert set(previous.keys_added_since(current)) == _new_keys_by_sets(current, previous)
+    assert set(registries[2].keys_added_since(registries[1])) == {("u4", "billing")}
