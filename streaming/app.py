@@ -290,6 +290,7 @@ class StreamApp:
                 writer_epoch,
                 tasks=settings.stream.shuffle_partitions,
                 log_checkpoint_files=settings.stream.log_checkpoint_files,
+                slice_files=settings.stream.settle_slice_files,
                 policy=SettlePolicy.of(
                     settings.stream.compact_interval_ms,
                     settings.stream.merge_interval_ms,

@@ -35,6 +35,9 @@ class FaultPoint(StrEnum):
     """Driver, after a compaction committed a table, before the next table; position: as above.
     In a continuous stream the compaction runs in its own thread, beside the next batches
     (`compaction_schedule`); in an `--available-now` run, in `foreachBatch`."""
+    BETWEEN_SETTLE_SLICES = "between_settle_slices"
+    """Driver, a settle in slices of tenants (`storage.upkeep.settle_slices`) committed a
+    slice, before the next slice's commit; position: the batch the compaction runs after."""
     BEFORE_REPROCESS_COMMIT = "before_reprocess_commit"
     """Driver, `tenants reprocess`: its plan is written, a table's commit is next; position:
     how many of the run's tables are committed already."""

@@ -335,6 +335,16 @@ class StreamSettings(_Frozen):
             "Keys with fewer wait in the merged runs until `compact_interval`."
         ),
     )
+    settle_slice_files: int = Field(
+        default=25_000,
+        gt=0,
+        description=(
+            "A compaction that settles more files than this in one table commits them in "
+            "slices of tenants, each adding about this many, so the driver holds one slice's "
+            "files at a time whatever the number of tenants; every commit keeps each row "
+            "visible exactly once."
+        ),
+    )
     log_checkpoint_files: int = Field(
         default=5_000,
         gt=0,

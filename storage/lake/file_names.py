@@ -49,7 +49,8 @@ _BATCH_FILE_NAME = re.compile(
     r"^part-(?P<stream>.+)-e\d+-b\d{10}-t(?P<task>\d{5})-[0-9a-f]{12}\.parquet$"
 )
 _RUN_FILE_NAME = re.compile(
-    r"^run-(?P<stream>.+)-e\d+-c[0-9a-f]{16}-a(?P<oldest_ms>\d{13,})-t(?P<task>\d{5})\.parquet$"
+    r"^run-(?P<stream>.+)-e\d+-c(?P<inputs>[0-9a-f]{16})-a(?P<oldest_ms>\d{13,})"
+    r"-t(?P<task>\d{5})\.parquet$"
 )
 
 
@@ -77,6 +78,13 @@ def write_task_of_staged_file(path: str) -> int | None:
     the one whose files a compaction merged into it (a run); None for another name."""
     match = _staged_file_name(path)
     return None if match is None else int(match["task"])
+
+
+def run_inputs_digest(path: str) -> str | None:
+    """The inputs digest a run's name carries (`MergeFiles.inputs_digest`); None for a file
+    that is no run."""
+    match = _RUN_FILE_NAME.match(path.rsplit("/", 1)[-1])
+    return None if match is None else match["inputs"]
 
 
 def run_oldest_ms(path: str) -> int | None:

@@ -66,13 +66,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from storage.lake.delta_lake import DeltaLake, LakeFile
+from storage.lake.delta_lake import DeltaLake, LakeFile, TableOpener
 from storage.lake.file_names import (
     MergeFiles,
     SettledFiles,
+    run_inputs_digest,
     run_oldest_ms,
     write_task_of_staged_file,
 )
@@ -87,6 +89,13 @@ from storage.upkeep.compaction_tasks import (
     read_staged_files,
     write_merged_files,
     write_settled_files,
+    write_slice_runs,
+)
+from storage.upkeep.settle_slices import (
+    SLICE_FILES,
+    plan_slices,
+    slice_digest,
+    slice_of_buckets,
 )
 
 log = logging.getLogger(__name__)
@@ -150,6 +159,8 @@ class TableCompaction:
     records: int
     """Rows settled; rows moved to runs are not counted."""
     seconds: float
+    slices: int = 1
+    """Commits of settled files (`storage.upkeep.settle_slices`)."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +175,9 @@ class Compaction:
     log_checkpoint_files: int | None = None
     """A table's compaction that swaps this many files or more checkpoints its log."""
     policy: SettlePolicy = SETTLE_EVERYTHING
+    slice_files: int = SLICE_FILES
+    """A table's settle that adds more files than this commits in slices of tenants, each adding
+    about this many at most (`storage.upkeep.settle_slices`)."""
 
     def owed(self, now_ms: int) -> bool:
         """Whether this stream owes a compaction at `now_ms` (`SettlePolicy.owes`)."""
@@ -179,10 +193,11 @@ class Compaction:
         now_ms: int | None = None,
         before_commit: Callable[[], None] = lambda: None,
         after_table: Callable[[], None] = lambda: None,
+        between_slices: Callable[[], None] = lambda: None,
     ) -> list[TableCompaction]:
         """Compact every staged table; `version` (the batch it runs after) is the commits'
         transaction version under `<stream>/compaction`, `now_ms` its timestamp (None: settle
-        everything)."""
+        everything). `between_slices` runs between two slices' commits of a sliced settle."""
         # An instance that crashed mid-compaction left its manifests; each start has a new
         # epoch, so an older epoch's are never read again.
         Manifests.remove_older(
@@ -190,7 +205,7 @@ class Compaction:
         )
         done = []
         for spec in STAGED_TABLES:
-            result = self._compact(spark, spec, version, now_ms, before_commit)
+            result = self._compact(spark, spec, version, now_ms, before_commit, between_slices)
             if result is not None:
                 done.append(result)
                 after_table()
@@ -203,6 +218,7 @@ class Compaction:
         version: int,
         now_ms: int | None,
         before_commit: Callable[[], None],
+        between_slices: Callable[[], None],
     ) -> TableCompaction | None:
         started = time.monotonic()
         for _ in range(SETTLE_ATTEMPTS):
@@ -210,33 +226,23 @@ class Compaction:
             if not staged:
                 return None
             settles_all = self.policy.settles_all(staged, now_ms)
-            if settles_all:
-                written = self._write_settled(spark, spec, staged)
-            else:
+            if not settles_all:
                 # Runs stay as they are until they settle by age.
                 staged = [file for file in staged if run_oldest_ms(file.path) is None]
                 if not staged:
                     return None
-                written = self._write_merged(spark, spec, staged)
-            if self.lake.settle(
-                spec,
-                staged,
-                written,
-                self.stream,
-                version,
-                self.writer_epoch,
-                before_commit,
-                self.log_checkpoint_files,
-            ):
-                settled = [file for file in written if run_oldest_ms(file.path) is None]
+            swap = _Swap(self, spark, spec, staged, version, before_commit, between_slices)
+            swapped = swap.settle_everything() if settles_all else swap.merge()
+            if swapped is not None:
                 result = TableCompaction(
                     table=spec.name,
                     settled_all=settles_all,
                     staged_files=len(staged),
-                    settled_files=len(settled),
-                    run_files=len(written) - len(settled),
-                    records=sum(file.num_records for file in settled),
+                    settled_files=swapped.settled_files,
+                    run_files=swapped.run_files,
+                    records=swapped.records,
                     seconds=time.monotonic() - started,
+                    slices=swapped.slices,
                 )
                 log.info(
                     "compacted %s (%s): %d staged files into %d settled ones (%d rows) and %d "
@@ -260,29 +266,6 @@ class Compaction:
     def _manifests_folder(self) -> str:
         return f"{MANIFESTS_FOLDER}/{self.stream}"
 
-    def _write_settled(
-        self, spark: SparkSession, spec: TableSpec, staged: list[LakeFile]
-    ) -> list[WrittenFile]:
-        target = self._settled(spec, staged)
-        return self._write(
-            spark, spec, staged, lambda task: write_settled_files(replace(target, write_task=task))
-        )
-
-    def _write_merged(
-        self, spark: SparkSession, spec: TableSpec, staged: list[LakeFile]
-    ) -> list[WrittenFile]:
-        target = MergeFiles(
-            **vars(self._settled(spec, staged)),
-            oldest_ms=min(file.staged_ms or 0 for file in staged),
-        )
-        settle_rows = self.policy.settle_rows
-        return self._write(
-            spark,
-            spec,
-            staged,
-            lambda task: write_merged_files(replace(target, write_task=task), settle_rows),
-        )
-
     def _settled(self, spec: TableSpec, staged: list[LakeFile]) -> SettledFiles:
         inputs = "\n".join(file.path for file in staged)
         return SettledFiles(
@@ -294,14 +277,23 @@ class Compaction:
             table_name=spec.name,
         )
 
-    def _write(
-        self, spark: SparkSession, spec: TableSpec, staged: list[LakeFile], writer: TaskWriter
-    ) -> list[WrittenFile]:
-        manifests = Manifests(
+    def _manifests(self, spec: TableSpec, kind: str) -> Manifests:
+        return Manifests(
             self.lake.root,
             self.lake.storage_options,
-            f"{self._manifests_folder}/epoch-{self.writer_epoch}/{spec.name}",
+            f"{self._manifests_folder}/epoch-{self.writer_epoch}/{spec.name}/{kind}",
         )
+
+    def _write(
+        self,
+        spark: SparkSession,
+        spec: TableSpec,
+        staged: list[LakeFile],
+        writer: TaskWriter,
+        manifests: Manifests,
+    ) -> list[str]:
+        """Run `writer` over the staged files' rows, each key's rows in one task; the paths of
+        the manifests listing what it wrote."""
         by_task = staged_by_write_task(staged)
         if by_task is None:
             files = self._shuffled(spark, spec, staged, manifests.listing(in_spark_task(writer)))
@@ -315,10 +307,7 @@ class Compaction:
             )
         # The file list reaches the driver through one manifest per task, never through the JVM
         # (`Manifests`).
-        try:
-            return manifests.read([row.manifest for row in files.collect()])
-        finally:
-            manifests.remove()
+        return [row.manifest for row in files.collect()]
 
     def _shuffled(
         self, spark: SparkSession, spec: TableSpec, staged: list[LakeFile], write: MapInArrow
@@ -345,3 +334,193 @@ def staged_by_write_task(staged: list[LakeFile]) -> dict[int, list[str]] | None:
             return None
         by_task.setdefault(task, []).append(file.path)
     return by_task
+
+
+@dataclass(frozen=True)
+class _Swapped:
+    settled_files: int
+    run_files: int
+    records: int
+    slices: int = 1
+
+
+@dataclass(frozen=True)
+class _Swap:
+    """One attempt at compacting one table's listed staged files: write, then commit."""
+
+    compaction: Compaction
+    spark: SparkSession
+    spec: TableSpec
+    staged: list[LakeFile]
+    version: int
+    before_commit: Callable[[], None]
+    between_slices: Callable[[], None]
+
+    def merge(self) -> _Swapped | None:
+        """Settle the keys worth a file, the others' rows into runs, in one commit."""
+        compaction, spec = self.compaction, self.spec
+        target = MergeFiles(
+            **vars(compaction._settled(spec, self.staged)),
+            oldest_ms=min(file.staged_ms or 0 for file in self.staged),
+        )
+        settle_rows = compaction.policy.settle_rows
+        manifests = compaction._manifests(spec, "merged")
+        try:
+            paths = compaction._write(
+                self.spark,
+                spec,
+                self.staged,
+                lambda task: write_merged_files(replace(target, write_task=task), settle_rows),
+                manifests,
+            )
+            written = manifests.read(paths)
+        finally:
+            manifests.remove()
+        if not self._commit(self.staged, written, compaction.log_checkpoint_files):
+            return None
+        settled = [file for file in written if run_oldest_ms(file.path) is None]
+        return _Swapped(
+            settled_files=len(settled),
+            run_files=len(written) - len(settled),
+            records=sum(file.num_records for file in settled),
+        )
+
+    def settle_everything(self) -> _Swapped | None:
+        """Every staged row into its key's settled files: in one commit, or, when that would
+        add more than `slice_files` files, in slices (`storage.upkeep.settle_slices`)."""
+        compaction, spec = self.compaction, self.spec
+        target = compaction._settled(spec, self.staged)
+        manifests = compaction._manifests(spec, "settled")
+        try:
+            paths = compaction._write(
+                self.spark,
+                spec,
+                self.staged,
+                lambda task: write_settled_files(replace(target, write_task=task)),
+                manifests,
+            )
+            files_per_bucket = manifests.files_per_bucket(paths)
+            # Staged files that do not say their write task go through the shuffle, whose tasks
+            # cannot cut runs per slice: those settle in one commit, as before slices.
+            if (
+                int(files_per_bucket.sum()) <= compaction.slice_files
+                or staged_by_write_task(self.staged) is None
+            ):
+                written = manifests.read(paths)
+                if not self._commit(self.staged, written, compaction.log_checkpoint_files):
+                    return None
+                return _Swapped(len(written), 0, sum(file.num_records for file in written))
+            slices = plan_slices(files_per_bucket, compaction.slice_files)
+            return self._in_slices(target, manifests, paths, slices)
+        finally:
+            manifests.remove()
+
+    def _in_slices(
+        self, target: SettledFiles, settled: Manifests, paths: list[str], slices: list[range]
+    ) -> _Swapped | None:
+        """Swap the staged files for one run per write task and slice (the same rows), then
+        each slice's runs for its settled files, one commit each: every commit swaps the same
+        rows, and the driver holds one slice's files at a time."""
+        compaction, spec = self.compaction, self.spec
+        runs_target = MergeFiles(
+            **vars(target), oldest_ms=min(file.staged_ms or 0 for file in self.staged)
+        )
+        slice_of_bucket = slice_of_buckets(slices)
+        cut = compaction._manifests(spec, "slices")
+        try:
+            runs = cut.read(
+                compaction._write(
+                    self.spark,
+                    spec,
+                    self.staged,
+                    lambda task: write_slice_runs(
+                        replace(runs_target, write_task=task), slice_of_bucket
+                    ),
+                    cut,
+                )
+            )
+        finally:
+            cut.remove()
+        slice_of_digest = {
+            slice_digest(target.inputs_digest, index): index for index in range(len(slices))
+        }
+        runs_of: dict[int, list[LakeFile]] = {}
+        for run in runs:
+            index = slice_of_digest[run_inputs_digest(run.path) or ""]
+            runs_of.setdefault(index, []).append(
+                LakeFile(path=run.path, size=run.size, partition_values=run.partition_values)
+            )
+        table = _kept_table(compaction.lake)
+        if not self._commit(self.staged, runs, None, table):
+            return None
+        log.info(
+            "compacting %s: %d staged files cut into %d runs for %d slices of tenants",
+            spec.name,
+            len(self.staged),
+            len(runs),
+            len(slices),
+        )
+        settled_files = records = 0
+        for index, buckets in enumerate(slices):
+            removed = runs_of.get(index, [])
+            written = settled.read(paths, buckets)
+            if bool(removed) != bool(written):
+                raise RuntimeError(
+                    f"compacting {spec.name}: slice {index} has {len(removed)} runs and "
+                    f"{len(written)} settled files; a slice needs both or neither"
+                )
+            if not written:
+                continue
+            if settled_files:
+                self.between_slices()
+            if not self._commit(removed, written, None, table):
+                return None
+            settled_files += len(written)
+            records += sum(file.num_records for file in written)
+            log.info(
+                "compacting %s: slice %d of %d committed, %d settled files",
+                spec.name,
+                index + 1,
+                len(slices),
+                len(written),
+            )
+        checkpoint_at = compaction.log_checkpoint_files
+        if checkpoint_at is not None and settled_files + len(self.staged) >= checkpoint_at:
+            compaction.lake.checkpoint_log(spec)
+        return _Swapped(settled_files, 0, records, len(slices))
+
+    def _commit(
+        self,
+        removed: list[LakeFile],
+        added: list[WrittenFile],
+        log_checkpoint_files: int | None,
+        open_table: TableOpener | None = None,
+    ) -> bool:
+        compaction = self.compaction
+        return compaction.lake.settle(
+            self.spec,
+            removed,
+            added,
+            compaction.stream,
+            self.version,
+            compaction.writer_epoch,
+            self.before_commit,
+            log_checkpoint_files,
+            open_table,
+        )
+
+
+def _kept_table(lake: DeltaLake) -> TableOpener:
+    """A table opened once and brought up to date at each call: a sliced settle's commits then
+    read only the commits since the last, not the whole log again."""
+    kept: dict[str, DeltaTable] = {}
+
+    def current(spec: TableSpec) -> DeltaTable:
+        table = kept.get(spec.name)
+        if table is None:
+            table = kept[spec.name] = lake.open(spec)
+        else:
+            table.update_incremental()
+        return table
+
+    return current

@@ -1,22 +1,30 @@
-"""Where a compaction's tasks list the files they wrote, for the driver to read back."""
+"""Where a compaction's tasks list the files they wrote, for the driver to read back: all at
+once, or one slice of tenants at a time (`storage.upkeep.settle_slices`)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs
 
 from storage.lake.file_writer import MapInArrow, spark_task_partition
 from storage.lake.lake_filesystem import filesystem_of
 from storage.lake.written_files import WRITTEN_FILE_SCHEMA, WrittenFile
+from storage.upkeep.settle_slices import SLICE_BUCKETS, tenant_bucket
 
 log = logging.getLogger(__name__)
 
 MANIFEST_DDL = "manifest STRING, files BIGINT"
+MANIFEST_ROW_GROUP_ROWS = 2_048
+"""A manifest's rows are sorted by slice bucket in groups this small, so reading one slice's
+rows skips the groups of the others by their statistics."""
 
 
 @dataclass(frozen=True)
@@ -24,7 +32,8 @@ class Manifests:
     """Where a job's tasks list the files they wrote, instead of sending the list through Spark:
     settling everything writes a file per key, and a million keys' list outgrew a 1 GB driver
     heap on its way through the JVM. One manifest per task, named by its partition, so a
-    retried task rewrites its own."""
+    retried task rewrites its own. Each row carries the slice bucket of its file's tenant (its
+    first partition value), so the driver can read the files of one slice only."""
 
     root: str
     storage_options: Mapping[str, str] | None
@@ -46,7 +55,15 @@ class Manifests:
             filesystem, base = filesystem_of(self.root, self.storage_options)
             path = f"{base}/{self.folder}/task-{task_partition():05d}.parquet"
             filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
-            pq.write_table(listed, path, filesystem=filesystem)
+            buckets = [
+                tenant_bucket(next(iter(json.loads(values).values()), None) or "")
+                for values in listed.column("partition_values_json").to_pylist()
+            ]
+            listed = listed.append_column("bucket", pa.array(buckets, pa.int32()))
+            listed = listed.take(pc.sort_indices(listed, [("bucket", "ascending")]))
+            pq.write_table(
+                listed, path, filesystem=filesystem, row_group_size=MANIFEST_ROW_GROUP_ROWS
+            )
             yield pa.record_batch(
                 {"manifest": [path], "files": [listed.num_rows]},
                 schema=pa.schema([("manifest", pa.string()), ("files", pa.int64())]),
@@ -54,13 +71,29 @@ class Manifests:
 
         return write
 
-    def read(self, paths: list[str]) -> list[WrittenFile]:
+    def read(self, paths: list[str], buckets: range | None = None) -> list[WrittenFile]:
+        """The files the manifests at `paths` list; with `buckets`, only those whose tenant is
+        in one of them."""
         filesystem, _ = filesystem_of(self.root, self.storage_options)
+        filters = (
+            None
+            if buckets is None
+            else [("bucket", ">=", buckets.start), ("bucket", "<", buckets.stop)]
+        )
         return [
             WrittenFile.from_row(row)
             for path in paths
-            for row in pq.read_table(path, filesystem=filesystem).to_pylist()
+            for row in pq.read_table(path, filesystem=filesystem, filters=filters).to_pylist()
         ]
+
+    def files_per_bucket(self, paths: list[str]) -> np.ndarray:
+        """How many files the manifests at `paths` list in each slice bucket."""
+        filesystem, _ = filesystem_of(self.root, self.storage_options)
+        counts = np.zeros(SLICE_BUCKETS, dtype=np.int64)
+        for path in paths:
+            buckets = pq.read_table(path, filesystem=filesystem, columns=["bucket"])["bucket"]
+            counts += np.bincount(buckets.to_numpy(), minlength=SLICE_BUCKETS)
+        return counts
 
     def remove(self) -> None:
         """Best effort: a manifest left behind is read by nothing."""

@@ -6,7 +6,9 @@ and pyspark only.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +25,8 @@ from storage.lake.file_writer import (
 )
 from storage.lake.lake_filesystem import filesystem_of
 from storage.lake.tables import ALL_TABLES, with_layout
-from storage.lake.written_files import written_batch
+from storage.lake.written_files import WrittenFile, written_batch
+from storage.upkeep.settle_slices import slice_digest, tenant_buckets
 
 _SPECS = {spec.name: spec for spec in ALL_TABLES}
 RUN_ROW_GROUP_ROWS = 8_192
@@ -151,3 +154,40 @@ def _rows_per_key(rows: pa.Table) -> np.ndarray:
     starts = run_starts(rows, ("tenant", "source"))
     lengths = np.diff(np.append(starts, rows.num_rows))
     return np.repeat(lengths, lengths)
+
+
+def write_slice_runs(target: MergeFiles, slice_of_bucket: np.ndarray) -> MapInArrow:
+    """The `mapInArrow` function that cuts a write task's staged rows into slices
+    (`storage.upkeep.settle_slices`): rows of whole (tenant, source) keys in, one run per slice
+    they hold out, sorted by key and named for `target` with the slice's inputs digest
+    (`slice_digest`); one row per written file out."""
+    spec = _SPECS[target.table_name]
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        received = [batch for batch in batches if batch.num_rows > 0]
+        if not received:
+            return
+        rows = sorted_rows(pa.Table.from_batches(received).cast(spec.schema), spec.sort_by)
+        slices = slice_of_bucket[tenant_buckets(rows["tenant"])]
+        filesystem, base = filesystem_of(target.root, target.storage_options)
+        written: list[WrittenFile] = []
+        for index in np.unique(slices).tolist():
+            run = replace(target, inputs_digest=slice_digest(target.inputs_digest, index))
+            name = run.run_name()
+            written += write_partitions(
+                filesystem,
+                base,
+                spec,
+                with_layout(rows.filter(pa.array(slices == index)), spec, settled=False),
+                functools.partial(_same_name, name),
+                "compaction",
+                target,
+                row_group_rows=RUN_ROW_GROUP_ROWS,
+            )
+        yield written_batch(written)
+
+    return write
+
+
+def _same_name(name: str, _partition_folder: str) -> str:
+    return name

@@ -205,4 +205,7 @@ class CompactionSchedule:
             after_table=lambda: self.fault_hook.reached(
                 FaultPoint.AFTER_COMPACTION_COMMIT, batch_id
             ),
+            between_slices=lambda: self.fault_hook.reached(
+                FaultPoint.BETWEEN_SETTLE_SLICES, batch_id
+            ),
         )

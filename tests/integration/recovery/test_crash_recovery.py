@@ -48,6 +48,9 @@ PROGRESS_LOGGER = "tenant_windows.progress"
 # Staged rows settle after every batch, so every crash point meets a compaction too, and the
 # tables compared include where each row is (staged or settled).
 COMPACT_EVERY_BATCH = {"TW_STREAM__COMPACT_INTERVAL": "0s"}
+# Compaction after every batch that settles each table in slices of a few files: a crash
+# between two slices' commits restarts to the same tables as a run that settles in one commit.
+SLICED_EVERY_BATCH = {**COMPACT_EVERY_BATCH, "TW_STREAM__SETTLE_SLICE_FILES": "2"}
 # Compaction after every batch that only merges (the age limit is a day away): about half the
 # keys have enough rows in a batch to settle, the others wait in runs until the run's end.
 MERGE_EVERY_BATCH = {
@@ -105,6 +108,14 @@ def _crash_and_recover(
                 f"{FaultPoint.AFTER_DELTA_COMMITS}@2",
                 f"{FaultPoint.BEFORE_COMPACTION_COMMIT}@1",
                 f"{FaultPoint.AFTER_COMPACTION_COMMIT}@2",
+            )
+        ),
+        *(
+            pytest.param(point, SLICED_EVERY_BATCH, id=f"sliced-{point}")
+            for point in (
+                f"{FaultPoint.BEFORE_COMPACTION_COMMIT}@1",
+                f"{FaultPoint.BETWEEN_SETTLE_SLICES}@1",
+                f"{FaultPoint.BETWEEN_SETTLE_SLICES}@3",
             )
         ),
         *(
@@ -175,8 +186,8 @@ def test_random_crashes_leave_the_same_output_after_restart(
     for run in range(RANDOM_CRASHES):
         # Points this stream never reaches: the sample config has no `notify` (delivery points
         # are tests/integration/notify/test_notify_stream.py's), and reprocess points are
-        # tests/integration/lake/test_reprocess.py's.
-        elsewhere = DELIVERY_POINTS | REPROCESS_POINTS
+        # tests/integration/lake/test_reprocess.py's; a settle in slices is the sliced params'.
+        elsewhere = DELIVERY_POINTS | REPROCESS_POINTS | {FaultPoint.BETWEEN_SETTLE_SLICES}
         point = rng.choice([point for point in FaultPoint if point not in elsewhere])
         if point in (FaultPoint.KAFKA_READ, FaultPoint.AFTER_DEFERRAL, FaultPoint.STATE_FUNCTION):
             position = rng.randrange(0, RECORDS // 2)  # an offset in one of two partitions

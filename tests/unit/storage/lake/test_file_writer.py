@@ -4,12 +4,15 @@ tasks and manifests that use it (`storage.upkeep.compaction_tasks`, `compaction_
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
+import zlib
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -17,6 +20,7 @@ from storage.lake.file_names import (
     BatchFiles,
     MergeFiles,
     SettledFiles,
+    run_inputs_digest,
     run_oldest_ms,
     stream_of_staged_file,
     write_task_of_staged_file,
@@ -29,9 +33,19 @@ from storage.lake.written_files import WRITTEN_FILE_SCHEMA, WrittenFile
 from storage.upkeep.compaction_manifests import Manifests
 from storage.upkeep.compaction_tasks import (
     RUN_ROW_GROUP_ROWS,
+    TaskWriter,
     compact_write_tasks,
     write_merged_files,
     write_settled_files,
+    write_slice_runs,
+)
+from storage.upkeep.settle_slices import (
+    SLICE_BUCKETS,
+    plan_slices,
+    slice_digest,
+    slice_of_buckets,
+    tenant_bucket,
+    tenant_buckets,
 )
 from streaming.state.union_rows import union_table
 from tests.support.timestamps import T0_MS
@@ -223,6 +237,10 @@ def _written(task: int, count: int) -> list[WrittenFile]:
     ]
 
 
+def _path(file: WrittenFile) -> str:
+    return file.path
+
+
 def test_tasks_list_their_files_in_manifests_the_driver_reads_back(tmp_path: Path) -> None:
     manifests = Manifests(str(tmp_path), None, "_compaction_manifests/orders/epoch-3/events")
     rows = []
@@ -240,8 +258,21 @@ def test_tasks_list_their_files_in_manifests_the_driver_reads_back(tmp_path: Pat
             for row in batch.to_pylist()
         ]
     assert [row["files"] for row in rows] == [3, 2]  # a task that wrote nothing lists nothing
-    read = manifests.read([row["manifest"] for row in rows])
-    assert read == _written(0, 3) + _written(2, 2)
+    paths = [row["manifest"] for row in rows]
+    read = manifests.read(paths)
+    assert sorted(read, key=_path) == sorted(_written(0, 3) + _written(2, 2), key=_path)
+    # And one slice of tenants at a time (`settle_slices`): each file in exactly one slice.
+    per_bucket = manifests.files_per_bucket(paths)
+    assert per_bucket.sum() == 5
+    slices = plan_slices(per_bucket, slice_files=2)
+    assert len(slices) >= 3
+    by_slice = [manifests.read(paths, buckets) for buckets in slices]
+    assert all(len(files) <= 2 for files in by_slice)
+    assert sorted((f for files in by_slice for f in files), key=_path) == sorted(read, key=_path)
+    for buckets, files in zip(slices, by_slice, strict=True):
+        assert all(
+            tenant_bucket(str(f.partition_values["layout_tenant"])) in buckets for f in files
+        )
 
     # A crashed instance's (an older epoch's) manifests go when a newer one compacts.
     older = Manifests(str(tmp_path), None, "_compaction_manifests/orders/epoch-2/events")
@@ -328,3 +359,77 @@ def test_a_compaction_without_a_shuffle_settles_each_write_tasks_keys_on_their_o
     assert {file.path for file in second} == {
         file.path for file in files if "-t00001-" in file.path
     }
+
+
+def test_a_settle_in_slices_cuts_runs_holding_exactly_each_slices_settled_rows(
+    tmp_path: Path,
+) -> None:
+    union = _pane_rows(1_500, seed=11)
+    staged_by_task: dict[int, list[str]] = {}
+    for task in (0, 1):
+        mine = union.filter(pa.array([int(t[1:]) % 2 == task for t in union["tenant"].to_pylist()]))
+        target = BatchFiles(str(tmp_path), None, "s", 1, 4, (WINDOWS.name,))
+        written = write_task_files(target, task_partition=lambda task=task: task)(
+            iter(packed_table(mine).to_batches())
+        )
+        staged_by_task[task] = [row["path"] for batch in written for row in batch.to_pylist()]
+    settled = SettledFiles(str(tmp_path), None, "s", 1, "0123456789abcdef", WINDOWS.name)
+
+    def listed(kind: str, writer: TaskWriter) -> tuple[Manifests, list[str]]:
+        manifests = Manifests(str(tmp_path), None, f"_manifests/{kind}")
+        tasks = compact_write_tasks(str(tmp_path), None, WINDOWS.name, staged_by_task, 2, writer)
+        paths = []
+        for number in (0, 1):
+            listing = manifests.listing(tasks, task_partition=lambda number=number: number)
+            for batch in listing(iter([pa.record_batch({"id": [number]})])):
+                paths += batch.column("manifest").to_pylist()
+        return manifests, paths
+
+    manifests, paths = listed(
+        "settled", lambda task: write_settled_files(replace(settled, write_task=task))
+    )
+    slices = plan_slices(manifests.files_per_bucket(paths), slice_files=60)
+    assert len(slices) > 3
+    runs_target = MergeFiles(**vars(settled), oldest_ms=T0_MS)
+    cut, run_paths = listed(
+        "runs",
+        lambda task: write_slice_runs(
+            replace(runs_target, write_task=task), slice_of_buckets(slices)
+        ),
+    )
+    runs = cut.read(run_paths)
+    slice_of_digest = {
+        slice_digest(settled.inputs_digest, index): index for index in range(len(slices))
+    }
+
+    def rows_of(files: list[WrittenFile]) -> list[tuple[object, ...]]:
+        rows = [
+            row
+            for file in files
+            for row in pq.read_table(tmp_path / WINDOWS.name / file.path).to_pylist()
+        ]
+        return sorted((row["tenant"], row["source"], row["window_id"]) for row in rows)
+
+    for index, buckets in enumerate(slices):
+        mine = [run for run in runs if slice_of_digest[run_inputs_digest(run.path) or ""] == index]
+        assert all(write_task_of_staged_file(run.path) in (0, 1) for run in mine)
+        assert all(run.partition_values["layout_tenant"] == STAGED for run in mine)
+        assert rows_of(mine) == rows_of(manifests.read(paths, buckets))
+    assert sum(run.num_records for run in runs) == union.num_rows
+
+
+def test_slices_hold_at_most_their_files_and_cover_every_bucket_once() -> None:
+    per_bucket = np.zeros(SLICE_BUCKETS, dtype=np.int64)
+    per_bucket[[3, 4, 9, 100, 4_000]] = [5, 4, 2, 30, 1]
+    slices = plan_slices(per_bucket, slice_files=10)
+    assert slices[0].start == 0 and slices[-1].stop == SLICE_BUCKETS
+    assert all(a.stop == b.start for a, b in itertools.pairwise(slices))
+    held = [int(per_bucket[s.start : s.stop].sum()) for s in slices]
+    assert held == [9, 2, 30, 1]  # a bucket of more than 10 is a slice of its own
+    owner = slice_of_buckets(slices)
+    assert owner[4] == 0 and owner[9] == 1 and owner[100] == 2 and owner[4_095] == 3
+    tenants = pa.chunked_array([["acme", "globex", "acme"], ["initech"]])
+    assert tenant_buckets(tenants).tolist() == [
+        tenant_bucket(name) for name in ("acme", "globex", "acme", "initech")
+    ]
+    assert tenant_bucket("acme") == zlib.crc32(b"acme") % SLICE_BUCKETS  # same on any machine
