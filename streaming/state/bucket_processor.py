@@ -36,6 +36,7 @@ import numpy as np
 import orjson
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql.streaming.state import GroupState
 from pyspark.sql.types import (
@@ -204,10 +205,18 @@ def sorted_batch(frames: list[pd.DataFrame]) -> pd.DataFrame:
         return pd.DataFrame(columns=_EMPTY_BATCH_COLUMNS)
     batch = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     # contract §2: a key's records are handled in (partition, offset) order. Malformed records have
-    # no key; they sort last and only go to quarantine.
-    return batch.sort_values(
-        ["tenant", "source", "partition", "offset"], kind="stable", na_position="last"
-    ).reset_index(drop=True)
+    # no key; they sort last and only go to quarantine. Arrow sorts the strings in C++ (pandas
+    # builds a categorical of each first): half the time for a bucket's batch.
+    sort_keys = pa.table(
+        {
+            name: pa.array(batch[name].to_numpy(), from_pandas=True)
+            for name in ["tenant", "source", "partition", "offset"]
+        }
+    )
+    order = pc.sort_indices(
+        sort_keys, [(name, "ascending", "at_end") for name in sort_keys.column_names]
+    )
+    return batch.take(order.to_numpy()).reset_index(drop=True)
 
 
 def _process_bucket(
@@ -217,8 +226,6 @@ def _process_bucket(
     processing_time_ms: int,
     out: UnionRows,
 ) -> None:
-    reasons: list[str | None] = batch["reason"].tolist()
-    errors: list[str | None] = batch["error"].tolist()
     tenants = _strings(batch["tenant"])
     sources = _strings(batch["source"])
     event_times = _event_times(batch)
@@ -247,15 +254,22 @@ def _process_bucket(
     unrejected = batch["reason"].isna().to_numpy()
     skewed = unrejected & known & (event_times > latest_ms)
     accepted = unrejected & known & ~skewed
-    for index in np.flatnonzero(unrejected & ~known).tolist():
-        # Routing quarantines these already with the same config; this keeps the reasons
-        # right should the two ever disagree.
-        reasons[index], errors[index] = _unknown_key(registry, tenants[index], sources[index])
-    for index in np.flatnonzero(skewed).tolist():
-        reasons[index] = QuarantineReason.FUTURE_SKEW.value
-        errors[index] = _future_skew_error(
-            int(event_times[index]), processing_time_ms, int(latest_ms[index]) - processing_time_ms
-        )
+    unknown = np.flatnonzero(unrejected & ~known)
+    if len(unknown) or skewed.any():
+        reasons: list[str | None] = batch["reason"].tolist()
+        errors: list[str | None] = batch["error"].tolist()
+        for index in unknown.tolist():
+            # Routing quarantines these already with the same config; this keeps the reasons
+            # right should the two ever disagree.
+            reasons[index], errors[index] = _unknown_key(registry, tenants[index], sources[index])
+        for index in np.flatnonzero(skewed).tolist():
+            reasons[index] = QuarantineReason.FUTURE_SKEW.value
+            errors[index] = _future_skew_error(
+                int(event_times[index]),
+                processing_time_ms,
+                int(latest_ms[index]) - processing_time_ms,
+            )
+        out.set_quarantine(reasons, errors)
     # Idle keys are found before any key is read out, as the stored rows say.
     idle = keys.idle_keys(processing_time_ms)
     work = _Work.of_batch(tenants, sources, firsts, lengths, routes, accepted)
@@ -270,7 +284,6 @@ def _process_bucket(
         stored = keys.get(item.key)
         stored.quarantined_records += item.quarantined
         _advance_key(item, stored, records, processing_time_ms, out)
-    out.set_quarantine(reasons, errors)
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,6 @@ class UnionRows:
     too_late: list[tuple[Key, int, TooLate]] = field(default_factory=list)
     panes: list[tuple[Key, Pane]] = field(default_factory=list)
     statuses: list[tuple[Key, StoredKey, int, Lifecycle]] = field(default_factory=list)
-    quarantine_mask: np.ndarray | None = None
     _arrow_batch: dict[str, pa.Array] = field(default_factory=dict)
     """The batch's columns in Arrow, converted once each: a bucket's rules groups and tables
     each take rows from them."""
@@ -172,13 +171,12 @@ class UnionRows:
         self.statuses.append((key, stored, processing_time_ms, lifecycle))
 
     def set_quarantine(self, reasons: list[str | None], errors: list[str | None]) -> None:
-        if not reasons:
-            return
+        """The stage quarantined more of the batch's records than routing did: every record's
+        reason and error now."""
         self.batch["reason"] = reasons
         self.batch["error"] = errors
         self._arrow_batch.pop("reason", None)
         self._arrow_batch.pop("error", None)
-        self.quarantine_mask = self.batch["reason"].notna().to_numpy()
 
     def table(self) -> pa.Table:
         parts = [
@@ -248,9 +246,11 @@ class UnionRows:
         }
 
     def _quarantine_rows(self) -> pa.Table | None:
-        if self.quarantine_mask is None or not self.quarantine_mask.any():
+        if "reason" not in self.batch:
             return None
-        indexes = np.flatnonzero(self.quarantine_mask)
+        indexes = np.flatnonzero(self.batch["reason"].notna().to_numpy())
+        if not len(indexes):
+            return None
         columns = ["tenant", "source", *_RECORD_COLUMNS, "event_id", "reason", "error"]
         return union_table(
             {**self._batch_columns(indexes, columns), "kind": [QUARANTINE.name] * len(indexes)},
