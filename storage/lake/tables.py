@@ -16,10 +16,10 @@ files, so they read the same wherever the row is. No tenant id starts with `_`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -228,45 +228,91 @@ LAKE_TABLES = (*ALL_TABLES, DELIVERIES)
 """Every table under the lake root: what is created, vacuumed and optimized."""
 
 
-def rows_for_table(batch: pa.Table, spec: TableSpec, batch_id: int) -> pa.Table:
-    """The rows of `batch` (union rows from the stateful stage) that belong to `spec`."""
-    rows = batch.filter(pc.equal(batch["kind"], spec.name))
-    derived: dict[str, pa.ChunkedArray | pa.Array] = {
-        "window_start": _timestamp(rows["window_start_ms"]),
-        "window_end": _timestamp(rows["window_end_ms"]),
-        "event_time": _timestamp(rows["event_time_ms"]),
-        "watermark": _timestamp(rows["watermark_ms"]),
-        "kafka_timestamp": _timestamp(rows["kafka_timestamp_ms"]),
-        "max_event_time": _timestamp(rows["max_event_time_ms"]),
-        "last_record_processing_time": _timestamp(rows["last_record_processing_ms"]),
-        "processing_time": _timestamp(rows["processing_time_ms"]),
-        "merged_window_ids": pa.array(
-            [
-                None if text is None else json.loads(text)
-                for text in rows["merged_window_ids_json"].to_pylist()
-            ],
-            pa.list_(pa.string()),
-        ),
-        "metrics": pa.array(
-            [
-                None if text is None else sorted(json.loads(text).items())
-                for text in rows["metrics_json"].to_pylist()
-            ],
-            METRICS,
-        ),
-        "batch_id": pa.array([batch_id] * rows.num_rows, pa.int64()),
-    }
-    derived["window_date"] = pc.cast(derived["window_start"], pa.date32())
-    # Ingest date comes from the Kafka timestamp, not the clock, so a replay lands identically.
-    derived["ingest_date"] = pc.cast(derived["kafka_timestamp"], pa.date32())
-    if spec.name == EVENTS.name:
-        # Accepted values were decoded as UTF-8 JSON objects upstream, so this cast cannot fail.
-        derived["payload"] = pc.cast(rows["value"], pa.string())
-    columns = [
-        derived[field.name] if field.name in derived else rows[field.name].cast(field.type)
-        for field in spec.schema
+UNION_ROWS = pa.schema(
+    [
+        pa.field("kind", pa.string()),
+        pa.field("tenant", pa.string()),
+        pa.field("source", pa.string()),
+        pa.field("window_id", pa.string()),
+        pa.field("window_start_ms", pa.int64()),
+        pa.field("window_end_ms", pa.int64()),
+        pa.field("pane_index", pa.int32()),
+        pa.field("timing", pa.string()),
+        pa.field("is_final", pa.bool_()),
+        pa.field("count", pa.int64()),
+        pa.field("metrics", METRICS),
+        pa.field("merged_window_ids", pa.list_(pa.string())),
+        pa.field("event_time_ms", pa.int64()),
+        pa.field("lateness_ms", pa.int64()),
+        pa.field("watermark_ms", pa.int64()),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("kafka_timestamp_ms", pa.int64()),
+        pa.field("event_id", pa.string()),
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("reason", pa.string()),
+        pa.field("error", pa.string()),
+        # tenant_status only
+        pa.field("max_event_time_ms", pa.int64()),
+        pa.field("open_windows", pa.int32()),
+        pa.field("last_record_processing_ms", pa.int64()),
+        pa.field("processing_time_ms", pa.int64()),
+        pa.field("on_time_records", pa.int64()),
+        pa.field("late_records", pa.int64()),
+        pa.field("too_late_records", pa.int64()),
+        pa.field("quarantined_records", pa.int64()),
+        pa.field("lifecycle", pa.string()),
     ]
+)
+"""The stateful stage's output rows (`streaming.state.union_rows`): every table's columns, each
+row tagged with its table (`kind`), null where its table has no such column. Times are epoch ms;
+`metrics` and `merged_window_ids` are already the `windows` table's types, so the writer derives
+nothing per row."""
+
+_DERIVED_TIMES = {
+    "window_start": "window_start_ms",
+    "window_end": "window_end_ms",
+    "event_time": "event_time_ms",
+    "watermark": "watermark_ms",
+    "kafka_timestamp": "kafka_timestamp_ms",
+    "max_event_time": "max_event_time_ms",
+    "last_record_processing_time": "last_record_processing_ms",
+    "processing_time": "processing_time_ms",
+}
+"""Table columns that are a union column's epoch ms as a UTC timestamp."""
+
+
+def rows_for_table(batch: pa.Table, spec: TableSpec, batch_id: int) -> pa.Table:
+    """The rows of `batch` (`UNION_ROWS`, from the stateful stage) that belong to `spec`.
+
+    Column-wise only: at 100,000 tenants a batch has a `tenant_status` row per key."""
+    rows = batch.filter(pc.equal(batch["kind"], spec.name))
+
+    def column(name: str) -> pa.ChunkedArray | pa.Array:
+        if name in _DERIVED_TIMES:
+            return _timestamp(rows[_DERIVED_TIMES[name]])
+        if name == "batch_id":
+            return pa.array(np.full(rows.num_rows, batch_id, np.int64))
+        if name == "window_date":
+            return pc.cast(_timestamp(rows["window_start_ms"]), pa.date32())
+        if name == "ingest_date":
+            # From the Kafka timestamp, not the clock, so a replay lands identically.
+            return pc.cast(_timestamp(rows["kafka_timestamp_ms"]), pa.date32())
+        if name == "payload":
+            # Accepted values were decoded as UTF-8 JSON objects upstream: this cannot fail.
+            return pc.cast(rows["value"], pa.string())
+        return rows[name]
+
+    columns = [_typed(column(field.name), field.type) for field in spec.schema]
     return pa.Table.from_arrays(columns, schema=spec.schema)
+
+
+def _typed(
+    values: pa.ChunkedArray | pa.Array, arrow_type: pa.DataType
+) -> pa.ChunkedArray | pa.Array:
+    return values if values.type == arrow_type else values.cast(arrow_type)
 
 
 def with_layout(rows: pa.Table, spec: TableSpec, settled: bool) -> pa.Table:

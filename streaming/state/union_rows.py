@@ -9,7 +9,6 @@ the sink's writer splits it by `kind` (`storage.lake.tables.rows_for_table`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -17,63 +16,25 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import (
-    BinaryType,
-    BooleanType,
-    DataType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
+from pyspark.sql.types import BinaryType, StructField, StructType
 
 from storage.lake.packed_rows import PACKED_COLUMN
-from storage.lake.tables import EVENTS, LATE_EVENTS, QUARANTINE, TENANT_STATUS, WINDOWS
+from storage.lake.tables import (
+    EVENTS,
+    LATE_EVENTS,
+    METRICS,
+    QUARANTINE,
+    TENANT_STATUS,
+    UNION_ROWS,
+    WINDOWS,
+)
 from streaming.state.bucket_state import Key, StoredKey
 from streaming.windowing.columnar_windows import BucketAdvance, optional_times, window_ids
 from streaming.windowing.key_state import Timing
 from streaming.windowing.key_windows import Assignment, BatchResult, Pane, TooLate
 
-_OUTPUT_FIELDS: list[tuple[str, DataType]] = [
-    ("kind", StringType()),
-    ("tenant", StringType()),
-    ("source", StringType()),
-    ("window_id", StringType()),
-    ("window_start_ms", LongType()),
-    ("window_end_ms", LongType()),
-    ("pane_index", IntegerType()),
-    ("timing", StringType()),
-    ("is_final", BooleanType()),
-    ("count", LongType()),
-    ("metrics_json", StringType()),
-    ("merged_window_ids_json", StringType()),
-    ("event_time_ms", LongType()),
-    ("lateness_ms", LongType()),
-    ("watermark_ms", LongType()),
-    ("topic", StringType()),
-    ("partition", IntegerType()),
-    ("offset", LongType()),
-    ("kafka_timestamp_ms", LongType()),
-    ("event_id", StringType()),
-    ("key", BinaryType()),
-    ("value", BinaryType()),
-    ("reason", StringType()),
-    ("error", StringType()),
-    # tenant_status only
-    ("max_event_time_ms", LongType()),
-    ("open_windows", IntegerType()),
-    ("last_record_processing_ms", LongType()),
-    ("processing_time_ms", LongType()),
-    ("on_time_records", LongType()),
-    ("late_records", LongType()),
-    ("too_late_records", LongType()),
-    ("quarantined_records", LongType()),
-    ("lifecycle", StringType()),
-]
-OUTPUT_SCHEMA = StructType([StructField(name, data_type) for name, data_type in _OUTPUT_FIELDS])
-OUTPUT_ARROW_SCHEMA = to_arrow_schema(OUTPUT_SCHEMA)
+OUTPUT_ARROW_SCHEMA = UNION_ROWS
+"""The union rows' schema, owned by the writer that reads them (`storage.lake.tables`)."""
 PACKED_OUTPUT_SCHEMA = StructType([StructField(PACKED_COLUMN, BinaryType())])
 """What the stateful stage hands Spark: its union rows packed (`storage.lake.packed_rows`)."""
 _RECORD_COLUMNS = ["topic", "partition", "offset", "kafka_timestamp_ms", "key", "value"]
@@ -106,7 +67,6 @@ class UnionRows:
     too_late: list[tuple[Key, int, TooLate]] = field(default_factory=list)
     panes: list[tuple[Key, Pane]] = field(default_factory=list)
     statuses: list[tuple[Key, StoredKey, int, Lifecycle]] = field(default_factory=list)
-    quarantine_mask: np.ndarray | None = None
     _arrow_batch: dict[str, pa.Array] = field(default_factory=dict)
     """The batch's columns in Arrow, converted once each: a bucket's rules groups and tables
     each take rows from them."""
@@ -171,8 +131,8 @@ class UnionRows:
                         "timing": np.where(panes.late, Timing.LATE.value, Timing.ON_TIME.value),
                         "is_final": panes.is_final,
                         "count": panes.count,
-                        "metrics_json": panes.metrics_json(names),
-                        "merged_window_ids_json": ["[]"] * len(panes.key),
+                        "metrics": panes.metrics_map(names),
+                        "merged_window_ids": _no_merged_ids(len(panes.key)),
                         "watermark_ms": optional_times(panes.watermark_ms),
                     },
                     len(panes.key),
@@ -211,13 +171,12 @@ class UnionRows:
         self.statuses.append((key, stored, processing_time_ms, lifecycle))
 
     def set_quarantine(self, reasons: list[str | None], errors: list[str | None]) -> None:
-        if not reasons:
-            return
+        """The stage quarantined more of the batch's records than routing did: every record's
+        reason and error now."""
         self.batch["reason"] = reasons
         self.batch["error"] = errors
         self._arrow_batch.pop("reason", None)
         self._arrow_batch.pop("error", None)
-        self.quarantine_mask = self.batch["reason"].notna().to_numpy()
 
     def table(self) -> pa.Table:
         parts = [
@@ -287,9 +246,11 @@ class UnionRows:
         }
 
     def _quarantine_rows(self) -> pa.Table | None:
-        if self.quarantine_mask is None or not self.quarantine_mask.any():
+        if "reason" not in self.batch:
             return None
-        indexes = np.flatnonzero(self.quarantine_mask)
+        indexes = np.flatnonzero(self.batch["reason"].notna().to_numpy())
+        if not len(indexes):
+            return None
         columns = ["tenant", "source", *_RECORD_COLUMNS, "event_id", "reason", "error"]
         return union_table(
             {**self._batch_columns(indexes, columns), "kind": [QUARANTINE.name] * len(indexes)},
@@ -326,8 +287,8 @@ class UnionRows:
                 "timing": [p.timing.value for p in panes],
                 "is_final": [p.is_final for p in panes],
                 "count": [p.count for p in panes],
-                "metrics_json": [json.dumps(p.metrics, sort_keys=True) for p in panes],
-                "merged_window_ids_json": [json.dumps(list(p.merged_window_ids)) for p in panes],
+                "metrics": pa.array([sorted(p.metrics.items()) for p in panes], METRICS),
+                "merged_window_ids": [list(p.merged_window_ids) for p in panes],
                 "watermark_ms": [p.watermark_ms for p in panes],
             },
             len(panes),
@@ -370,6 +331,13 @@ def union_table(columns: dict[str, Any], rows: int) -> pa.Table:
         for field in OUTPUT_ARROW_SCHEMA
     ]
     return pa.Table.from_arrays(arrays, schema=OUTPUT_ARROW_SCHEMA)
+
+
+def _no_merged_ids(rows: int) -> pa.ListArray:
+    """Fixed windows merge nothing: an empty list per pane."""
+    return pa.ListArray.from_arrays(
+        pa.array(np.zeros(rows + 1, np.int32)), pa.array([], pa.string())
+    )
 
 
 def _arrow_column(values: Any, arrow_type: pa.DataType) -> pa.Array:

@@ -28,7 +28,6 @@ keys, rules and batches.
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -221,20 +220,15 @@ class PaneColumns:
     metric_present: np.ndarray
     watermark_ms: np.ndarray
 
-    def metrics_json(self, names: list[str]) -> list[str]:
-        """Each pane's metrics as the reference writes them (`json.dumps`, keys sorted)."""
-        values = self.metric_values.tolist()
-        present = self.metric_present.tolist()
-        return [
-            json.dumps(
-                {
-                    name: value if is_set else None
-                    for name, value, is_set in zip(names, row, row_present, strict=True)
-                },
-                sort_keys=True,
-            )
-            for row, row_present in zip(values, present, strict=True)
-        ]
+    def metrics_map(self, names: list[str]) -> pa.MapArray:
+        """Each pane's metrics as the reference's `Pane.metrics`, by name (`names` sorted):
+        a map per pane, null where a metric has no value."""
+        panes, metrics = self.metric_values.shape
+        return pa.MapArray.from_arrays(
+            pa.array(np.arange(panes + 1, dtype=np.int32) * metrics),
+            pa.array(np.tile(np.array(names, dtype=object), panes), pa.string()),
+            pa.array(self.metric_values.ravel(), pa.float64(), mask=~self.metric_present.ravel()),
+        )
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,11 @@ def _bucket_rows(
     mine = record_key[placed.record_index] == key
     too_late = record_key[rejected.record_index] == key
     pane_rows = panes.key == key
-    metrics = panes.metrics_json(names)
+    # As the `windows` table holds them: a map per pane, compared as the reference's JSON.
+    metrics = [
+        json.dumps(dict(entries), sort_keys=True)
+        for entries in panes.metrics_map(names).to_pylist()
+    ]
     return [
         [
             (r - int(first_record[key]), f"{s}-{e}", s, e, pane, late)
