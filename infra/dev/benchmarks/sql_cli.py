@@ -213,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         "--corpus", action="store_true", help="also time the statements a user meets first"
     )
     parser.add_argument("--only-corpus", action="store_true", help="time those only")
+    parser.add_argument("--case", action="append", default=[], help="time only these (by name)")
     args = parser.parse_args(argv)
     workdir = args.lake.resolve() if args.lake else Path(tempfile.mkdtemp(prefix="tw-sql-cli-"))
     try:
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         timed = [] if args.only_corpus else cases(lake, workdir / "conf")
         if args.corpus or args.only_corpus:
             timed += corpus_cases(lake, workdir / "conf")
-        for case in timed:
+        for case in (c for c in timed if not args.case or c.name in args.case):
             for label, checkout in checkouts:
                 try:
                     timings = time_case(checkout, case, args.runs)
