@@ -181,16 +181,21 @@ def time_case(checkout: Path, case: Case, runs: int) -> list[tuple[float, float]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu_before = before.ru_utime + before.ru_stime
         started = time.monotonic()
-        done = subprocess.run(
-            [sys.executable, "-m", "infra.cli", *case.arguments],
-            cwd=checkout,
-            env=environ,
-            capture_output=True,
-            text=True,
-            input=case.stdin,
-            timeout=RUN_TIMEOUT_S,
-            check=False,
-        )
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "infra.cli", *case.arguments],
+                cwd=checkout,
+                env=environ,
+                capture_output=True,
+                text=True,
+                input=case.stdin,
+                timeout=RUN_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(
+                f"{case.name} in {checkout}: no answer in {RUN_TIMEOUT_S} s"
+            ) from None
         wall = time.monotonic() - started
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         seconds.append((wall, after.ru_utime + after.ru_stime - cpu_before))
