@@ -171,7 +171,9 @@ def _sql(args: argparse.Namespace) -> int:
 def _open_lake(
     settings: AppSettings, tenant: str | None, versions: dict[str, int], open_tables: bool
 ) -> tuple[DeltaLake, Mapping[str, DeltaTable | None] | None]:
-    """The lake, and with `open_tables` the tables the views read at the versions asked for;
+    """The lake, and with `open_tables` its tables for the in-process engine: with `versions`
+    (time travel), every table the views read at the version asked for, checked now as Spark's
+    views check them; without, none yet (`_FilesOnFirstRead` opens those a statement names).
     `_Refusal` with the line Spark's views give when the lake has no such table or version."""
     from storage.lake.tables import ALL_TABLES, LAKE_TABLES
     from storage.query.view_catalog import (
@@ -191,6 +193,8 @@ def _open_lake(
     lake = DeltaLake.from_settings(settings.lake)
     if not open_tables:
         return lake, None
+    if not versions:
+        return lake, {}
     try:
         return lake, open_view_tables(lake, specs, versions)
     except (TableVersionError, LakeNotWrittenError) as error:
@@ -256,12 +260,13 @@ class _InProcess:
         from storage.query.local_sql import LocalSql
 
         self._engine = LocalSql.of_settings(self.lake, self.settings.query)
-        self._files = _FilesOnFirstRead(self.tables, self.args.tenant)
+        self._files = _FilesOnFirstRead(self.lake, self.tables, self.args.tenant)
 
     def answer(self, tree: exp.Query) -> str | _Refusal | None:
         from storage.query.local_sql import StatementTimeout
         from storage.query.query_errors import statement_timeout
         from storage.query.spark_text import NotPrintable, render_rows
+        from storage.query.view_catalog import LakeNotWrittenError
 
         query = self.settings.query
         limits = self.limits or query  # the operator's bounds: the defaults
@@ -277,6 +282,8 @@ class _InProcess:
                 rows + 1,  # one more than printed: the table format says there are more
                 limits.statement_timeout_ms / 1000,
             )
+        except LakeNotWrittenError as error:
+            return _Refusal(str(error))
         except StatementTimeout:
             if self.limits is None:
                 return None  # the operator's statement has no timeout on Spark
@@ -292,28 +299,61 @@ class _InProcess:
 
 class _FilesOnFirstRead(Mapping[str, "TableFiles | None"]):
     """Each table's files for the scope, listed when a statement first reads the table: a
-    statement over `events` lists no other table's files."""
+    statement over `events` opens no other table. `tables`: the tables opened at the versions
+    asked for (time travel); empty: each at its newest version, opened here, and for a tenant
+    read from the log's checkpoint, that tenant's files only (`TableFiles.of_tenant_in_log`).
+    `LakeNotWrittenError` for a table the lake does not have."""
 
-    def __init__(self, tables: Mapping[str, DeltaTable | None], tenant: str | None) -> None:
+    def __init__(
+        self, lake: DeltaLake, tables: Mapping[str, DeltaTable | None], tenant: str | None
+    ) -> None:
+        from storage.lake.tables import ALL_TABLES, LAKE_TABLES
+
+        self._lake = lake
         self._tables = tables
         self._tenant = tenant
+        self._specs = {spec.name: spec for spec in (ALL_TABLES if tenant else LAKE_TABLES)}
         self._files: dict[str, TableFiles | None] = {}
 
     def __getitem__(self, name: str) -> TableFiles | None:
         if name not in self._files:
-            from storage.lake.table_files import TableFiles
-
-            table = self._tables[name]
-            self._files[name] = (
-                None if table is None else TableFiles.of_table(table, only_tenant=self._tenant)
-            )
+            self._files[name] = self._open(name)
         return self._files[name]
 
+    def _open(self, name: str) -> TableFiles | None:
+        from storage.lake.table_files import TableFiles
+
+        if self._tables:
+            table = self._tables[name]
+            return None if table is None else TableFiles.of_table(table, only_tenant=self._tenant)
+        spec = self._specs[name]
+        if self._tenant is not None:
+            files = TableFiles.of_tenant_in_log(
+                self._lake.table_uri(spec),
+                spec.storage_schema,
+                self._lake.storage_options,
+                self._tenant,
+            )
+            if files is not None:
+                return files
+        from deltalake.exceptions import TableNotFoundError
+
+        from storage.lake.tables import DELIVERIES
+        from storage.query.view_catalog import lake_not_written
+
+        try:
+            table = self._lake.open(spec)
+        except TableNotFoundError:
+            if spec is DELIVERIES:
+                return None  # a lake from before notifications: an empty view
+            raise lake_not_written(self._lake.root, spec) from None
+        return TableFiles.of_table(table, only_tenant=self._tenant)
+
     def __iter__(self) -> Iterator[str]:
-        return iter(self._tables)
+        return iter(self._specs)
 
     def __len__(self) -> int:
-        return len(self._tables)
+        return len(self._specs)
 
 
 @dataclass

@@ -24,7 +24,9 @@ from urllib.parse import unquote
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from storage.lake.lake_filesystem import filesystem_of
@@ -104,6 +106,70 @@ class TableFiles:
                 highs[row] if shared else None,
             )
         return index.frozen(table.version(), partitions, tenant_column)
+
+    @classmethod
+    def of_tenant_in_log(
+        cls,
+        table_uri: str,
+        storage_schema: pa.Schema,
+        storage_options: Mapping[str, str] | None,
+        tenant: str,
+    ) -> TableFiles | None:
+        """`tenant`'s files (and the staged ones that may hold its rows) at the table's newest
+        version, read from the log's newest checkpoint and the commits after it, without
+        delta-rs: a one-off reader of one tenant (`tenant-windows sql --tenant`) pays for the
+        checkpoint's path and partition columns only, not for materialising every file of a
+        table of a million tenants with its statistics. None where this reader cannot (no
+        checkpoint, a multi-part or V2 one, deletion vectors, a later commit it cannot follow):
+        the caller loads the version with delta-rs (`of_table`)."""
+        filesystem, table_path = filesystem_of(table_uri, storage_options)
+        log_dir = f"{table_path.rstrip('/')}/_delta_log"
+        try:
+            with filesystem.open_input_stream(f"{log_dir}/_last_checkpoint") as stream:
+                last = orjson.loads(stream.read())
+        except (FileNotFoundError, OSError, orjson.JSONDecodeError):
+            return None
+        if last.get("parts") or last.get("v2Checkpoint") or "version" not in last:
+            return None
+        version = int(last["version"])
+        checkpoint = pq.ParquetFile(
+            f"{log_dir}/{version:020d}.checkpoint.parquet", filesystem=filesystem
+        )
+        adds = _checkpoint_adds(checkpoint)
+        if adds is None:
+            return None
+        metadata = checkpoint.read(columns=["metaData"]).column("metaData").drop_null()
+        if len(metadata) != 1:
+            return None
+        partition_names = metadata[0]["partitionColumns"].as_py()
+        if any(name not in storage_schema.names for name in partition_names):
+            return None
+        partitions = pa.schema([storage_schema.field(name) for name in partition_names])
+        tenant_column = next((c for c in _TENANT_COLUMNS if c in partition_names), None)
+        index = _Index(table_uri, tenant)
+        paths, sizes, values = adds
+        kept: list[int]
+        if tenant_column is None:
+            kept = list(range(len(paths)))
+            owners: list[str | None] = [None] * len(kept)
+        else:
+            owner_column = pc.map_lookup(values, pa.scalar(tenant_column), "first")
+            mine = pc.is_in(owner_column, pa.array([tenant, STAGED]))
+            kept = pc.indices_nonzero(pc.fill_null(mine, False)).to_pylist()
+            owners = [_owner(owner_column[row].as_py()) for row in kept]
+        shared = [row for row, owner in zip(kept, owners, strict=True) if owner is None]
+        stats = _staged_stats(checkpoint, shared)
+        for row, owner in zip(kept, owners, strict=True):
+            low, high = stats.get(row, (None, None))
+            index.add(paths[row].as_py(), sizes[row].as_py(), owner, low, high)
+        files: TableFiles | None = index.frozen(version, partitions, tenant_column)
+        for _ in range(MAX_COMMITS_PER_ADVANCE):
+            assert files is not None
+            newer = files.advanced(storage_options)
+            if newer is None or newer is files:
+                return newer
+            files = newer
+        return files
 
     def files_of(self, tenant: str | None) -> dict[str, int]:
         """URIs of the files that may hold `tenant`'s rows (None: every file), with their sizes
@@ -216,6 +282,35 @@ class _Index:
             shared=MappingProxyType(self._shared),
             only_tenant=self._only_tenant,
         )
+
+
+def _checkpoint_adds(
+    checkpoint: pq.ParquetFile,
+) -> tuple[pa.ChunkedArray, pa.ChunkedArray, pa.ChunkedArray] | None:
+    """The checkpoint's live files: paths, sizes and partition values (None: one with
+    deletion vectors, which this reader does not apply)."""
+    columns = ["add.path", "add.size", "add.partitionValues", "add.deletionVector.storageType"]
+    read = checkpoint.read(columns=columns).column("add")
+    adds = pc.drop_null(read)
+    if len(adds) and pc.any(pc.is_valid(pc.struct_field(adds, "deletionVector"))).as_py():
+        return None
+    return (
+        pc.struct_field(adds, "path"),
+        pc.struct_field(adds, "size"),
+        pc.struct_field(adds, "partitionValues"),
+    )
+
+
+def _staged_stats(
+    checkpoint: pq.ParquetFile, rows: list[int]
+) -> dict[int, tuple[str | None, str | None]]:
+    """The `tenant` statistics of the checkpoint's live files at `rows` (positions among its
+    `add` actions): read only where there are such files, the staged ones."""
+    if not rows:
+        return {}
+    adds = pc.drop_null(checkpoint.read(columns=["add.stats"]).column("add"))
+    texts = pc.struct_field(adds, "stats")
+    return {row: _tenant_stats({"stats": texts[row].as_py()}) for row in rows}
 
 
 def _lines(stream: pa.NativeFile, chunk_bytes: int = 1 << 22) -> Iterator[bytes]:

@@ -102,14 +102,20 @@ def _sort_key(column: pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
 
 def order_frame(frame: DataFrame) -> DataFrame:
     """`frame` in the rule's order, as Spark sorts: before a limit, so the rows a limit keeps
-    are the ones the in-process engine keeps."""
+    are the ones the in-process engine keeps. A result holding a type Spark cannot sort by
+    (an interval) keeps Spark's order."""
+    from pyspark.errors import AnalysisException
     from pyspark.sql import functions as F
-    from pyspark.sql.types import ArrayType, MapType, StructType
+    from pyspark.sql.types import ArrayType, MapType, StructType, VariantType
 
     keys = []
     for position, field in enumerate(frame.schema.fields):
         column = frame[position]  # by position: a result may repeat a column name
-        if isinstance(field.dataType, ArrayType | MapType | StructType):
+        if isinstance(field.dataType, ArrayType | MapType | StructType | VariantType):
             column = F.to_json(column)
         keys.append(column.asc_nulls_first())
-    return frame.orderBy(*keys)
+    try:
+        return frame.orderBy(*keys)
+    except AnalysisException:
+        # A type Spark cannot order (an interval): its rows in Spark's own order, as before.
+        return frame

@@ -181,16 +181,21 @@ def time_case(checkout: Path, case: Case, runs: int) -> list[tuple[float, float]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu_before = before.ru_utime + before.ru_stime
         started = time.monotonic()
-        done = subprocess.run(
-            [sys.executable, "-m", "infra.cli", *case.arguments],
-            cwd=checkout,
-            env=environ,
-            capture_output=True,
-            text=True,
-            input=case.stdin,
-            timeout=RUN_TIMEOUT_S,
-            check=False,
-        )
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "infra.cli", *case.arguments],
+                cwd=checkout,
+                env=environ,
+                capture_output=True,
+                text=True,
+                input=case.stdin,
+                timeout=RUN_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(
+                f"{case.name} in {checkout}: no answer in {RUN_TIMEOUT_S} s"
+            ) from None
         wall = time.monotonic() - started
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         seconds.append((wall, after.ru_utime + after.ru_stime - cpu_before))
@@ -213,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         "--corpus", action="store_true", help="also time the statements a user meets first"
     )
     parser.add_argument("--only-corpus", action="store_true", help="time those only")
+    parser.add_argument("--case", action="append", default=[], help="time only these (by name)")
     args = parser.parse_args(argv)
     workdir = args.lake.resolve() if args.lake else Path(tempfile.mkdtemp(prefix="tw-sql-cli-"))
     try:
@@ -227,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         timed = [] if args.only_corpus else cases(lake, workdir / "conf")
         if args.corpus or args.only_corpus:
             timed += corpus_cases(lake, workdir / "conf")
-        for case in timed:
+        for case in (c for c in timed if not args.case or c.name in args.case):
             for label, checkout in checkouts:
                 try:
                     timings = time_case(checkout, case, args.runs)

@@ -142,3 +142,31 @@ def test_a_commit_is_read_a_line_at_a_time_whatever_the_chunks() -> None:
     for chunk_bytes in (1, 3, 7, 1 << 20):
         lines = list(_lines(pa.BufferReader(text), chunk_bytes))
         assert lines == [b'{"a": 1}', b'{"b": 22}', b'{"c": 333}'], chunk_bytes
+
+
+_SCHEMA = pa.schema(
+    [pa.field("tenant", pa.string()), pa.field("value", pa.int64()), ("layout_tenant", pa.string())]
+)
+
+
+def test_one_tenants_files_read_from_the_checkpoint_are_those_delta_rs_lists(
+    tmp_path: Path,
+) -> None:
+    """Checkpointed files, staged ones ruled in or out by their statistics, and the commits
+    after the checkpoint (a removal among them) all count, as in delta-rs' own load."""
+    uri = str(tmp_path / "events")
+    _write(uri, _staged(["acme", "b"]))
+    _write(uri, _staged(["zeta"]))
+    for tenant in _TENANTS:
+        _write(uri, _settled(tenant))
+    assert TableFiles.of_tenant_in_log(uri, _SCHEMA, None, "acme") is None  # no checkpoint yet
+    DeltaTable(uri).create_checkpoint()
+    _write(uri, _settled("acme"))
+    DeltaTable(uri).delete("tenant = 'b'")
+    for tenant in (*_TENANTS, "nobody"):
+        files = TableFiles.of_tenant_in_log(uri, _SCHEMA, None, tenant)
+        assert files is not None and files.version == DeltaTable(uri).version()
+        loaded = TableFiles.of_table(DeltaTable(uri), only_tenant=tenant)
+        assert files.files_of(tenant) == loaded.files_of(tenant), tenant
+        assert set(files.by_tenant) <= {tenant}
+    assert len(TableFiles.of_tenant_in_log(uri, _SCHEMA, None, "acme").files_of("acme")) == 3  # type: ignore[union-attr]
