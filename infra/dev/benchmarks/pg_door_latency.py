@@ -40,6 +40,7 @@ from pathlib import Path
 import psycopg
 import requests
 import uvicorn
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
 from infra.dev.benchmarks.query_latency import SMALL
@@ -49,6 +50,7 @@ from infra.dev.local_stack import LocalKafka
 from infra.service.pg_door import PgDoor, PgDoorConfig
 from infra.service.query_api import KeyCheck, TenantLimits, create_app
 from infra.service.query_metrics import QueryMetrics
+from storage.lake.delta_lake import DeltaLake
 from storage.query.local_sql import LocalSql
 from storage.query.query_service import QueryService, fair_scheduler_conf
 from streaming.observe.stream_status import tenant_key_status
@@ -56,10 +58,12 @@ from streaming.pipeline.spark_session import build_spark
 from tenants.api_keys import issue_key
 from tenants.models import QueryLimits
 from tenants.registry import ConfReader
+from tenants.settings import AppSettings
 
 GROUPED = "SELECT tenant, source, count(*) AS n FROM windows GROUP BY tenant, source"
 MAX_REQUESTS_PER_CLIENT = 50_000
 PSQL_RUNS = 5
+LAKE_ATTEMPTS = 3
 
 
 def corpus(number: int) -> str:
@@ -107,7 +111,7 @@ def _run(spark: SparkSession, kafka: LocalKafka, workdir: Path, args: argparse.N
             "query: {max_queries_per_minute: 1000000, max_concurrent_queries: 8}\n"
         )
     spec = LoadSpec(tenants=tenants, sources=("web", "billing"), count=args.records, seed=7)
-    settings, lake = stream_sample_lake(spark, kafka, conf, workdir, "pg-latency", spec)
+    settings, lake = _sample_lake(spark, kafka, conf, workdir, spec)
     limits = TenantLimits(QueryLimits(), ConfReader(conf), 60.0)
     service = QueryService(spark, lake, limits, LocalSql.of_settings(lake, settings.query))
     keys_check = KeyCheck(conf, None, 60.0)
@@ -141,6 +145,23 @@ def _run(spark: SparkSession, kafka: LocalKafka, workdir: Path, args: argparse.N
         server.should_exit = True
         thread.join(timeout=30)
         service.close()
+
+
+def _sample_lake(
+    spark: SparkSession, kafka: LocalKafka, conf: Path, workdir: Path, spec: LoadSpec
+) -> tuple[AppSettings, DeltaLake]:
+    """The sample lake; written again (a topic and folder of its own) when Spark gave up on a
+    Python worker that a busy machine started too slowly (Spark waits 10 s for it)."""
+    for attempt in range(LAKE_ATTEMPTS):
+        folder = workdir / f"attempt-{attempt}"
+        folder.mkdir()
+        try:
+            return stream_sample_lake(spark, kafka, conf, folder, f"pg-latency-{attempt}", spec)
+        except StreamingQueryException as error:
+            if "failed to connect back" not in str(error) or attempt == LAKE_ATTEMPTS - 1:
+                raise
+            print(f"writing the sample lake: {str(error).splitlines()[0][:120]}; again")
+    raise AssertionError("unreachable")
 
 
 def _connect(door: PgDoor, tenant: str, key: str) -> psycopg.Connection[tuple[object, ...]]:
