@@ -112,6 +112,13 @@ _REWRITES = (
     (re.compile(r"\s+COLLATE\s+pg_catalog\s*\.\s*\"?default\"?", re.I), ""),
     (re.compile(r"\b(pg_catalog\s*\.\s*)?version\s*\(\s*\)", re.I), f"'{VERSION_TEXT}'"),
     (re.compile(r"\b(pg_catalog\s*\.\s*)?current_database\s*\(\s*\)", re.I), f"'{DATABASE}'"),
+    # DuckDB's pg_collation lacks collnamespace, which SQLAlchemy's column query joins on (a
+    # relation, not a column: no dot after it).
+    (
+        re.compile(r"\bpg_catalog\s*\.\s*pg_collation\b(?!\s*\.)", re.I),
+        "(SELECT 0::BIGINT AS oid, ''::VARCHAR AS collname, 0::BIGINT AS collnamespace "
+        "WHERE false) AS pg_collation",
+    ),
     # DuckDB finds pg_catalog's relations and functions unqualified, and reads a column
     # named with the schema (pg_catalog.pg_class.oid) as a table name it does not have.
     (re.compile(r"\bpg_catalog\s*\.\s*(?=[a-z_\"])", re.I), ""),
@@ -131,6 +138,7 @@ _MACROS = (
     "CREATE MACRO pg_get_serial_sequence(relation, column_name) AS NULL",
     "CREATE MACRO to_regtype(wanted_type) AS "
     "(SELECT min(oid) FROM pg_catalog.pg_type WHERE typname = wanted_type)",
+    "CREATE MACRO pg_collation_is_visible(collation_id) AS true",
     "CREATE MACRO to_regclass(wanted_relation) AS "
     "(SELECT min(oid) FROM pg_catalog.pg_class WHERE relname = wanted_relation)",
 )

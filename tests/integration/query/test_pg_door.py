@@ -221,7 +221,7 @@ def test_psycopg_binds_parameters_and_reads_typed_rows(door: PgDoor, keys: dict[
             assert cursor.fetchone() == (5,)
 
 
-def test_sqlalchemy_lists_the_views_and_pandas_reads_them(
+def test_sqlalchemy_inspects_the_views_and_pandas_reads_them(
     door: PgDoor, keys: dict[str, str]
 ) -> None:
     engine = sqlalchemy.create_engine(
@@ -230,6 +230,8 @@ def test_sqlalchemy_lists_the_views_and_pandas_reads_them(
     try:
         inspector = sqlalchemy.inspect(engine)
         assert set(inspector.get_table_names()) == set(TENANT_VIEW_NAMES)
+        columns = {column["name"] for column in inspector.get_columns("windows")}
+        assert {"tenant", "source", "window_start", "count"} <= columns
         frame = pd.read_sql(
             "SELECT source, count(*) AS n FROM events GROUP BY source ORDER BY source", engine
         )
