@@ -81,12 +81,15 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     produce.add_argument(
         "--rate", type=float, default=None, help="records per second (default: as fast as possible)"
     )
-    produce.add_argument("--jitter", default="5s", help="out-of-orderness of event times")
+    produce.add_argument(
+        "--jitter", default="5s", help="out-of-orderness of event times (default 5s)"
+    )
     produce.add_argument(
         "--late-share",
         type=float,
         default=0.02,
-        help="share of records too late for their window (default 0.02)",
+        help="share of records sent 3 minutes behind their key's event time, late or too late "
+        "for their window (default 0.02)",
     )
     produce.add_argument(
         "--malformed-share",

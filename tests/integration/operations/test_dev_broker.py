@@ -48,7 +48,10 @@ def _port_is_open(port: int) -> bool:
         return False
 
 
-def test_the_dev_broker_takes_a_record_and_stops_on_sigterm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_the_dev_broker_takes_a_record_and_stops_by_its_pid(
+    stop: signal.Signals, tmp_path: Path
+) -> None:
     port = find_free_loopback_port()
     app_yaml = tmp_path / "app.yaml"
     app_yaml.write_text(f"kafka:\n  bootstrap_servers: 127.0.0.1:{port}\n  topic: dev-events\n")
@@ -90,7 +93,7 @@ def test_the_dev_broker_takes_a_record_and_stops_on_sigterm(tmp_path: Path) -> N
         consumer.close()
         assert values == [b'{"tenant": "acme"}']
 
-        os.kill(broker.pid, signal.SIGTERM)
+        os.kill(broker.pid, stop)
         assert broker.wait(timeout=STOP_DEADLINE_S) == 0
         assert not _port_is_open(port), "the broker still listens after its command stopped"
     finally:

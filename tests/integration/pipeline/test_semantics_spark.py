@@ -310,6 +310,23 @@ def test_live_onboarding_invalid_config_and_rule_change_without_restart(
         events = running.wait_for("newco's events", newco_events(2))
         assert set(events["timing"]) == {"ON_TIME"}
 
+        # newco's first status row is in the first batch under its config (docs/tenants.md):
+        # `configured`, with zero counters, if its records came in a later batch; `active` if
+        # they came in that one. A key never has two rows in one batch.
+        def newco_active() -> pd.DataFrame | None:
+            status = of_key(pipeline.table("tenant_status"), "newco", "web")
+            return status if (status["lifecycle"] == "active").any() else None
+
+        newco_status = running.wait_for("newco's status", newco_active)
+        assert not newco_status.duplicated("batch_id").any()
+        first = newco_status.sort_values("batch_id").iloc[0]
+        if first["lifecycle"] == "configured":
+            assert first["on_time_records"] == 0 and pd.isna(first["watermark"])
+            assert first["batch_id"] < events["batch_id"].min()
+        else:
+            assert first["lifecycle"] == "active"
+            assert first["batch_id"] == events["batch_id"].min()
+
         # An invalid tenant file is refused; the stream keeps running with the last good config.
         published = snapshot_count(pipeline)
         (conf / "tenants" / "broken.yaml").write_text(
