@@ -23,8 +23,9 @@ _HEAP_USED = re.compile(r"garbage-first heap\s+total (\d+)K, used (\d+)K")
 
 
 def kind_of(pid: int, root: int) -> str:
-    """`driver`, `jvm`, or the Python module a Spark worker runs (e.g. `worker_daemon`,
-    `plan_data_source_read`); `gone` if the process has exited."""
+    """`driver`, `jvm`, the Python module a Spark worker runs (e.g. `worker`,
+    `plan_data_source_read`), or another program's name (the launcher's `bash`, the shell
+    commands Hadoop runs); `gone` if the process has exited."""
     if pid == root:
         return "driver"
     try:
@@ -32,9 +33,13 @@ def kind_of(pid: int, root: int) -> str:
     except OSError:
         return "gone"
     words = [word.decode(errors="replace") for word in arguments if word]
-    if words and words[0].endswith("java"):
+    program = Path(words[0]).name if words else "gone"
+    if program == "java":
         return "jvm"
-    # `python -m pyspark.daemon pyspark.sql.worker.X`, `python -m streaming...worker_daemon`
+    if not program.startswith("python"):
+        return program
+    # `python -m pyspark.daemon pyspark.sql.worker.X`, `python -m streaming...worker_daemon
+    # pyspark.worker`: the module the worker runs is the last word.
     modules = [word for word in words[1:] if not word.startswith("-")]
     return modules[-1].rsplit(".", 1)[-1] if modules else "python"
 
@@ -66,7 +71,8 @@ class ProcessTree:
 
     def look(self, since_start_s: float) -> None:
         for pid in [self.root, *descendants(self.root)]:
-            kind = self._kinds.get(pid) or kind_of(pid, self.root)
+            # Looked up each time: the launcher's shell becomes the JVM by exec, same PID.
+            kind = kind_of(pid, self.root)
             if kind == "gone":
                 continue
             self._kinds[pid] = kind
