@@ -53,6 +53,15 @@ def build_spark(
         # AvailableNow with state otherwise keeps asking for empty batches.
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
         "spark.sql.adaptive.enabled": "false",
+        # What the driver keeps of finished work for the UI and its REST API. Kept with the UI
+        # off too, and the stream adds two SQL executions, a job or two and their stages and
+        # tasks every micro-batch: by default the driver's heap grows until 1,000 executions,
+        # 1,000 jobs and 1,000 stages are held (minutes at a 1 s trigger), and with it the JVM's
+        # memory. The last few are all a stream's UI needs; more is `extra_conf`'s to ask for.
+        "spark.sql.ui.retainedExecutions": "50",
+        "spark.ui.retainedJobs": "100",
+        "spark.ui.retainedStages": "100",
+        "spark.ui.retainedTasks": "10000",
     }
     if master is not None:
         # A JVM this process starts binds to the machine's first interface otherwise. A driver

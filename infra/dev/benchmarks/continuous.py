@@ -14,13 +14,18 @@ whole run; this process reads each file `events` commits add, once, and notes wh
    started, the query started (checkpoint, Data Source, plan), the first batch's progress;
 2. **freshness:** sent -> readable in `events`, p50, p95 and max, over the records sent in the
    `--seconds` after the first committed batch (start-up left out);
-3. **keeping up:** how long after it was sent the last of those records was readable, and the
-   memory of the stream's processes (`run`, its JVM and Python workers) each minute, as PSS:
-   forked workers share their daemon's pages, which RSS would count once per worker;
+3. **keeping up:** how long after it was sent the last of those records was readable, and each
+   minute: the memory of the stream's processes (`run`, its JVM and Python workers) as PSS,
+   by kind of process (forked workers share their daemon's pages, which RSS would count once
+   per worker), the JVM's heap right after a full collection it is asked for (`jcmd`), the
+   state store's files and bytes, the checkpoint's and the lake's file counts;
 4. **restarts:** `--restarts` times, SIGKILL every process of the stream (by PID) and start it
    again at once; the time to its first committed batch, split as in 1. Records keep coming.
    With `--standby`, a `run --standby` instance is started and ready first instead: the time
    is from the SIGKILL to the standby's first committed batch.
+
+Each start also says when each kind of process showed up and the CPU seconds each used until
+the first committed batch: on two cores, the CPU a start needs is its floor.
 
 Every loop is bounded by the run's deadline; only processes this benchmark started are ended.
 """
@@ -51,6 +56,13 @@ import pyarrow.parquet as pq
 import yaml
 
 from infra.dev.benchmarks.sample_lake import PROJECT_CONF, bench_settings, write_tenants_conf
+from infra.dev.benchmarks.stream_processes import (
+    ProcessTree,
+    folder_files,
+    jvm_heap_after_gc_mib,
+    jvm_pid,
+    pss_mib_by_kind,
+)
 from infra.dev.benchmarks.table_watch import added_files
 from infra.dev.load_generator import set_event_time
 from infra.dev.local_process import LocalProcess, descendants, pss_mib
@@ -64,7 +76,7 @@ from tenants.settings import AppSettings
 
 TOPIC = "continuous"
 SOURCE = "billing"
-START_LIMIT_S = 180
+START_LIMIT_S = 180.0
 """A start that has not committed a batch by then failed."""
 DRAIN_LIMIT_S = 120
 """After the measured records, how long the watcher waits for the last of them at most."""
@@ -91,6 +103,10 @@ class Start:
     phases_s: dict[str, float] = field(default_factory=dict)
     first_batch_ms: dict[str, int] = field(default_factory=dict)
     """Spark's split of the first batch (`durationMs`), as the stream logs it."""
+    processes_s: dict[str, float] = field(default_factory=dict)
+    """When each kind of process first showed up, seconds from the launch (or the kill)."""
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    """CPU seconds each kind of process used until the first committed batch."""
 
 
 class StreamProcess(LocalProcess):
@@ -103,13 +119,17 @@ class StreamProcess(LocalProcess):
     ready_deadline_s = START_LIMIT_S
     probe_interval_s = 0.05
 
-    def __init__(self, command: list[str], log_path: Path) -> None:
+    def __init__(
+        self, command: list[str], log_path: Path, start_limit_s: float = START_LIMIT_S
+    ) -> None:
         super().__init__(log_path)
         self.command = command
+        self.ready_deadline_s = start_limit_s
         self._start = Start("none")
         self._launched_s = 0.0
         self._read_bytes = 0
         self._ready = "standing by" if "--standby" in command else "first batch"
+        self._tree: ProcessTree | None = None
 
     @property
     def address(self) -> str:
@@ -120,7 +140,9 @@ class StreamProcess(LocalProcess):
         self._start = Start(kind)
         self._read_bytes = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._launched_s = time.monotonic()
+        self._tree = None
         self.start()
+        self._note_processes()
         return self._start
 
     def take_over_from(self, active: StreamProcess) -> Start:
@@ -130,8 +152,12 @@ class StreamProcess(LocalProcess):
         self._read_bytes = self.log_path.stat().st_size
         self._ready = "first batch"
         self._launched_s = time.monotonic()
+        assert self.pid is not None
+        # Only what the takeover costs: the CPU it had used standing by is not counted.
+        self._tree = ProcessTree(self.pid, count_from_now=True)
         active.stop(kill=True)
         self._wait_until_ready()
+        self._note_processes()
         return self._start
 
     def start(self) -> StreamProcess:
@@ -144,8 +170,39 @@ class StreamProcess(LocalProcess):
             return 0.0
         return sum(pss_mib(pid) for pid in [self.pid, *descendants(self.pid)])
 
+    def minute(self, checkpoint: Path, lake: Path) -> dict[str, Any]:
+        """This minute's memory, by kind of process and in the JVM's heap after a full
+        collection, and the files the stream keeps."""
+        if self.pid is None:
+            return {}
+        by_kind = pss_mib_by_kind(self.pid)
+        jvm = jvm_pid(self.pid)
+        heap = None if jvm is None else jvm_heap_after_gc_mib(jvm)
+        state_files, state_bytes = folder_files(checkpoint / "state")
+        checkpoint_files, _ = folder_files(checkpoint)
+        lake_files, _ = folder_files(lake)
+        return {
+            "pss_mib": round(sum(by_kind.values())),
+            "pss_mib_by_kind": by_kind,
+            "heap_after_gc_mib": None if heap is None else heap[0],
+            "heap_committed_mib": None if heap is None else heap[1],
+            "state_files": state_files,
+            "state_mib": round(state_bytes / 2**20, 1),
+            "checkpoint_files": checkpoint_files,
+            "lake_files": lake_files,
+        }
+
+    def _note_processes(self) -> None:
+        if self._tree is not None:
+            self._start.processes_s = dict(self._tree.first_seen_s)
+            self._start.cpu_s = self._tree.cpu_s_by_kind()
+
     def _probe(self) -> None:
         seen_s = round(time.monotonic() - self._launched_s, 2)
+        if self._tree is None and self.pid is not None:
+            self._tree = ProcessTree(self.pid)
+        if self._tree is not None:
+            self._tree.look(seen_s)
         with self.log_path.open("rb") as log:
             log.seek(self._read_bytes)
             text = log.read()
@@ -176,6 +233,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--standby", action="store_true", help="restarts: a ready standby takes over instead"
+    )
+    parser.add_argument(
+        "--start-limit",
+        type=float,
+        default=START_LIMIT_S,
+        help="seconds a start may take to its first committed batch (a busy machine: more)",
     )
     parser.add_argument("--json", type=Path, default=Path("data/bench/continuous.json"))
     parser.add_argument("--keep-logs", type=Path, help="a folder to copy the streams' logs to")
@@ -213,7 +276,7 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
         "--lake-root", settings.lake.root, "--checkpoint-dir", settings.stream.checkpoint_dir,
         "--trigger-interval", args.trigger_interval,
     ]  # fmt: skip
-    stream = StreamProcess(command, workdir / "stream.log")
+    stream = StreamProcess(command, workdir / "stream.log", args.start_limit)
     instances = [stream]
     processes = multiprocessing.get_context("spawn")
     sent = processes.Manager().dict()
@@ -227,6 +290,9 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
     panes = _Watcher(lake.table_uri(WINDOWS), PANE_COLUMNS, _final_pane_keys, clock=time.time)
     starts: list[Start] = []
     memory_per_minute: list[float] = []
+    minutes: list[dict[str, Any]] = []
+    checkpoint = Path(settings.stream.checkpoint_dir)
+    lake_root = Path(settings.lake.root)
     try:
         producer.start()
         watcher.start()
@@ -238,7 +304,9 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
         next_sample = measured_from
         while (now := time.monotonic()) < measure_until:  # bounded by --seconds
             if now >= next_sample:
-                memory_per_minute.append(round(stream.memory_mib()))
+                minutes.append(stream.minute(checkpoint, lake_root))
+                memory_per_minute.append(minutes[-1].get("pss_mib", 0))
+                print(f"minute {len(minutes) - 1}: {minutes[-1]}", flush=True)
                 next_sample += 60
             time.sleep(min(1.0, max(0.0, measure_until - now)))
         measured = _sent_between(dict(sent), measured_from, measure_until)
@@ -246,7 +314,9 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
         memory_per_minute.append(round(stream.memory_mib()))
         for restart in range(args.restarts):
             if args.standby:
-                standby = StreamProcess([*command, "--standby"], workdir / f"standby-{restart}.log")
+                standby = StreamProcess(
+                    [*command, "--standby"], workdir / f"standby-{restart}.log", args.start_limit
+                )
                 instances.append(standby)
                 standby.launch("standby")
                 starts.append(standby.take_over_from(stream))
@@ -301,6 +371,7 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
             None if last_seen is None or last_sent is None else round(last_seen - last_sent, 2)
         ),
         "memory_mib_per_minute": memory_per_minute,
+        "minutes": minutes,
         "latency_s_per_minute": [_percentiles(sorted(minute)) for minute in latencies_by_minute],
     }
 
@@ -455,6 +526,8 @@ def report(figures: dict[str, Any]) -> str:
             + "".join(f"{phases.get(phase, float('nan')):>15.2f}" for phase, _ in PHASES)
         )
         lines.append(f"{'':<24}first batch, ms: {start['first_batch_ms']}")
+        lines.append(f"{'':<24}processes from, s: {start.get('processes_s')}")
+        lines.append(f"{'':<24}CPU s until the first batch: {start.get('cpu_s')}")
     latency = figures["latency_s"] or {}
     lines += [
         f"freshness (sent -> readable in events) over {figures['measured_records']} records: "
@@ -464,6 +537,8 @@ def report(figures: dict[str, Any]) -> str:
         f"final panes (window's end -> readable in windows), {figures['final_panes']}: "
         f"{figures['final_pane_latency_s']}",
         f"stream memory (PSS) MiB per minute: {figures['memory_mib_per_minute']}",
+        "JVM heap after a full GC, MiB per minute: "
+        + str([minute.get("heap_after_gc_mib") for minute in figures.get("minutes", [])]),
         "freshness p95 / max per minute sent, s: "
         + ", ".join(
             "-" if minute is None else f"{minute['p95']}/{minute['max']}"

@@ -1,0 +1,139 @@
+"""A benchmark's view of a running stream's processes: what each kind of them costs.
+
+`tenant-windows run` is a tree of processes: the driver's Python, its JVM, and Python workers
+Spark starts per kind of work (the executors' daemon and the workers it forks, the driver-side
+Data Source planners, the streaming source's runner). A kind is named from the command line,
+so a start's CPU seconds and a minute's memory can be split by it.
+
+Only reads /proc and asks the stream's own JVM (`jcmd`, by PID) for its heap.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infra.dev.local_process import cpu_seconds, descendants, pss_mib
+
+JCMD_TIMEOUT_S = 30
+_HEAP_USED = re.compile(r"garbage-first heap\s+total (\d+)K, used (\d+)K")
+
+
+def kind_of(pid: int, root: int) -> str:
+    """`driver`, `jvm`, the Python module a Spark worker runs (e.g. `worker`,
+    `plan_data_source_read`), or another program's name (the launcher's `bash`, the shell
+    commands Hadoop runs); `gone` if the process has exited."""
+    if pid == root:
+        return "driver"
+    try:
+        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "gone"
+    words = [word.decode(errors="replace") for word in arguments if word]
+    program = Path(words[0]).name if words else "gone"
+    if program == "java":
+        return "jvm"
+    if not program.startswith("python"):
+        return program
+    # `python -m pyspark.daemon pyspark.sql.worker.X`, `python -m streaming...worker_daemon
+    # pyspark.worker`: the module the worker runs is the last word.
+    modules = [word for word in words[1:] if not word.startswith("-")]
+    return modules[-1].rsplit(".", 1)[-1] if modules else "python"
+
+
+@dataclass
+class TreeSample:
+    """One look at the tree: each live process's kind and CPU seconds so far."""
+
+    kinds: dict[int, str] = field(default_factory=dict)
+    cpu_s: dict[int, float] = field(default_factory=dict)
+
+
+class ProcessTree:
+    """The processes under `root`, followed while a start runs: when each kind first showed
+    up, and the CPU seconds each kind used (a process that exits between looks loses only
+    its last interval)."""
+
+    def __init__(self, root: int, count_from_now: bool = False) -> None:
+        """`count_from_now`: leave out the CPU seconds the tree has used so far."""
+        self.root = root
+        self.first_seen_s: dict[str, float] = {}
+        self._kinds: dict[int, str] = {}
+        self._cpu_s: dict[int, float] = {}
+        self._before_s: dict[int, float] = {}
+        if count_from_now:
+            self.look(0.0)
+            self._before_s = dict(self._cpu_s)
+            self.first_seen_s.clear()
+
+    def look(self, since_start_s: float) -> None:
+        for pid in [self.root, *descendants(self.root)]:
+            # Looked up each time: the launcher's shell becomes the JVM by exec, same PID.
+            kind = kind_of(pid, self.root)
+            if kind == "gone":
+                continue
+            self._kinds[pid] = kind
+            self.first_seen_s.setdefault(kind, round(since_start_s, 2))
+            try:
+                self._cpu_s[pid] = cpu_seconds(pid)
+            except OSError:
+                continue
+
+    def cpu_s_by_kind(self) -> dict[str, float]:
+        totals: dict[str, float] = defaultdict(float)
+        for pid, seconds in self._cpu_s.items():
+            totals[self._kinds[pid]] += seconds - self._before_s.get(pid, 0.0)
+        return {kind: round(seconds, 2) for kind, seconds in sorted(totals.items())}
+
+
+def pss_mib_by_kind(root: int) -> dict[str, float]:
+    """The tree's memory (PSS) by kind of process, MiB."""
+    totals: dict[str, float] = defaultdict(float)
+    for pid in [root, *descendants(root)]:
+        kind = kind_of(pid, root)
+        if kind != "gone":
+            totals[kind] += pss_mib(pid)
+    return {kind: round(mib, 1) for kind, mib in sorted(totals.items())}
+
+
+def jvm_pid(root: int) -> int | None:
+    return next((pid for pid in descendants(root) if kind_of(pid, root) == "jvm"), None)
+
+
+def jvm_heap_after_gc_mib(pid: int) -> tuple[float, float] | None:
+    """(used, committed) MiB of the JVM's heap right after a full collection it was asked for
+    (`jcmd GC.run`); None if the JVM did not answer."""
+    try:
+        subprocess.run(
+            ["jcmd", str(pid), "GC.run"], capture_output=True, timeout=JCMD_TIMEOUT_S, check=True
+        )
+        info = subprocess.run(
+            ["jcmd", str(pid), "GC.heap_info"],
+            capture_output=True,
+            text=True,
+            timeout=JCMD_TIMEOUT_S,
+            check=True,
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    found = _HEAP_USED.search(info)
+    if found is None:
+        return None
+    committed_kib, used_kib = (int(value) for value in found.groups())
+    return round(used_kib / 1024, 1), round(committed_kib / 1024, 1)
+
+
+def folder_files(path: Path) -> tuple[int, int]:
+    """(files, bytes) under `path`; (0, 0) if it does not exist."""
+    count = size = 0
+    for entry in path.rglob("*"):
+        try:
+            if entry.is_file():
+                count += 1
+                size += entry.stat().st_size
+        except OSError:  # removed while counted (a cleanup, a vacuum)
+            continue
+    return count, size

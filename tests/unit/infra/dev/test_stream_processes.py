@@ -1,0 +1,57 @@
+"""The continuous benchmark's view of a stream's processes, on a real process tree."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from infra.dev.benchmarks.stream_processes import ProcessTree, folder_files, kind_of
+from infra.dev.local_process import descendants
+
+# A parent that starts a Python worker by module, as Spark starts its daemons, and a program
+# that is not Python, as Hadoop runs shell commands; then uses half a CPU second.
+PARENT = """
+import subprocess, sys, time
+quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+worker = subprocess.Popen([sys.executable, "-m", "pyspark.daemon", "pyspark.sql.worker.x"], **quiet)
+other = subprocess.Popen(["sleep", "30"], **quiet)
+while time.process_time() < 0.5:
+    pass
+print("spun", flush=True)
+time.sleep(30)
+"""
+
+
+def test_kinds_are_named_by_program_or_python_module_and_cpu_is_counted_by_kind() -> None:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE)
+    try:
+        tree = ProcessTree(parent.pid)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and {"x", "sleep"} - set(tree.first_seen_s):
+            tree.look(0.0)
+            time.sleep(0.1)
+        assert parent.stdout is not None
+        assert parent.stdout.readline() == b"spun\n"  # bounded: the parent spins 0.5 CPU s
+        tree.look(1.0)
+        assert {"driver", "x", "sleep"} <= set(tree.first_seen_s)
+        # The parent spun for half a second: its CPU is the driver's.
+        assert tree.cpu_s_by_kind()["driver"] >= 0.3
+        assert kind_of(parent.pid, parent.pid) == "driver"
+    finally:
+        for child in descendants(parent.pid):  # only what this test started
+            os.kill(child, signal.SIGKILL)
+        parent.kill()
+        parent.wait()
+    assert kind_of(parent.pid, root=1) == "gone"
+
+
+def test_folder_files_counts_files_and_bytes(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "one").write_bytes(b"12345")
+    (tmp_path / "two").write_bytes(b"123")
+    assert folder_files(tmp_path) == (2, 8)
+    assert folder_files(tmp_path / "missing") == (0, 0)
