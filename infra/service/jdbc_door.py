@@ -89,6 +89,10 @@ def serve_jdbc(
         versions = _versions(lake)
         jvm = spark.sparkContext._jvm
         assert jvm is not None
+        # Derby (the thrift server's metastore) writes its log to the working folder otherwise.
+        jvm.java.lang.System.setProperty(
+            "derby.stream.error.file", str(Path(scratch) / "derby.log")
+        )
         jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(
             spark._jsparkSession.sqlContext()
         )
