@@ -25,12 +25,20 @@ def write_tenants_conf(
     tenant_ids: Iterable[str],
     sources: tuple[str, ...],
     sources_from: Path = PROJECT_CONF,
+    listed: bool = False,
 ) -> Path:
-    """A config folder at `conf`: the sources of the config at `sources_from`, and a file per
-    tenant that has `sources` with their default rules."""
+    """A config folder at `conf`: the sources of the config at `sources_from`, and the tenants,
+    each with `sources` at their default rules: a file per tenant, or (`listed`) one tenant list
+    naming one rule set, as an operator onboards many tenants."""
     (conf / "tenants").mkdir(parents=True)
     shutil.copy(sources_from / "sources.yaml", conf / "sources.yaml")
     body = f"sources: [{', '.join(sources)}]\n"
+    if listed:
+        (conf / "rule_sets.yaml").write_text(f"rule_sets:\n  bench:\n    {body}")
+        (conf / "tenant_lists").mkdir()
+        rows = "".join(f"{tenant},bench\n" for tenant in tenant_ids)
+        (conf / "tenant_lists" / "bench.csv").write_text(f"tenant_id,rule_set\n{rows}")
+        return conf
     for tenant in tenant_ids:
         (conf / "tenants" / f"{tenant}.yaml").write_text(f"id: {tenant}\n{body}")
     return conf

@@ -195,7 +195,7 @@ class _Dataset:
         conf = workdir / "conf"
         tenant_ids = tuple(f"t{n:06d}" for n in range(tenants))
         sources = ("web", "billing")[: args.sources]
-        write_tenants_conf(conf, tenant_ids, sources)
+        write_tenants_conf(conf, tenant_ids, sources, listed=True)
         registry = load_registry(conf)
         spec = LoadSpec(
             tenants=tenant_ids,
