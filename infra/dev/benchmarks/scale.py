@@ -58,6 +58,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -76,7 +78,7 @@ from infra.dev.local_process import descendants, rss_mib
 from infra.dev.local_stack import LocalKafka
 from storage.lake.delta_lake import DeltaLake, compaction_app_id
 from storage.lake.newest_tables import NewestTables
-from storage.lake.tables import ALL_TABLES, EVENTS, TENANT_STATUS, WINDOWS
+from storage.lake.tables import ALL_TABLES, EVENTS, LATE_EVENTS, TENANT_STATUS, WINDOWS
 from storage.query.local_sql import LocalSql
 from storage.query.query_service import QueryService
 from storage.query.spark_views import register_views
@@ -301,12 +303,52 @@ def _product_stage(spark: SparkSession, dataset: _Dataset) -> StageFigures:
         spec.name: lake.open(spec).get_add_actions().num_rows for spec in ALL_TABLES
     }
     figures.extra["pane_delay_batches"] = _pane_delay(lake)
+    figures.extra["records_once"] = _every_record_once(lake, dataset)
     status = lake.open(TENANT_STATUS).to_pandas()
     keys = len(status[["tenant", "source"]].drop_duplicates())
     figures.extra["keys"] = keys
     if figures.state_bytes is not None and keys:
         figures.extra["state_bytes_per_key"] = round(figures.state_bytes / keys)
     return figures
+
+
+def _every_record_once(lake: DeltaLake, dataset: _Dataset) -> dict[str, int]:
+    """Every produced record in `events` or `late_events` exactly once: per (tenant, source),
+    the rows the tables hold against the records the generator sent that key (round-robin over
+    the keys), and no record id (partition, offset) twice. Column-wise, in DuckDB: a million
+    keys are a million rows, not a Python loop."""
+    import duckdb
+
+    tenants = dataset.tenants
+    sources = list(dataset.sources)
+    keys = tenants * len(sources)
+    database = duckdb.connect()
+    for spec in (EVENTS, LATE_EVENTS):
+        database.register(spec.name, lake.open(spec).to_pyarrow_dataset())
+    held = database.sql(
+        'SELECT tenant, source, count(*) AS n, count(DISTINCT (partition, "offset")) AS ids '
+        'FROM (SELECT tenant, source, partition, "offset" FROM events '
+        'UNION ALL SELECT tenant, source, partition, "offset" FROM late_events) '
+        "GROUP BY tenant, source"
+    ).to_arrow_table()
+    tenant_index = pc.cast(pc.utf8_slice_codeunits(held["tenant"], 1), pa.int64()).to_numpy()
+    source_index = pd.Categorical(held["source"].to_pandas(), categories=sources).codes
+    key_index = tenant_index * len(sources) + source_index
+    expected = dataset.records // keys + (key_index < dataset.records % keys)
+    counts = held["n"].to_numpy()
+    total = int(counts.sum())
+    distinct = database.sql(
+        'SELECT count(*) FROM (SELECT DISTINCT partition, "offset" FROM events '
+        'UNION SELECT DISTINCT partition, "offset" FROM late_events)'
+    ).fetchone()
+    return {
+        "keys_expected": keys,
+        "keys_held": held.num_rows,
+        "keys_with_other_counts": int((counts != expected).sum()),
+        "rows": total,
+        "records_produced": dataset.records,
+        "duplicate_rows": total - int(distinct[0] if distinct else 0),
+    }
 
 
 def _peer_stage(_spark: SparkSession, dataset: _Dataset) -> StageFigures:
