@@ -285,8 +285,10 @@ def _product_stage(spark: SparkSession, dataset: _Dataset) -> StageFigures:
         figures.extra["one_tenant_query_s"] = _one_tenant_query_s(spark, lake, "t000000")
         served = _ServedQuery(spark, lake, "t000000")
         started = time.monotonic()
-        app.compact_now(spark)  # as `run --available-now` does at its end
+        with _peak_rss() as settle_peaks:
+            app.compact_now(spark)  # as `run --available-now` does at its end
         compaction_s = time.monotonic() - started
+        figures.extra["settle_peak_mib"] = {k: round(v) for k, v in settle_peaks.items()}
         figures.extra.update(served.after_compaction())
     finally:
         app.stop()
@@ -299,6 +301,8 @@ def _product_stage(spark: SparkSession, dataset: _Dataset) -> StageFigures:
         _write_figures(streamed, compacted, figures, dataset.settings.stream.compact_interval_ms)
     )
     figures.extra["compaction_s"] = round(compaction_s, 1)
+    # `run --available-now` as a user runs it: its batches, then the final settle.
+    figures.extra["whole_run_rate"] = round(figures.records / (figures.seconds + compaction_s))
     figures.extra["files_per_table"] = {
         spec.name: lake.open(spec).get_add_actions().num_rows for spec in ALL_TABLES
     }
@@ -502,6 +506,7 @@ def _measure(stage: str, dataset: _Dataset, start: Callable[[], StreamingQuery])
         workers_peak_mib=round(peaks["workers"]),
         state_rows=state.get("numRowsTotal"),
         state_bytes=state.get("memoryUsedBytes"),
+        extra={"jvm_peak_mib": round(peaks["jvm"])},
     )
 
 
@@ -512,13 +517,15 @@ def _percentile(values: list[float], share: float) -> float:
 
 @contextmanager
 def _peak_rss() -> Iterator[dict[str, float]]:
-    """Peak RSS of this (driver) process and of all Python workers, sampled every 0.2 s."""
-    peaks = {"driver": 0.0, "workers": 0.0}
+    """Peak RSS of this (driver) process, of its JVM and of all Python workers, sampled every
+    0.2 s."""
+    peaks = {"driver": 0.0, "jvm": 0.0, "workers": 0.0}
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.wait(0.2):  # ends with the stage
             peaks["driver"] = max(peaks["driver"], rss_mib(os.getpid()))
+            peaks["jvm"] = max(peaks["jvm"], sum(map(rss_mib, _driver_jvm())))
             peaks["workers"] = max(peaks["workers"], sum(map(rss_mib, _python_workers())))
 
     sampler = threading.Thread(target=sample, name="rss-sampler", daemon=True)
@@ -528,6 +535,19 @@ def _peak_rss() -> Iterator[dict[str, float]]:
     finally:
         stop.set()
         sampler.join()
+
+
+def _driver_jvm() -> list[int]:
+    """The JVM this process started (local mode: the driver's, with the executors in it)."""
+    jvms = []
+    for pid in descendants(os.getpid()):
+        try:
+            program = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        if program.endswith(b"java"):
+            jvms.append(pid)
+    return jvms
 
 
 def _python_workers() -> list[int]:
@@ -717,11 +737,16 @@ def steady_ratios(results: list[StageFigures]) -> dict[int, dict[str, float]]:
                     product.steady_rate / other.steady_rate, 2
                 )
         peer = by.get(("peer", tenants))
+        whole_run = product.extra.get("whole_run_rate", product.overall_rate)
         if peer is not None and peer.overall_rate:
             # The whole run: start-up and, for the product, the final settle; for the peer its
             # sinks' last writes.
-            ratios[tenants]["product/peer, whole run"] = round(
-                product.overall_rate / peer.overall_rate, 2
+            ratios[tenants]["product/peer, whole run"] = round(whole_run / peer.overall_rate, 2)
+        base_whole = by.get(("product", tenant_counts[0]))
+        if base_whole is not None and tenants != tenant_counts[0]:
+            base_rate = base_whole.extra.get("whole_run_rate", base_whole.overall_rate)
+            ratios[tenants][f"whole run/whole run at {tenant_counts[0]} tenants"] = round(
+                whole_run / base_rate, 2
             )
         base = by.get(("product", tenant_counts[0]))
         if base is not None and base.steady_rate and tenants != tenant_counts[0]:
