@@ -80,44 +80,11 @@ class Manifests:
             if buckets is None
             else [("bucket", ">=", buckets.start), ("bucket", "<", buckets.stop)]
         )
-        # Column by column: at a file per key, reading row dicts was most of the driver's time
-        # in a settle (py-spy, 100,000 tenants).
-        files: list[WrittenFile] = []
-        for path in paths:
-            columns = pq.read_table(path, filesystem=filesystem, filters=filters).to_pydict()
-            files += [
-                WrittenFile(
-                    table_name=table_name,
-                    path=file_path,
-                    size=size,
-                    partition_values=json.loads(partition_values),
-                    modification_time=modification_time,
-                    stats=stats,
-                    num_records=num_records,
-                    value_counts=_counts(value_counts),
-                )
-                for (
-                    table_name,
-                    file_path,
-                    size,
-                    partition_values,
-                    modification_time,
-                    stats,
-                    num_records,
-                    value_counts,
-                ) in zip(
-                    columns["table_name"],
-                    columns["path"],
-                    columns["size"],
-                    columns["partition_values_json"],
-                    columns["modification_time"],
-                    columns["stats"],
-                    columns["num_records"],
-                    columns["value_counts_json"],
-                    strict=True,
-                )
-            ]
-        return files
+        return [
+            WrittenFile.from_row(row)
+            for path in paths
+            for row in pq.read_table(path, filesystem=filesystem, filters=filters).to_pylist()
+        ]
 
     def files_per_bucket(self, paths: list[str]) -> np.ndarray:
         """How many files the manifests at `paths` list in each slice bucket."""
@@ -149,10 +116,3 @@ class Manifests:
             number = info.base_name.removeprefix("epoch-")
             if info.type == fs.FileType.Directory and number.isdigit() and int(number) < epoch:
                 Manifests(root, storage_options, f"{folder}/{info.base_name}").remove()
-
-
-def _counts(value_counts_json: str | None) -> dict[str, int]:
-    # Most tables count nothing: "{}" needs no parsing.
-    return (
-        {} if not value_counts_json or value_counts_json == "{}" else json.loads(value_counts_json)
-    )
