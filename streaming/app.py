@@ -38,7 +38,8 @@ from storage.lake.commits import FencedError
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.s3_options import LakeUnavailableError
 from storage.lake.writer_lease import StreamLeaseHeldError, WriterLease
-from storage.upkeep.compaction import Compaction, SettlePolicy
+from storage.upkeep.compaction import Compaction
+from storage.upkeep.settle_policy import SettlePolicy
 from streaming.checkpoint.checkpoint_identity import (
     StreamIdentity,
     check_checkpoint,

@@ -4,12 +4,13 @@ Its steps, and where each lives:
 1. when: after which batch, beside or between the batches
    (`streaming.pipeline.compaction_schedule`);
 2. what: list the stream's staged files per table and choose to merge or settle everything
-   (`Compaction`, `SettlePolicy`, here);
+   (`Compaction`, here; the choice: `storage.upkeep.settle_policy`);
 3. the executors' tasks: read a write task's staged files, write settled files and runs
    (`storage.upkeep.compaction_tasks`), named by `storage.lake.file_names`, written by
    `storage.lake.file_writer`;
 4. the file list back to the driver through one manifest per task
-   (`storage.upkeep.compaction_manifests`);
+   (`storage.upkeep.compaction_manifests`), one slice of tenants at a time for a big settle
+   (`storage.upkeep.settle_slices`);
 5. the swap: one fenced, conditional Delta commit per table (`DeltaLake.settle`, sharing its
    commit path with the batches' commits in `storage.lake.delta_lake`).
 
@@ -91,6 +92,7 @@ from storage.upkeep.compaction_tasks import (
     write_settled_files,
     write_slice_runs,
 )
+from storage.upkeep.settle_policy import SETTLE_EVERYTHING, SettlePolicy
 from storage.upkeep.settle_slices import (
     SLICE_FILES,
     plan_slices,
@@ -105,47 +107,6 @@ log = logging.getLogger(__name__)
 SETTLE_ATTEMPTS = 5
 MANIFESTS_FOLDER = "_compaction_manifests"
 """Under the lake's root: the lists of files a compaction's tasks wrote, while it runs."""
-
-
-@dataclass(frozen=True)
-class SettlePolicy:
-    """When staged rows settle: `stream.compact_interval`, `merge_interval`, `settle_rows`."""
-
-    age_limit_ms: int = 0
-    """No staged row waits longer than this (plus one batch) to settle; 0: every compaction
-    settles everything."""
-    pass_interval_ms: int = 0
-    """How often compaction runs (at most `age_limit_ms`)."""
-    settle_rows: int = 1
-    """A key with this many rows among a merge's inputs settles them."""
-
-    @classmethod
-    def of(cls, age_limit_ms: int, merge_interval_ms: int, settle_rows: int) -> SettlePolicy:
-        return cls(age_limit_ms, min(merge_interval_ms, age_limit_ms), settle_rows)
-
-    def settles_all(self, staged: list[LakeFile], now_ms: int | None) -> bool:
-        """Whether a compaction at `now_ms` (None: the stream's last one, as an
-        `--available-now` run ends) settles every staged row, or only merges: the oldest row
-        would be older than the age limit by the next compaction, `pass_interval_ms` later."""
-        if now_ms is None or self.age_limit_ms <= self.pass_interval_ms:
-            return True
-        oldest_ms = min(file.staged_ms or 0 for file in staged)
-        return oldest_ms <= now_ms - (self.age_limit_ms - self.pass_interval_ms)
-
-    def owes(self, staged: list[LakeFile], now_ms: int) -> bool:
-        """Whether a compaction at `now_ms` has work that one at the start of its interval
-        would have done: a staged file from before the interval began that it takes (a run only
-        when it settles everything). A stream that died before its interval's compaction
-        committed owes it."""
-        began_ms = now_ms - now_ms % self.pass_interval_ms if self.pass_interval_ms else now_ms
-        takes_runs = bool(staged) and self.settles_all(staged, now_ms)
-        return any(
-            (file.staged_ms or 0) < began_ms and (takes_runs or run_oldest_ms(file.path) is None)
-            for file in staged
-        )
-
-
-SETTLE_EVERYTHING = SettlePolicy()
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from storage.lake.delta_lake import LakeFile
-from storage.upkeep.compaction import SETTLE_EVERYTHING, SettlePolicy
+from storage.upkeep.settle_policy import SETTLE_EVERYTHING, SettlePolicy
 from tenants.settings import StreamSettings
 
 MINUTE_MS = 60_000
