@@ -38,7 +38,7 @@ from infra.dev.local_process import descendants, rss_mib
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.file_names import BatchFiles
 from storage.lake.file_writer import write_batch_rows
-from storage.lake.tables import EVENTS, WINDOWS
+from storage.lake.tables import EVENTS, METRICS, WINDOWS
 from storage.lake.writer_lease import WriterLease
 from storage.lake.written_files import WrittenFile
 from storage.upkeep.compaction import Compaction
@@ -186,8 +186,8 @@ def _union_rows(key_of: np.ndarray, offsets: np.ndarray) -> pa.Table:
             "timing": pa.array(["ON_TIME"] * count),
             "is_final": pa.array([True] * count),
             "count": np.ones(count, dtype=np.int64),
-            "metrics_json": pa.array(["{}"] * count),
-            "merged_window_ids_json": pa.array(["[]"] * count),
+            "metrics": pa.array([[]] * count, METRICS),
+            "merged_window_ids": pa.array([[]] * count, pa.list_(pa.string())),
             "watermark_ms": event_ms,
         },
         count,
