@@ -42,8 +42,7 @@ def newly_configured_keys(previous: TenantRegistry | None, current: TenantRegist
     """Keys `current` configures and `previous` (None: no config before) does not."""
     if previous is not None and previous.fingerprint == current.fingerprint:
         return []
-    before = set(previous.configured_keys()) if previous is not None else set()
-    return sorted(set(current.configured_keys()) - before)
+    return sorted(current.keys_added_since(previous))
 
 
 def status_rows(keys: list[Key], processing_time_ms: int) -> pa.Table:
