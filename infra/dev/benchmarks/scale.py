@@ -49,10 +49,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +65,12 @@ from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from infra.dev.benchmarks import quix_peer
+from infra.dev.benchmarks.peak_memory import (
+    driver_jvm,
+    peak_rss,
+    python_workers,
+    this_process,
+)
 from infra.dev.benchmarks.sample_lake import (
     PROJECT_CONF,
     bench_settings,
@@ -74,7 +78,6 @@ from infra.dev.benchmarks.sample_lake import (
     write_tenants_conf,
 )
 from infra.dev.load_generator import LoadSpec, generate, send
-from infra.dev.local_process import descendants, rss_mib
 from infra.dev.local_stack import LocalKafka
 from storage.lake.delta_lake import DeltaLake, compaction_app_id
 from storage.lake.newest_tables import NewestTables
@@ -289,7 +292,7 @@ def _product_stage(spark: SparkSession, dataset: _Dataset) -> StageFigures:
         figures.extra["one_tenant_query_s"] = _one_tenant_query_s(spark, lake, "t000000")
         served = _ServedQuery(spark, lake, "t000000")
         started = time.monotonic()
-        with _peak_rss() as settle_peaks:
+        with peak_rss(_PROCESSES) as settle_peaks:
             app.compact_now(spark)  # as `run --available-now` does at its end
         compaction_s = time.monotonic() - started
         figures.extra["settle_peak_mib"] = {k: round(v) for k, v in settle_peaks.items()}
@@ -480,9 +483,11 @@ _STAGES: dict[str, Callable[[SparkSession, _Dataset], StageFigures]] = {
 
 # --- measuring ---------------------------------------------------------------------------------
 
+_PROCESSES = {"driver": this_process, "jvm": driver_jvm, "workers": python_workers}
+
 
 def _measure(stage: str, dataset: _Dataset, start: Callable[[], StreamingQuery]) -> StageFigures:
-    with _peak_rss() as peaks:
+    with peak_rss(_PROCESSES) as peaks:
         started = time.monotonic()
         query = start()
         if not query.awaitTermination(timeout=QUERY_TIMEOUT_S):
@@ -517,54 +522,6 @@ def _measure(stage: str, dataset: _Dataset, start: Callable[[], StreamingQuery])
 def _percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
-
-
-@contextmanager
-def _peak_rss() -> Iterator[dict[str, float]]:
-    """Peak RSS of this (driver) process, of its JVM and of all Python workers, sampled every
-    0.2 s."""
-    peaks = {"driver": 0.0, "jvm": 0.0, "workers": 0.0}
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.wait(0.2):  # ends with the stage
-            peaks["driver"] = max(peaks["driver"], rss_mib(os.getpid()))
-            peaks["jvm"] = max(peaks["jvm"], sum(map(rss_mib, _driver_jvm())))
-            peaks["workers"] = max(peaks["workers"], sum(map(rss_mib, _python_workers())))
-
-    sampler = threading.Thread(target=sample, name="rss-sampler", daemon=True)
-    sampler.start()
-    try:
-        yield peaks
-    finally:
-        stop.set()
-        sampler.join()
-
-
-def _driver_jvm() -> list[int]:
-    """The JVM this process started (local mode: the driver's, with the executors in it)."""
-    jvms = []
-    for pid in descendants(os.getpid()):
-        try:
-            program = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
-        except OSError:
-            continue
-        if program.endswith(b"java"):
-            jvms.append(pid)
-    return jvms
-
-
-def _python_workers() -> list[int]:
-    """This run's Python workers: the descendants of this process (through the JVM)."""
-    workers = []
-    for pid in descendants(os.getpid()):
-        try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"pyspark.daemon" in command or b"pyspark.worker" in command:
-            workers.append(pid)
-    return workers
 
 
 def _pane_delay(lake: DeltaLake) -> dict[str, float]:

@@ -20,13 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from infra.dev.local_process import descendants, rss_mib
+from infra.dev.benchmarks.peak_memory import driver_and_jvm, driver_jvm, peak_rss, this_process
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.file_names import BatchFiles
 from storage.lake.file_writer import write_batch_rows
@@ -94,7 +90,8 @@ def settle_once(spark: Any, workdir: Path, keys: int, args: argparse.Namespace) 
     if args.slice_files:
         options["slice_files"] = args.slice_files
     compaction = Compaction(lake, STREAM, epoch, tasks=args.tasks, **options)
-    with _peak_rss() as peaks:
+    processes = {"python": this_process, "jvm": driver_jvm, "both": driver_and_jvm}
+    with peak_rss(processes) as peaks:
         started = time.monotonic()
         done = compaction.run(spark, version=args.batches - 1)
         settle_s = time.monotonic() - started
@@ -193,37 +190,6 @@ def _union_rows(key_of: np.ndarray, offsets: np.ndarray) -> pa.Table:
         count,
     )
     return pa.concat_tables([events, windows])
-
-
-@contextmanager
-def _peak_rss() -> Iterator[dict[str, float]]:
-    """Peak RSS of this process, of its JVM, and of both together, sampled every 0.2 s."""
-    peaks = {"python": 0.0, "jvm": 0.0, "both": 0.0}
-    stop = threading.Event()
-    jvms = [pid for pid in descendants(os.getpid()) if _is_java(pid)]
-
-    def sample() -> None:
-        while not stop.wait(0.2):  # ends with the settle
-            python = rss_mib(os.getpid())
-            jvm = sum(map(rss_mib, jvms))
-            peaks["python"] = max(peaks["python"], python)
-            peaks["jvm"] = max(peaks["jvm"], jvm)
-            peaks["both"] = max(peaks["both"], python + jvm)
-
-    sampler = threading.Thread(target=sample, name="rss-sampler", daemon=True)
-    sampler.start()
-    try:
-        yield peaks
-    finally:
-        stop.set()
-        sampler.join()
-
-
-def _is_java(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"java")
-    except OSError:
-        return False
 
 
 if __name__ == "__main__":
