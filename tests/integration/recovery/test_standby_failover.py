@@ -26,7 +26,7 @@ import pytest
 
 from infra.dev.load_generator import LoadSpec
 from infra.dev.local_process import process_state
-from streaming.hooks import FaultPoint
+from streaming.fault_points import FaultPoint
 from tenants.registry import load_registry
 from tests.support.datasets import clean_run, sample_records
 from tests.support.pipeline_harness import Pipeline
