@@ -35,14 +35,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tenants.models import (
-    Accumulation,
-    Emit,
-    MetricKind,
-    SlidingWindow,
-    TumblingWindow,
-    WindowRules,
-)
+from streaming.windowing.kinds import windower_of
+from tenants.models import Accumulation, Emit, MetricKind, WindowRules
 
 NO_TIME = np.iinfo(np.int64).min
 """A time that is not set (None in `KeyState`): below every real one, so `maximum` ignores it."""
@@ -68,7 +62,8 @@ def optional_times(times_ms: np.ndarray) -> pa.Array:
 
 
 def handles_window(rules: WindowRules) -> bool:
-    return isinstance(rules.window, TumblingWindow | SlidingWindow)
+    """Whether the rules' windows lie on a fixed grid, which this engine computes on columns."""
+    return windower_of(rules.window).fixed_grid is not None
 
 
 @dataclass
@@ -246,8 +241,9 @@ def advance_bucket(
     """`key_windows.advance` for every key of `keys` (rules `rules`, every open window opened with
     them), each with its records in `records`; keys without records only run their idle timeout.
     """
-    window = rules.window
-    assert isinstance(window, TumblingWindow | SlidingWindow)
+    grid = windower_of(rules.window).fixed_grid
+    assert grid is not None, "sessions are key_windows' (handles_window)"
+    size_ms, slide_ms = grid
     kinds = [rules.metrics[name].kind for name in metric_names(rules)]
     key_count = len(keys.tenant)
     start_watermark_ms = _after_idle_timeout(keys, rules, processing_time_ms)
@@ -268,12 +264,11 @@ def advance_bucket(
     )
 
     # Every (record, window) pair, in record order, windows by start within a record.
-    slide_ms = window.slide_ms if isinstance(window, SlidingWindow) else window.size_ms
-    per_record = window.size_ms // slide_ms
+    per_record = size_ms // slide_ms
     last_start_ms = records.event_time_ms - records.event_time_ms % slide_ms
     steps = np.arange(per_record - 1, -1, -1, dtype=np.int64) * slide_ms
     pair_start_ms = (last_start_ms[:, None] - steps[None, :]).ravel()
-    pair_end_ms = pair_start_ms + window.size_ms
+    pair_end_ms = pair_start_ms + size_ms
     pair_record = np.repeat(np.arange(len(record_key), dtype=np.int64), per_record)
     pair_key = record_key[pair_record]
     pair_watermark_ms = watermark_before_ms[pair_record]
@@ -283,7 +278,7 @@ def advance_bucket(
     accepted_late = late[accepted]
 
     windows, window_of_pair = _batch_windows(
-        keys.windows, pair_key[accepted], pair_start_ms[accepted], window.size_ms, len(kinds)
+        keys.windows, pair_key[accepted], pair_start_ms[accepted], size_ms, len(kinds)
     )
     _seal_new_windows(windows, window_of_pair, pair_watermark_ms[accepted])
     on_time_pairs, late_pairs = accepted[~accepted_late], accepted[accepted_late]

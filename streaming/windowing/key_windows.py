@@ -31,16 +31,8 @@ from streaming.windowing.key_state import (
     RecordInput,
     Timing,
 )
-from tenants.models import (
-    Accumulation,
-    Emit,
-    SessionWindow,
-    SlidingWindow,
-    TumblingWindow,
-    WindowRules,
-    WindowSpec,
-    rules_id,
-)
+from streaming.windowing.kinds import windower_of
+from tenants.models import Accumulation, Emit, WindowRules, rules_id
 
 
 @dataclass(frozen=True)
@@ -96,18 +88,6 @@ class BatchResult:
     merges: list[Merge] = field(default_factory=list)
 
 
-def windows_of(event_time_ms: int, spec: WindowSpec) -> list[tuple[int, int]]:
-    """Every fixed [start, end) containing the event time, aligned to the epoch like Spark's."""
-    if isinstance(spec, TumblingWindow):
-        start = event_time_ms - event_time_ms % spec.size_ms
-        return [(start, start + spec.size_ms)]
-    if isinstance(spec, SlidingWindow):
-        last_start = event_time_ms - event_time_ms % spec.slide_ms
-        starts = range(last_start, event_time_ms - spec.size_ms, -spec.slide_ms)
-        return [(start, start + spec.size_ms) for start in sorted(starts)]
-    raise ValueError(f"{spec.kind} windows are not fixed")
-
-
 def advance(
     state: KeyState,
     records: Sequence[RecordInput],
@@ -144,6 +124,7 @@ class KeyBatch:
         self.rules = rules
         self.current_rules_id = current_rules_id
         self.rules_by_id: dict[str, WindowRules] = {self.current_rules_id: rules}
+        self.windower = windower_of(rules.window)
         self.result = BatchResult()
         self.fired: dict[str, list[Pane]] = {}
         self.to_finish: dict[str, None] = {}
@@ -195,11 +176,7 @@ class KeyBatch:
 
     def place(self, record_index: int, record: RecordInput) -> None:
         watermark_before = self.state.watermark_ms
-        if isinstance(self.rules.window, SessionWindow):
-            self.place_in_session(record_index, record, watermark_before, self.rules.window)
-        else:
-            for start_ms, end_ms in windows_of(record.event_time_ms, self.rules.window):
-                self.place_in_fixed(record_index, record, watermark_before, start_ms, end_ms)
+        self.windower.place(self, record_index, record, watermark_before)
         state = self.state
         if state.max_event_time_ms is None or record.event_time_ms > state.max_event_time_ms:
             state.max_event_time_ms = record.event_time_ms
@@ -230,9 +207,9 @@ class KeyBatch:
         record_index: int,
         record: RecordInput,
         watermark_before: int | None,
-        spec: SessionWindow,
+        gap_ms: int,
     ) -> None:
-        start_ms, end_ms = record.event_time_ms, record.event_time_ms + spec.gap_ms
+        start_ms, end_ms = record.event_time_ms, record.event_time_ms + gap_ms
         touching = self.index.sessions_touching(start_ms, end_ms)
         if not touching:
             too_late_at = end_ms + self.rules.allowed_lateness_ms

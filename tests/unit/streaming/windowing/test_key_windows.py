@@ -8,8 +8,9 @@ import json
 import pytest
 
 from streaming.windowing.key_state import KeyState, RecordInput, Timing
-from streaming.windowing.key_windows import BatchResult, Pane, windows_of
+from streaming.windowing.key_windows import BatchResult, Pane
 from streaming.windowing.key_windows import advance as advance_records
+from streaming.windowing.kinds import windower_of
 from tenants.models import Accumulation, TumblingWindow, WindowRules
 
 
@@ -153,6 +154,6 @@ def test_state_round_trips_through_json() -> None:
     [(0, 0), (59_999, 0), (60_000, 60_000), (1_700_000_012_345, 1_699_999_980_000)],
 )
 def test_tumbling_windows_align_to_the_epoch(event_time_ms: int, expected_start: int) -> None:
-    assert windows_of(event_time_ms, TumblingWindow(size="1m")) == [
+    assert windower_of(TumblingWindow(size="1m")).windows_of(event_time_ms) == [
         (expected_start, expected_start + 60_000)
     ]

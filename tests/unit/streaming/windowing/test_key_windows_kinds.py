@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from streaming.windowing.key_state import KeyState, RecordInput, Timing
-from streaming.windowing.key_windows import Pane, advance, windows_of
+from streaming.windowing.key_windows import Pane, advance
+from streaming.windowing.kinds import windower_of
 from tenants.models import SlidingWindow, WindowRules
 
 MIN = 60_000
@@ -37,8 +38,16 @@ def roundtrip(state: KeyState) -> KeyState:
 
 def test_sliding_windows_match_spark_alignment() -> None:
     spec = SlidingWindow(size="3m", slide="1m")
-    assert windows_of(2 * MIN + 5, spec) == [(0, 3 * MIN), (MIN, 4 * MIN), (2 * MIN, 5 * MIN)]
-    assert windows_of(3 * MIN, spec) == [(MIN, 4 * MIN), (2 * MIN, 5 * MIN), (3 * MIN, 6 * MIN)]
+    assert windower_of(spec).windows_of(2 * MIN + 5) == [
+        (0, 3 * MIN),
+        (MIN, 4 * MIN),
+        (2 * MIN, 5 * MIN),
+    ]
+    assert windower_of(spec).windows_of(3 * MIN) == [
+        (MIN, 4 * MIN),
+        (2 * MIN, 5 * MIN),
+        (3 * MIN, 6 * MIN),
+    ]
 
 
 def test_sliding_record_is_in_every_window_and_each_closes_once() -> None:
