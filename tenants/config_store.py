@@ -29,8 +29,9 @@ from typing import Any
 from pyarrow import fs
 from pydantic import BaseModel
 
+from tenants.conf_reader import ConfReader, validate_model
 from tenants.models import RuleSet, SourceConfig, TenantConfig
-from tenants.registry import ConfigError, ConfReader, TenantRegistry, validate_model
+from tenants.registry import ConfigError, TenantRegistry
 from tenants.tenant_lists import TenantDirectory, listed_by_rule_set, listed_from_groups
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tenants.registry import ConfigError, ConfReader
+from tenants.conf_reader import ConfReader
+from tenants.registry import ConfigError
 
 OFFBOARDED_DIR = "offboarded"
 

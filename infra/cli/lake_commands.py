@@ -16,8 +16,8 @@ from infra.cli.command_context import (
     settings_from,
 )
 from infra.cli.exit_codes import ExitCode
+from tenants.conf_reader import load_registry
 from tenants.models import parse_duration_ms
-from tenants.registry import load_registry
 
 if TYPE_CHECKING:
     from storage.upkeep.retention import CutReason

@@ -20,8 +20,8 @@ from infra.cli.command_context import (
     settings_from,
 )
 from infra.cli.exit_codes import ExitCode
+from tenants.conf_reader import load_tenant
 from tenants.models import ID_PATTERN, QueryLimits
-from tenants.registry import load_tenant
 from tenants.settings import AppSettings
 
 if TYPE_CHECKING:

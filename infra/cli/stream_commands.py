@@ -20,8 +20,8 @@ from infra.cli.command_context import (
     settings_from,
 )
 from infra.cli.exit_codes import ExitCode
+from tenants.conf_reader import load_registry
 from tenants.models import parse_duration_ms
-from tenants.registry import load_registry
 from tenants.settings import AppSettings
 
 if TYPE_CHECKING:

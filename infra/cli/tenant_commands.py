@@ -19,8 +19,8 @@ from infra.cli.command_context import (
 )
 from infra.cli.exit_codes import ExitCode
 from tenants.api_keys import ApiKeyError, issue_key, revoke_key
+from tenants.conf_reader import load_registry, load_tenant
 from tenants.models import ID_PATTERN, parse_duration_ms
-from tenants.registry import load_registry, load_tenant
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -19,7 +19,7 @@ from storage.query.spark_views import register_views
 from streaming.app import StreamApp
 from streaming.observe.stream_status import backlog_records
 from streaming.pipeline.spark_session import build_spark
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tenants.settings import load_settings
 
 DEMO_TOPIC = "tenant-events"

@@ -51,8 +51,9 @@ from infra.service.pg_catalog import (
     reads_catalog,
     session_command,
 )
-from infra.service.query_api import KeyCheck, QueryAudit, account_query
+from infra.service.query_audit import QueryAudit, account_query
 from infra.service.query_metrics import QueryMetrics
+from infra.service.tenant_access import KeyCheck
 from storage.query.query_errors import QueryError
 from storage.query.query_service import QueryService
 from tenants.models import QueryLimits

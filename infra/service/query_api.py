@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import hmac
 import io
 import json
 import logging
 import tempfile
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
@@ -28,10 +25,12 @@ import pyarrow as pa
 from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from infra.service.query_audit import QueryAudit, account_query
 from infra.service.query_metrics import Outcome, QueryMetrics
+from infra.service.tenant_access import KeyCheck, TenantLimits, resolved_operator_key
 
 if TYPE_CHECKING:
     from infra.service.pg_door import PgDoorConfig
@@ -42,13 +41,11 @@ from storage.query.query_service import (
     fair_scheduler_conf,
     leave_statement_errors_to_the_service,
 )
-from tenants.api_keys import Caller, verify_key
-from tenants.models import SECRET_FILE_PREFIX, QueryLimits, WindowRules
-from tenants.registry import ConfigError, ConfReader, TenantRegistry
+from tenants.conf_reader import ConfReader
+from tenants.models import WindowRules
 from tenants.settings import AppSettings
 
 log = logging.getLogger(__name__)
-audit_log = logging.getLogger("tenant_windows.audit")
 QUERY_PATH = "/v1/query"
 _AUDIT_STATE = "tenant_windows_query_audit"
 """The key of a query request's `QueryAudit` in its ASGI scope's state."""
@@ -62,63 +59,6 @@ class QueryRequest(BaseModel):
         default=None, ge=0, description="Read every table at its own Delta version N."
     )
     format: Literal["json", "csv", "arrow"] = "json"
-
-
-@dataclass
-class KeyCheck:
-    """Verified keys remembered for `recheck_s`: a revoked key stops working within it, and a
-    request does not pay for scrypt each time."""
-
-    conf_dir: Path
-    operator_key: SecretStr | None
-    recheck_s: float
-    _verified: dict[bytes, tuple[Caller, float]] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def caller(self, authorization: str | None) -> Caller | None:
-        """The caller a `Bearer` header proves; tenant None is the operator."""
-        scheme, _, presented = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer":
-            return None
-        return self.caller_of_key(presented.strip())
-
-    def caller_of_key(self, presented: str) -> Caller | None:
-        """The caller a key proves (the Postgres door's password); tenant None: the operator."""
-        if not presented:
-            return None
-        operator = self.operator_key.get_secret_value() if self.operator_key else ""
-        if operator and hmac.compare_digest(presented.encode(), operator.encode()):
-            return Caller(tenant=None, key_name="operator")
-        digest = hashlib.sha256(presented.encode()).digest()
-        now = time.monotonic()
-        with self._lock:
-            remembered = self._verified.get(digest)
-        if remembered is not None and now - remembered[1] < self.recheck_s:
-            return remembered[0]
-        caller = verify_key(self.conf_dir, presented)
-        with self._lock:
-            if caller is None:
-                self._verified.pop(digest, None)
-            else:
-                self._verified[digest] = (caller, now)
-        return caller
-
-
-@dataclass
-class QueryAudit:
-    """What the handling of one query request learned, for its audit line and its metrics.
-
-    Whatever answers the request fills it in: the handler (`ok`, `unauthorized`, a
-    `QueryError`'s code, `internal`) or the body's validation (`bad_request`, before any key is
-    checked, so without a tenant). `QueryAccounting` writes it out once, after the answer.
-    """
-
-    tenant: str | None = None
-    key_name: str | None = None
-    statement_sha256: str | None = None
-    outcome: Outcome | None = None
-    rows: int = 0
-    truncated: bool = False
 
 
 class QueryAccounting:
@@ -168,29 +108,6 @@ class QueryAccounting:
 
     def _write(self, audit: QueryAudit, outcome: Outcome, elapsed_s: float) -> None:
         account_query(self.metrics, audit, outcome, elapsed_s)
-
-
-def account_query(
-    metrics: QueryMetrics, audit: QueryAudit, outcome: Outcome, elapsed_s: float
-) -> None:
-    """One statement's audit line and its count in `metrics`, whichever door it came through."""
-    # A result whose answer then failed (`internal`) reached no one: no rows to count.
-    rows = audit.rows if outcome == "ok" else 0
-    truncated = audit.truncated and outcome == "ok"
-    audit_log.info(
-        json.dumps(
-            {
-                "tenant": audit.tenant,
-                "key_name": audit.key_name,
-                "statement_sha256": audit.statement_sha256,
-                "outcome": outcome,
-                "rows": rows,
-                "truncated": truncated,
-                "elapsed_ms": int(elapsed_s * 1000),
-            }
-        )
-    )
-    metrics.record(outcome, elapsed_s, rows, truncated)
 
 
 def query_audit(request: Request) -> QueryAudit | None:
@@ -366,64 +283,6 @@ def _csv_value(value: Any) -> str:
     if isinstance(value, dict | list):
         return orjson.dumps(value, default=str).decode()
     return str(value)
-
-
-@dataclass
-class TenantLimits:
-    """Each tenant's `QueryLimits`: the app's, with its own file's `query:` overrides; and its
-    window rules per source, for `/v1/status`. The tenant config is read again at most every
-    `recheck_s` (only changed files), so an edit takes effect without a restart; an invalid edit
-    keeps the last good config."""
-
-    defaults: QueryLimits
-    reader: ConfReader
-    recheck_s: float
-    _registry: TenantRegistry | None = None
-    _read_at: float = 0.0
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def __call__(self, tenant: str | None) -> QueryLimits:
-        if tenant is None:
-            return self.defaults
-        config = self._current().tenants.get(tenant)
-        return self.defaults.with_overrides(config.query) if config is not None else self.defaults
-
-    def window_rules(self, tenant: str) -> dict[str, WindowRules]:
-        """The rules the stream windows each of the tenant's sources with (none if unknown)."""
-        registry = self._current()
-        if not registry.knows_tenant(tenant):
-            return {}
-        resolved = (registry.resolve(tenant, source) for source in registry.source_ids(tenant))
-        return {found.source: found.rules for found in resolved if found is not None}
-
-    def _current(self) -> TenantRegistry:
-        with self._lock:
-            now = time.monotonic()
-            if self._registry is None or now - self._read_at >= self.recheck_s:
-                try:
-                    self._registry = self.reader.load()
-                except ConfigError as error:
-                    if self._registry is None:
-                        raise
-                    log.warning("tenant config refused, keeping the last good one: %s", error)
-                self._read_at = now
-            return self._registry
-
-
-def resolved_operator_key(settings: AppSettings) -> SecretStr | None:
-    """`query.operator_key` as given, or read from `secret:FILE` (relative to the conf dir)."""
-    key = settings.query.operator_key
-    text = key.get_secret_value().strip() if key is not None else ""
-    if not text.startswith(SECRET_FILE_PREFIX):
-        return SecretStr(text) if text else None
-    path = settings.conf_dir / text[len(SECRET_FILE_PREFIX) :].strip()
-    try:
-        text = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(path, [("query.operator_key", f"cannot be read: {error}")]) from None
-    if not text:
-        raise ConfigError(path, [("query.operator_key", "the secret file is empty")])
-    return SecretStr(text)
 
 
 def serve(

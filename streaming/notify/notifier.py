@@ -35,9 +35,10 @@ from streaming.fault_points import NO_FAULTS, FaultHook
 from streaming.notify.delivery import Delivery, EndpointScheduler, Send
 from streaming.notify.endpoints import Endpoint, post, resolve_endpoint
 from streaming.notify.payloads import PaneFacts, body_for, idempotency_key, qualifies
+from tenants.conf_reader import load_registry
 from tenants.config_store import ConfigSnapshots
 from tenants.models import NotifyTarget
-from tenants.registry import TenantRegistry, load_registry
+from tenants.registry import TenantRegistry
 from tenants.settings import AppSettings
 
 log = logging.getLogger(__name__)

@@ -48,7 +48,8 @@ from streaming.kafka.client import (
 )
 from streaming.kafka.deferral import DeferralStore, batch_key
 from streaming.observe.batch_progress import LastBatchFile
-from tenants.registry import TenantRegistry, load_registry
+from tenants.conf_reader import load_registry
+from tenants.registry import TenantRegistry
 from tenants.settings import AppSettings, KafkaSettings
 
 log = logging.getLogger(__name__)

@@ -47,7 +47,7 @@ from streaming.repair.plan_journal import (
     ReprocessReport,
 )
 from streaming.repair.replay import REPLAYED_TABLES, WINDOWED_TABLES
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tenants.settings import AppSettings
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from tenants.registry import TenantRegistry, load_registry
+from tenants.conf_reader import load_registry
+from tenants.registry import TenantRegistry
 from tests.support.sample_conf import SAMPLE_CONF
 from tests.support.timestamps import T0_MS
 

@@ -13,7 +13,8 @@ from typing import Any
 import pandas as pd
 
 from infra.dev.load_generator import LoadSpec, SampleRecord, generate
-from tenants.registry import TenantRegistry, load_registry
+from tenants.conf_reader import load_registry
+from tenants.registry import TenantRegistry
 from tests.support.pipeline_harness import Broker, Pipeline
 from tests.support.table_snapshots import snapshot
 

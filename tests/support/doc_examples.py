@@ -31,7 +31,7 @@ from infra.service.query_metrics import QueryMetrics
 from storage.lake.tables import ALL_TABLES
 from storage.query.sql_guard import check_query
 from streaming.notify.payloads import PaneFacts, webhook_body
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tenants.settings import load_settings
 from tests.support.paths import ROOT
 from tests.support.sample_conf import SAMPLE_CONF

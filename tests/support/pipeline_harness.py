@@ -19,7 +19,8 @@ from storage.lake.delta_lake import DeltaLake
 from storage.lake.tables import ALL_TABLES
 from streaming.app import StreamApp
 from streaming.kafka.client import KafkaSecurity, kafka_python_consumer, kafka_python_producer
-from tenants.registry import TenantRegistry, load_registry
+from tenants.conf_reader import load_registry
+from tenants.registry import TenantRegistry
 from tenants.settings import AppSettings, load_settings
 from tests.support.fault_hooks import cli_command
 from tests.support.paths import ROOT

@@ -24,7 +24,7 @@ from infra.dev.local_stack import LocalKafka
 from storage.lake.delta_lake import DeltaLake
 from streaming.app import StreamApp
 from streaming.pipeline.spark_session import build_spark
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tenants.settings import load_settings
 
 TOPIC = "backlog"

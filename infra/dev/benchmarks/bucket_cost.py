@@ -28,7 +28,8 @@ from infra.dev.benchmarks.sample_lake import PROJECT_CONF
 from infra.dev.load_generator import LoadSpec, generate
 from streaming.records.routing import route_frame
 from streaming.state.bucket_processor import run_bucket, sorted_batch
-from tenants.registry import TenantRegistry, load_registry
+from tenants.conf_reader import load_registry
+from tenants.registry import TenantRegistry
 
 T0_MS = 1_767_225_600_000
 

@@ -53,8 +53,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from infra.dev.local_process import rss_mib
+from tenants.conf_reader import load_registry
 from tenants.config_store import ConfigSnapshots, ConfigWatcher
-from tenants.registry import load_registry
 from tenants.tenant_lists import RULE_SETS_FILE, TENANT_LISTS_DIR
 
 ROOT = Path(__file__).resolve().parents[3]

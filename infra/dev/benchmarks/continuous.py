@@ -71,7 +71,7 @@ from storage.lake.delta_lake import DeltaLake
 from storage.lake.file_names import written_by_a_batch
 from storage.lake.tables import EVENTS, WINDOWS
 from streaming.kafka.client import KafkaSecurity, kafka_python_producer
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tenants.settings import AppSettings
 
 TOPIC = "continuous"

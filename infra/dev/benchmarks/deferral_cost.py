@@ -53,9 +53,9 @@ from streaming.kafka.offsets import OffsetPlanner, partition_ranges
 from streaming.kafka.options import KafkaSourceOptions
 from streaming.kafka.reader import ARROW_SCHEMA, KafkaInputPartition, read_partition
 from streaming.pipeline.spark_session import build_spark
+from tenants.conf_reader import load_registry
 from tenants.config_store import ConfigSnapshots
 from tenants.models import Quota
-from tenants.registry import load_registry
 from tenants.settings import AppSettings
 
 TOPIC = "deferral-cost"

@@ -52,8 +52,8 @@ from storage.lake.tables import EVENTS
 from streaming.app import StreamApp
 from streaming.kafka.client import KafkaSecurity, kafka_python_producer
 from streaming.pipeline.spark_session import build_spark
+from tenants.conf_reader import load_registry
 from tenants.models import EventTimeSpec
-from tenants.registry import load_registry
 from tenants.settings import AppSettings
 
 TOPIC = "noisy-neighbour"

@@ -30,8 +30,8 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.tables import WINDOWS, with_layout
 from streaming.notify.notifier import Notifier
+from tenants.conf_reader import load_registry
 from tenants.config_store import ConfigSnapshots
-from tenants.registry import load_registry
 from tenants.settings import AppSettings, load_settings
 
 STREAM = "bench"

@@ -47,16 +47,17 @@ from infra.dev.benchmarks.sample_lake import PROJECT_CONF, stream_sample_lake
 from infra.dev.load_generator import LoadSpec
 from infra.dev.local_stack import LocalKafka
 from infra.service.pg_door import PgDoor, PgDoorConfig
-from infra.service.query_api import KeyCheck, TenantLimits, create_app
+from infra.service.query_api import create_app
 from infra.service.query_metrics import QueryMetrics
+from infra.service.tenant_access import KeyCheck, TenantLimits
 from storage.lake.delta_lake import DeltaLake
 from storage.query.local_sql import LocalSql
 from storage.query.query_service import QueryService, fair_scheduler_conf
 from streaming.observe.stream_status import tenant_key_status
 from streaming.pipeline.spark_session import build_spark
 from tenants.api_keys import issue_key
+from tenants.conf_reader import ConfReader
 from tenants.models import QueryLimits
-from tenants.registry import ConfReader
 from tenants.settings import AppSettings, LakeSettings, QuerySettings
 
 GROUPED = "SELECT tenant, source, count(*) AS n FROM windows GROUP BY tenant, source"

@@ -46,8 +46,9 @@ from pyspark.sql import SparkSession
 from infra.dev.benchmarks.sample_lake import PROJECT_CONF, event_times, stream_sample_lake
 from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_stack import LocalKafka
-from infra.service.query_api import KeyCheck, TenantLimits, create_app
+from infra.service.query_api import create_app
 from infra.service.query_metrics import QueryMetrics
+from infra.service.tenant_access import KeyCheck, TenantLimits
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.tables import WINDOWS
 from storage.query.local_sql import LocalSql
@@ -56,8 +57,8 @@ from streaming.app import StreamApp
 from streaming.observe.stream_status import tenant_key_status
 from streaming.pipeline.spark_session import build_spark
 from tenants.api_keys import issue_key
+from tenants.conf_reader import ConfReader
 from tenants.models import EventTimeSpec, QueryLimits
-from tenants.registry import ConfReader
 from tenants.settings import AppSettings
 
 SMALL = "SELECT count(*) AS final_windows FROM windows WHERE is_final"

@@ -13,8 +13,8 @@ from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_stack import LocalKafka
 from storage.lake.delta_lake import DeltaLake
 from streaming.app import StreamApp
+from tenants.conf_reader import load_registry
 from tenants.models import EventTimeSpec
-from tenants.registry import load_registry
 from tenants.settings import AppSettings, load_settings
 
 PROJECT_CONF = Path(__file__).resolve().parents[3] / "conf"

@@ -91,8 +91,8 @@ from streaming.pipeline.stream_plan import read_kafka, windowed_rows
 from streaming.records.routing import KAFKA_COLUMNS_SQL, ROUTED_SCHEMA, make_router
 from streaming.state.bucket_processor import BUCKET_COLUMN, STATE_SCHEMA, bucket_expression
 from streaming.state.union_rows import PACKED_OUTPUT_SCHEMA
+from tenants.conf_reader import load_registry
 from tenants.models import QueryLimits, SourceConfig
-from tenants.registry import load_registry
 from tenants.settings import AppSettings, QuerySettings
 
 QUERY_TIMEOUT_S = 3_600

@@ -44,7 +44,7 @@ from storage.lake.delta_lake import DeltaLake, compaction_app_id
 from storage.lake.tables import ALL_TABLES, STAGED_TABLES
 from streaming.app import StreamApp
 from streaming.pipeline.spark_session import build_spark
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tenants.settings import AppSettings, StreamSettings
 
 DEFAULTS = StreamSettings()

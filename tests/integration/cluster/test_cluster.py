@@ -21,7 +21,7 @@ import pytest
 from infra.cluster.ship import project_cache_dir
 from infra.dev.load_generator import LoadSpec
 from infra.dev.standalone_cluster import StandaloneCluster, node_python_env
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tests.support.datasets import sample_records
 from tests.support.paths import ROOT
 from tests.support.pipeline_harness import Pipeline

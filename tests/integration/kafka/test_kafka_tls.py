@@ -18,7 +18,7 @@ from infra.cli.main import main
 from infra.dev.load_generator import LoadSpec
 from streaming.app import StreamApp
 from streaming.fault_points import FaultPoint
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tests.support.datasets import sample_records
 from tests.support.pipeline_harness import Pipeline, record
 from tests.support.secured_kafka import (

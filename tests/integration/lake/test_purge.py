@@ -17,7 +17,7 @@ from infra.cli.main import main
 from infra.dev.load_generator import LoadSpec
 from storage.lake.tables import LAKE_TABLES
 from streaming.app import StreamApp
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tests.support.datasets import sample_records
 from tests.support.pipeline_harness import Pipeline, assert_no_query_error, record
 from tests.support.sample_conf import copy_conf

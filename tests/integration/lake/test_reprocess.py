@@ -20,7 +20,7 @@ from streaming.app import StreamApp
 from streaming.repair.plan_journal import ReprocessReport, reprocess_app_id
 from streaming.repair.replay import NO_TIME
 from streaming.repair.reprocess import ReprocessError, reprocess_tenant
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tests.support.datasets import sample_records
 from tests.support.fault_hooks import cli_command
 from tests.support.paths import ROOT

@@ -12,7 +12,7 @@ import pytest
 
 from infra.cli.main import main
 from infra.dev.load_generator import LoadSpec
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tests.support.datasets import sample_records
 from tests.support.pipeline_harness import Pipeline
 from tests.support.sample_conf import copy_conf

@@ -19,7 +19,7 @@ from infra.dev.load_generator import LoadSpec, SampleRecord
 from infra.dev.seaweedfs import LocalSeaweedFS
 from storage.lake.tables import ALL_TABLES, EVENTS, STAGED_TABLES
 from streaming.fault_points import FaultPoint
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tests.support.datasets import clean_run, sample_records
 from tests.support.pipeline_harness import Pipeline
 from tests.support.s3_endpoint import s3_environ

@@ -27,7 +27,7 @@ from streaming.fault_points import FaultPoint
 from streaming.notify.notifier import notify_targets
 from streaming.notify.payloads import PaneFacts, body_for, idempotency_key, qualifies
 from streaming.observe.stream_status import DEAD_LETTERS, NOTIFICATIONS, gather_status
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tests.support.datasets import produce_dataset
 from tests.support.pipeline_harness import Pipeline
 from tests.support.sample_conf import copy_conf

@@ -34,7 +34,7 @@ from streaming.observe.stream_status import (
     WRITER_LEASE,
     gather_status,
 )
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tests.support.datasets import sample_records
 from tests.support.paths import ROOT
 from tests.support.pipeline_harness import Pipeline

@@ -19,7 +19,7 @@ from storage.lake.writer_lease import WriterLease
 from streaming.kafka.source import register as register_kafka_source
 from streaming.pipeline.batch_sink import MicroBatchSink
 from streaming.state.union_rows import PACKED_OUTPUT_SCHEMA, union_table
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tenants.settings import StreamSettings
 from tests.support.datasets import sample_records
 from tests.support.pipeline_harness import Pipeline, record

@@ -18,7 +18,7 @@ from infra.dev.load_generator import LoadSpec
 from infra.service.query_metrics import QueryMetrics
 from streaming.app import StreamApp
 from streaming.checkpoint.checkpoint_log import COMMITS_DIR, CheckpointLog
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tests.support.datasets import sample_records
 from tests.support.paths import ROOT
 from tests.support.pipeline_harness import Pipeline

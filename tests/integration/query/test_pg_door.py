@@ -26,14 +26,14 @@ import sqlalchemy
 from pydantic import SecretStr
 
 from infra.service.pg_door import PgDoor, PgDoorConfig
-from infra.service.query_api import KeyCheck, TenantLimits
 from infra.service.query_metrics import QueryMetrics
+from infra.service.tenant_access import KeyCheck, TenantLimits
 from storage.query.local_sql import LocalSql
 from storage.query.query_service import QueryService
 from storage.query.view_catalog import TENANT_VIEW_NAMES
 from tenants.api_keys import issue_key, revoke_key
+from tenants.conf_reader import ConfReader
 from tenants.models import QueryLimits
-from tenants.registry import ConfReader
 from tests.support.pipeline_harness import Pipeline, record
 from tests.support.sample_conf import copy_conf
 from tests.support.secured_kafka import make_certificates

@@ -27,7 +27,7 @@ from infra.dev.load_generator import LoadSpec
 from infra.dev.local_process import LocalProcess
 from infra.dev.local_stack import find_free_loopback_port
 from streaming.checkpoint.checkpoint_log import COMMITS_DIR, CheckpointLog
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tests.support.datasets import sample_records
 from tests.support.local_prometheus import LocalPrometheus, debian_binary
 from tests.support.paths import ROOT

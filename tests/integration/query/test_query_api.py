@@ -24,8 +24,9 @@ from pydantic import SecretStr
 
 from infra.dev.local_process import LocalProcess
 from infra.dev.local_stack import find_free_loopback_port
-from infra.service.query_api import KeyCheck, TenantLimits, create_app, resolved_operator_key
+from infra.service.query_api import create_app
 from infra.service.query_metrics import OUTCOMES, QueryMetrics
+from infra.service.tenant_access import KeyCheck, TenantLimits, resolved_operator_key
 from storage.query.local_sql import LocalSql
 from storage.query.portable_sql import local_statement
 from storage.query.query_service import QueryService
@@ -33,8 +34,9 @@ from storage.query.sql_guard import check_query
 from storage.query.view_catalog import TENANT_VIEW_NAMES
 from streaming.observe.stream_status import tenant_key_status
 from tenants.api_keys import issue_key, revoke_key
+from tenants.conf_reader import ConfReader
 from tenants.models import QueryLimits
-from tenants.registry import ConfigError, ConfReader
+from tenants.registry import ConfigError
 from tenants.settings import load_settings
 from tests.support.metrics_scrape import by_outcome, scrape
 from tests.support.paths import ROOT

@@ -32,7 +32,7 @@ from streaming.kafka.client import KafkaUnavailableError
 from streaming.kafka.options import KafkaSourceOptions, partition_offsets
 from streaming.kafka.reader import KafkaInputPartition, read_partition
 from streaming.kafka.source import KafkaStreamReader
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tests.support.datasets import replay_pipeline, sample_records
 from tests.support.pipeline_harness import Pipeline
 from tests.support.table_snapshots import (

@@ -21,7 +21,7 @@ from infra.dev.local_process import process_state
 from storage.lake.tables import ALL_TABLES
 from streaming.checkpoint.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
 from streaming.fault_points import FaultPoint
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tests.support.datasets import clean_run, sample_records
 from tests.support.pipeline_harness import Pipeline, record
 from tests.support.stream_process import start_process, wait_for_commit_log, wait_or_kill

@@ -35,7 +35,7 @@ from streaming.kafka.client import KafkaUnavailableError
 from streaming.kafka.options import KafkaSourceOptions
 from streaming.kafka.reader import KafkaInputPartition, read_partition
 from streaming.kafka.source import KafkaStreamReader
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tenants.settings import LakeSettings, S3Settings
 from tests.support.datasets import clean_run, sample_records
 from tests.support.pipeline_harness import Pipeline

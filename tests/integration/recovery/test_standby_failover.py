@@ -27,7 +27,7 @@ import pytest
 from infra.dev.load_generator import LoadSpec
 from infra.dev.local_process import process_state
 from streaming.fault_points import FaultPoint
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tests.support.datasets import clean_run, sample_records
 from tests.support.pipeline_harness import Pipeline
 from tests.support.stream_process import start_process, wait_or_kill

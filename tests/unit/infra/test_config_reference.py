@@ -28,6 +28,7 @@ from infra.config_reference import (
     format_duration,
     render_reference,
 )
+from tenants.conf_reader import load_registry
 from tenants.models import (
     Accumulation,
     Emit,
@@ -40,7 +41,6 @@ from tenants.models import (
     TumblingWindow,
     parse_duration_ms,
 )
-from tenants.registry import load_registry
 from tenants.settings import AppSettings, load_settings
 from tests.support.paths import ROOT
 

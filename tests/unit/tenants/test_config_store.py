@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 
 from streaming.checkpoint.checkpoint_log import CheckpointLog
+from tenants.conf_reader import ConfReader, load_registry
 from tenants.config_store import (
     ConfigSnapshots,
     ConfigWatcher,
     registry_from_snapshot,
     snapshot_bytes,
 )
-from tenants.registry import ConfigError, ConfReader, load_registry
+from tenants.registry import ConfigError
 from tests.support.sample_conf import SAMPLE_CONF
 
 TENANTS = 40

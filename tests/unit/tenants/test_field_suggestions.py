@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from tenants.conf_reader import load_registry
 from tenants.field_suggestions import closest_field, field_names_at
 from tenants.models import SourceConfig
-from tenants.registry import ConfigError, load_registry
+from tenants.registry import ConfigError
 from tenants.settings import AppSettings, load_settings
 from tests.support.sample_conf import SAMPLE_CONF, copy_conf, write_tenant
 

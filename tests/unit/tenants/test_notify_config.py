@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from tenants.conf_reader import load_registry
 from tenants.models import NotifyKind, NotifyOn, NotifyTarget, SourceConfig
-from tenants.registry import ConfigError, load_registry
+from tenants.registry import ConfigError
 from tests.support.sample_conf import SAMPLE_CONF
 
 

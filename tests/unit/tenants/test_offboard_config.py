@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from infra.cli.main import main
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tests.support.sample_conf import copy_conf
 
 

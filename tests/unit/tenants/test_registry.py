@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from infra.cli.main import main
+from tenants.conf_reader import load_registry, load_tenant
 from tenants.models import Accumulation
-from tenants.registry import ConfigError, load_registry, load_tenant
+from tenants.registry import ConfigError
 from tests.support.sample_conf import SAMPLE_CONF, copy_conf, write_tenant
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from infra.cli.main import main
+from tenants.conf_reader import ConfReader, load_registry, load_tenant
 from tenants.config_store import (
     ConfigSnapshots,
     ConfigWatcher,
@@ -25,7 +26,7 @@ from tenants.config_store import (
     snapshot_bytes,
 )
 from tenants.offboard_config import offboard_tenant
-from tenants.registry import ConfigError, ConfReader, TenantRegistry, load_registry, load_tenant
+from tenants.registry import ConfigError, TenantRegistry
 from tenants.tenant_lists import TenantDirectory
 from tests.support.sample_conf import SAMPLE_CONF
 

@@ -8,8 +8,9 @@ import pytest
 import requests
 from pydantic import SecretStr
 
-from infra.service.query_api import KeyCheck, create_app
+from infra.service.query_api import create_app
 from infra.service.query_metrics import QueryMetrics
+from infra.service.tenant_access import KeyCheck
 from tests.support.uvicorn_server import serving
 
 OPERATOR_KEY = "operator-key-for-unit-tests"

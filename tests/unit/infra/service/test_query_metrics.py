@@ -21,8 +21,9 @@ import pytest
 import requests
 from pydantic import SecretStr
 
-from infra.service.query_api import KeyCheck, create_app
+from infra.service.query_api import create_app
 from infra.service.query_metrics import DURATION_BUCKETS_S, OUTCOMES, QueryMetrics
+from infra.service.tenant_access import KeyCheck
 from storage.query.query_errors import QueryError
 from storage.query.query_service import QueryResult
 from tests.support.metrics_scrape import by_outcome, scrape

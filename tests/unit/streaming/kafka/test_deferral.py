@@ -24,9 +24,9 @@ from streaming.kafka.deferral_planning import DeferralPlanner
 from streaming.kafka.offsets import OffsetPlanner
 from streaming.kafka.options import AT_MS_KEY, KafkaSourceOptions
 from streaming.kafka.reader import ARROW_SCHEMA
+from tenants.conf_reader import load_registry
 from tenants.config_store import ConfigSnapshots
 from tenants.models import Quota
-from tenants.registry import load_registry
 from tests.support.bucket_inputs import registry_with
 
 OPTIONS = {"subscribe": "t", "kafka.bootstrap.servers": "127.0.0.1:9"}

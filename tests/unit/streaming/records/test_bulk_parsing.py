@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from streaming.records.bulk_parsing import RoutedColumns, parse_values
 from streaming.records.parsing import parse_value
-from tenants.registry import TenantRegistry, load_registry
+from tenants.conf_reader import load_registry
+from tenants.registry import TenantRegistry
 from tests.support.sample_conf import SAMPLE_CONF
 
 MAX_BYTES = 300

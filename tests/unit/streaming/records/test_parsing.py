@@ -7,7 +7,8 @@ import json
 import pytest
 
 from streaming.records.parsing import Accepted, QuarantineReason, Rejected, parse_value
-from tenants.registry import TenantRegistry, load_registry
+from tenants.conf_reader import load_registry
+from tenants.registry import TenantRegistry
 from tests.support.sample_conf import SAMPLE_CONF
 
 MAX_BYTES = 4_096

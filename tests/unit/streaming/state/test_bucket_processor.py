@@ -19,7 +19,8 @@ from streaming.state.bucket_state import BucketState
 from streaming.state.union_rows import UnionRows
 from streaming.windowing.key_state import KeyState, RecordInput
 from streaming.windowing.key_windows import advance
-from tenants.registry import TenantRegistry, load_registry
+from tenants.conf_reader import load_registry
+from tenants.registry import TenantRegistry
 from tests.support.bucket_inputs import json_layout_blob, registry_with, routed_records
 from tests.support.sample_conf import SAMPLE_CONF
 from tests.support.timestamps import T0_MS

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from storage.lake.tables import TENANT_STATUS, rows_for_table
 from streaming.state.configured_status import newly_configured_keys, status_rows
-from tenants.registry import load_registry
+from tenants.conf_reader import load_registry
 from tests.support.sample_conf import copy_conf
 from tests.support.timestamps import T0_MS, epoch_ms
 
