@@ -362,7 +362,8 @@ def test_serve_jdbc_answers_beeline_as_sql_does(
     pipeline: Pipeline, lake_conf: Path, tmp_path: Path
 ) -> None:
     port = free_port()
-    lake = ["--conf", str(lake_conf), "--lake-root", pipeline.lake.root]
+    # The operator's door reads every tenant's views from the lake alone: no tenant config.
+    lake = ["--lake-root", pipeline.lake.root]
     environ = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
     log_path = tmp_path / "serve-jdbc.log"
     with log_path.open("w") as log_file:
@@ -405,9 +406,9 @@ def test_serve_jdbc_answers_beeline_as_sql_does(
             server.wait(timeout=30)
 
 
-def test_serve_jdbc_refuses_an_address_other_than_loopback(lake_conf: Path) -> None:
+def test_serve_jdbc_refuses_an_address_other_than_loopback() -> None:
     refused = subprocess.run(
-        [sys.executable, "-m", "infra.cli", "serve-jdbc", "--host", "0.0.0.0", "--conf", str(lake_conf)],
+        [sys.executable, "-m", "infra.cli", "serve-jdbc", "--host", "0.0.0.0"],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert refused.returncode == 2
