@@ -2,16 +2,17 @@
 (`SET`, `SHOW`, `BEGIN`...), and the catalog (`pg_catalog`, `information_schema`, `version()`,
 `current_schema()`), which psql's `\\d`, psycopg, SQLAlchemy and JDBC drivers read.
 
-**Nothing of any tenant is in it.** The catalog is one DuckDB database per process holding
-empty tables named and typed as the tenant views (every tenant has the same views), so its
-answers are the same for every tenant and no catalog statement can read a row, a tenant's name
-(but the caller's own, for `current_user`) or another table. It takes one `SELECT` at a time
-(DuckDB's own parse says so), with file access, extensions and settings switched off, a memory
-limit, and the caller's statement timeout.
+**Nothing of any tenant is in it.** The catalog is one DuckDB database per process holding the
+Postgres catalog's relations and functions, built from the views' schemas (`pg_relations`:
+every tenant has the same views, in schema `public`), so its answers are the same for every
+tenant and no catalog statement can read a row, a tenant's name (but the caller's own, for
+`current_user`) or another table. It takes one `SELECT` at a time (DuckDB's own parse says so),
+with file access, extensions and settings switched off, a memory limit, and the caller's
+statement timeout.
 
-A statement that reads the catalog and a view at once is refused: the catalog's tables are empty
-and would answer wrongly. Everything else is the lake's (`lake_statement`): Postgres SQL turned
-into Spark SQL for the query service, bound parameters written in as literals.
+A statement that reads the catalog and a view at once is refused: the catalog holds no rows of
+the views and would answer wrongly. Everything else is the lake's (`lake_statement`): Postgres
+SQL turned into Spark SQL for the query service, bound parameters written in as literals.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
+from infra.service import pg_relations
 from infra.service.pg_wire import WireError
 from storage.lake.tables import ALL_TABLES
 from storage.query.local_sql import DUCKDB_CONFIG, WINDOW_CONTENTS_SQL
@@ -36,9 +38,8 @@ SERVER_VERSION = "15.0"
 """What the door says it is: clients pick their catalog queries by it (psql, SQLAlchemy)."""
 VERSION_TEXT = f"PostgreSQL {SERVER_VERSION} (tenant-windows lake: Spark SQL behind)"
 DATABASE = "lake"
-SCHEMA = "main"
-"""DuckDB's own schema: a cursor of the catalog database cannot be given another search path
-once its configuration is locked."""
+SCHEMA = pg_relations.PUBLIC
+"""Where the views are, to every client: Postgres' default schema, the one clients look in."""
 _CATALOG_MEMORY = "128MB"
 
 # What a session may SET and SHOW; only the values change (nothing reads them but SHOW), so a
@@ -109,39 +110,34 @@ _CATALOG_MARKERS = re.compile(
 # would answer for itself (its own version, database and user).
 _REWRITES = (
     (re.compile(r"OPERATOR\s*\(\s*pg_catalog\s*\.\s*([^)\s]+)\s*\)", re.I), r"\1"),
-    (re.compile(r"\s+COLLATE\s+pg_catalog\s*\.\s*\"?default\"?", re.I), ""),
+    (re.compile(r"\s+COLLATE\s+(\"?pg_catalog\"?\s*\.\s*)?\"?(default|C)\"?", re.I), ""),
     (re.compile(r"\b(pg_catalog\s*\.\s*)?version\s*\(\s*\)", re.I), f"'{VERSION_TEXT}'"),
     (re.compile(r"\b(pg_catalog\s*\.\s*)?current_database\s*\(\s*\)", re.I), f"'{DATABASE}'"),
-    # DuckDB's pg_collation lacks collnamespace, which SQLAlchemy's column query joins on (a
-    # relation, not a column: no dot after it).
+    # A name cast to an object id is looked up (`'public.windows'::regclass`).
     (
-        re.compile(r"\bpg_catalog\s*\.\s*pg_collation\b(?!\s*\.)", re.I),
-        "(SELECT 0::BIGINT AS oid, ''::VARCHAR AS collname, 0::BIGINT AS collnamespace "
-        "WHERE false) AS pg_collation",
+        re.compile(
+            r"('(?:[^']|'')*')\s*::\s*(\"?pg_catalog\"?\s*\.\s*)?"
+            r"(regclass|regtype|regnamespace)\b",
+            re.I,
+        ),
+        r"to_\3(\1)",
     ),
-    # DuckDB finds pg_catalog's relations and functions unqualified, and reads a column
-    # named with the schema (pg_catalog.pg_class.oid) as a table name it does not have.
-    (re.compile(r"\bpg_catalog\s*\.\s*(?=[a-z_\"])", re.I), ""),
-    (re.compile(r"\bjson_build_object\s*\(", re.I), "json_object("),
-    (re.compile(r"::\s*(pg_catalog\s*\.\s*)?(regclass|regtype|regproc|regnamespace)\b", re.I), ""),
+    # The catalog's relations and functions are in DuckDB's default schema, which a cursor
+    # searches first (`pg_relations`); DuckDB keeps `information_schema` for itself.
+    (re.compile(r"\"?\bpg_catalog\"?\s*\.\s*(?=[a-z_\"])", re.I), ""),
     (
-        re.compile(r"\bAS\s+(pg_catalog\s*\.\s*)?(regclass|regtype|regproc|regnamespace)\b", re.I),
+        re.compile(r"\"?\binformation_schema\"?\s*\.\s*(?=[a-z_\"])", re.I),
+        f"{pg_relations.INFORMATION_SCHEMA}.",
+    ),
+    (re.compile(r"\bjson_build_object\s*\(", re.I), "json_object("),
+    (re.compile(r"::\s*(regclass|regtype|regproc|regnamespace)\b", re.I), ""),
+    (re.compile(r"::\s*name\b", re.I), "::VARCHAR"),
+    (
+        re.compile(r"\bAS\s+(regclass|regtype|regproc|regnamespace)\b", re.I),
         "AS VARCHAR",
     ),
 )
 _USER_WORDS = re.compile(r"\b(current_user|session_user)\b(\s*\(\s*\))?", re.IGNORECASE)
-_MACROS = (
-    "CREATE MACRO pg_get_userbyid(role_id) AS 'lake'",
-    "CREATE MACRO pg_encoding_to_char(encoding) AS 'UTF8'",
-    "CREATE MACRO pg_get_partkeydef(relation) AS NULL",
-    "CREATE MACRO pg_get_indexdef(index_id, column_number, pretty) AS NULL",
-    "CREATE MACRO pg_get_serial_sequence(relation, column_name) AS NULL",
-    "CREATE MACRO to_regtype(wanted_type) AS "
-    "(SELECT min(oid) FROM pg_catalog.pg_type WHERE typname = wanted_type)",
-    "CREATE MACRO pg_collation_is_visible(collation_id) AS true",
-    "CREATE MACRO to_regclass(wanted_relation) AS "
-    "(SELECT min(oid) FROM pg_catalog.pg_class WHERE relname = wanted_relation)",
-)
 
 
 @dataclass(frozen=True)
@@ -245,7 +241,7 @@ def reads_catalog(sql: str) -> bool:
         ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
         for table in tree.find_all(exp.Table):
             name = table.name.lower()
-            if not table.db and name in TENANT_VIEW_NAMES and name not in ctes:
+            if _is_view_name(table) and name in TENANT_VIEW_NAMES and name not in ctes:
                 raise WireError(
                     "0A000",
                     "a statement reads either the catalog (pg_catalog, information_schema) "
@@ -263,16 +259,25 @@ class CatalogDatabase:
         self._database = duckdb.connect(":memory:", config=config)
         self._lock = threading.Lock()
         database = self._database
+        # Empty tables of the views' columns: window_contents' are those of its statement.
+        database.execute(f"CREATE SCHEMA {SCHEMA}")
         for spec in ALL_TABLES:
             database.register("empty_view", spec.schema.empty_table())
             database.execute(f"CREATE TABLE {SCHEMA}.{spec.name} AS SELECT * FROM empty_view")
             database.unregister("empty_view")
-        database.execute(
-            f"CREATE TABLE {SCHEMA}.{WINDOW_CONTENTS} AS "
-            f"SELECT * FROM ({WINDOW_CONTENTS_SQL}) LIMIT 0"
+        database.execute(f"SET search_path = '{SCHEMA}'")
+        contents = database.sql(f"SELECT * FROM ({WINDOW_CONTENTS_SQL}) LIMIT 0").to_arrow_table()
+        database.execute("RESET search_path")
+        views = {spec.name: spec.schema for spec in ALL_TABLES}
+        definition = sqlglot.transpile(
+            WINDOW_CONTENTS_SQL, read="duckdb", write="spark", pretty=True
         )
-        for macro in _MACROS:
-            database.execute(macro)
+        pg_relations.install(
+            database,
+            {**views, WINDOW_CONTENTS: contents.schema},
+            {WINDOW_CONTENTS: " " + definition[0].replace("\n", "\n ") + ";"},
+            {**_SESSION_DEFAULTS, "default_table_access_method": "heap"},
+        )
         database.execute(f"SET memory_limit = '{_CATALOG_MEMORY}'")
         database.execute("SET TimeZone = 'UTC'")
         database.execute("SET lock_configuration = true")
@@ -339,12 +344,27 @@ def lake_statement(sql: str, params: Sequence[Any]) -> str:
             raise WireError("42601", "a statement with parameters must be one Postgres statement")
         return sql
     tree = trees[0]
+    for name in tree.find_all(exp.Table, exp.Column):
+        if isinstance(name, exp.Table | exp.Column) and name.args.get("db") and _is_view_name(name):
+            # `public.windows` (and `public.windows.source`), as clients that qualify every
+            # name write them, are the view (and its column).
+            name.set("db", None)
+            name.set("catalog", None)
     for parameter in list(tree.find_all(exp.Parameter, exp.Placeholder)):
         number = parameter.this.this if isinstance(parameter.this, exp.Literal) else None
         if number is None or not str(number).isdigit() or not 1 <= int(number) <= len(params):
             raise WireError("08P01", f"no value bound for parameter {parameter.sql()}")
         parameter.replace(_literal(params[int(number) - 1]))
     return tree.sql(dialect="spark")
+
+
+def _is_view_name(name: exp.Table | exp.Column) -> bool:
+    """Whether a relation's (or a column's relation's) qualifiers, if any, are where the views
+    are (`lake.public`)."""
+    db, catalog = name.args.get("db"), name.args.get("catalog")
+    return (db is None or db.name.lower() == SCHEMA) and (
+        catalog is None or catalog.name.lower() == DATABASE
+    )
 
 
 def _literal(value: Any) -> exp.Expr:

@@ -451,7 +451,8 @@ class _Connection:
             result = self.door.service.run(self.tenant, statement)
         except QueryError as failure:
             account_query(self.door.metrics, audit, failure.code, time.monotonic() - started)
-            raise wire.WireError(_SQLSTATES.get(failure.code, "XX000"), failure.message) from None
+            sqlstate = failure.sqlstate or _SQLSTATES.get(failure.code, "XX000")
+            raise wire.WireError(sqlstate, failure.message) from None
         except Exception:
             log.exception("statement of %s failed unexpectedly (Postgres door)", self.tenant)
             account_query(self.door.metrics, audit, "internal", time.monotonic() - started)

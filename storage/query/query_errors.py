@@ -33,10 +33,24 @@ class QueryError(Exception):
         code: QueryErrorCode,
         message: str,
         retry_after_s: int | None = None,
+        sqlstate: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
         self.retry_after_s = retry_after_s
+        self.sqlstate = sqlstate
+        """The SQL standard's class of the failure where it is known (`42703`: an unknown
+        column, `42P01`: an unknown relation), for the doors that speak SQLSTATEs."""
+
+
+UNDEFINED_COLUMN, UNDEFINED_TABLE = "42703", "42P01"
+
+
+def unknown_name(message: str, sqlstate: str) -> QueryError:
+    """A statement naming a column or relation that does not exist, said before any engine runs
+    with the names it could mean: a mistake in the statement, as Spark's own analysis would
+    call it."""
+    return QueryError(422, "analysis_error", message, sqlstate=sqlstate)
 
 
 def check_statement_length(statement: str, limits: QueryLimits) -> None:

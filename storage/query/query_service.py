@@ -47,7 +47,14 @@ from storage.lake.newest_tables import NewestTables
 from storage.lake.table_files import TableFiles
 from storage.lake.tables import ALL_TABLES, LAKE_TABLES
 from storage.query.local_sql import LocalSql, StatementTimeout
-from storage.query.query_errors import QueryError, check_statement_length, statement_timeout
+from storage.query.query_errors import (
+    UNDEFINED_COLUMN,
+    UNDEFINED_TABLE,
+    QueryError,
+    check_statement_length,
+    statement_timeout,
+    unknown_name,
+)
 from storage.query.result_order import order_frame, statement_order
 from storage.query.scoped_sql import (
     ResourceRefused,
@@ -58,12 +65,14 @@ from storage.query.scoped_sql import (
     tree_nodes,
 )
 from storage.query.spark_views import register_views
-from storage.query.sql_guard import QueryRefused, check_query
+from storage.query.sql_guard import QueryRefused, UnknownRelation, check_query
+from storage.query.unknown_names import UnknownColumnError, check_columns
 from storage.query.view_catalog import (
     OPERATOR_VIEW_NAMES,
     TENANT_VIEW_NAMES,
     LakeNotWrittenError,
     TableVersionError,
+    view_columns,
 )
 from tenants.models import QueryLimits
 
@@ -155,6 +164,11 @@ class QueryService:
                 with _as_query_errors():
                     tree = check_query(
                         statement, OPERATOR_VIEW_NAMES if scope is OPERATOR else TENANT_VIEW_NAMES
+                    )
+                    # A misspelt column is named here, with what it could mean, as `sql`
+                    # names it: Spark would say it later and without the hint.
+                    check_columns(
+                        tree, view_columns(LAKE_TABLES if scope is OPERATOR else ALL_TABLES)
                     )
                 local = self._answer_locally(scope, tree, tables, limits)
                 if local is None:
@@ -440,12 +454,18 @@ def _as_query_errors() -> Iterator[None]:
         yield
     except ResourceRefused as refused:
         raise QueryError(400, "resource_limit", refused.reason) from None
+    except UnknownRelation as unknown:
+        raise unknown_name(unknown.reason, UNDEFINED_TABLE) from None
+    except UnknownColumnError as unknown:
+        raise unknown_name(str(unknown), UNDEFINED_COLUMN) from None
     except QueryRefused as refused:
         raise QueryError(400, "refused", refused.reason) from None
     except (TableVersionError, LakeNotWrittenError) as error:
         raise QueryError(400, "bad_version", str(error)) from None
     except AnalysisException as error:
-        raise QueryError(422, "analysis_error", _one_line(error)) from None
+        raise QueryError(
+            422, "analysis_error", _one_line(error), sqlstate=error.getSqlState()
+        ) from None
 
 
 def _cut(table: pa.Table, limits: QueryLimits) -> tuple[pa.Table, bool]:

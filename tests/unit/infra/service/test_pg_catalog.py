@@ -13,6 +13,7 @@ from infra.service.pg_catalog import (
     session_command,
 )
 from infra.service.pg_wire import WireError
+from storage.lake.tables import WINDOWS
 from storage.query.view_catalog import TENANT_VIEW_NAMES
 
 
@@ -91,6 +92,53 @@ def test_the_catalog_lists_the_views_and_nothing_else(catalog: CatalogDatabase) 
 def test_the_catalog_takes_no_writes_and_no_files(catalog: CatalogDatabase, statement: str) -> None:
     with pytest.raises(WireError):
         catalog.answer(statement, "acme", [], 5)
-    assert catalog.answer("SELECT count(*) AS n FROM windows", "acme", [], 5).to_pylist() == [
-        {"n": 0}
+    views = catalog.answer("SELECT count(*) AS n FROM pg_class", "acme", [], 5).to_pylist()
+    assert views == [{"n": len(TENANT_VIEW_NAMES)}]
+
+
+def test_the_views_are_views_in_public_wherever_a_client_looks(catalog: CatalogDatabase) -> None:
+    def answer(sql: str) -> list[dict[str, object]]:
+        return catalog.answer(sql, "acme", [], 5).to_pylist()
+
+    assert answer("SELECT current_schema() AS s, current_schemas(false) AS p") == [
+        {"s": "public", "p": ["public"]}
     ]
+    views = answer(
+        "SELECT n.nspname, c.relname, c.relkind FROM pg_catalog.pg_class c "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+    )
+    assert {(v["nspname"], v["relkind"]) for v in views} == {("public", "v")}
+    assert sorted(v["relname"] for v in views) == sorted(TENANT_VIEW_NAMES)
+    tables = answer("SELECT DISTINCT table_schema, table_type FROM information_schema.tables")
+    assert tables == [{"table_schema": "public", "table_type": "VIEW"}]
+    assert answer("SELECT setting FROM pg_settings WHERE name = 'search_path'") == [
+        {"setting": '"$user", public'}
+    ]
+
+
+def test_a_views_columns_have_the_types_its_rows_are_sent_with(catalog: CatalogDatabase) -> None:
+    columns = catalog.answer(
+        "SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod) AS type "
+        "FROM pg_catalog.pg_attribute a WHERE a.attrelid = 'public.windows'::regclass "
+        "ORDER BY a.attnum",
+        "acme",
+        [],
+        5,
+    ).to_pylist()
+    assert [c["attname"] for c in columns] == WINDOWS.schema.names
+    by_name = {c["attname"]: c["type"] for c in columns}
+    assert by_name["count"] == "bigint" and by_name["is_final"] == "boolean"
+    assert by_name["window_start"] == "timestamp with time zone"
+    assert by_name["window_date"] == "date" and by_name["merged_window_ids"] == "json"
+
+
+def test_qualified_names_of_the_views_are_the_views() -> None:
+    statement = lake_statement(
+        'SELECT "public"."windows"."source", w.count FROM lake.public.windows AS w '
+        "JOIN public.events ON true",
+        [],
+    )
+    assert statement == ("SELECT `windows`.`source`, w.count FROM windows AS w JOIN events ON TRUE")
+    assert lake_statement("SELECT * FROM other.windows", []) == "SELECT * FROM other.windows"
+    with pytest.raises(WireError):
+        reads_catalog("SELECT * FROM public.events, information_schema.tables")
