@@ -28,9 +28,10 @@ from pydantic import SecretStr
 from infra.service.pg_door import PgDoor, PgDoorConfig
 from infra.service.query_metrics import QueryMetrics
 from infra.service.tenant_access import KeyCheck, TenantLimits
+from storage.lake.tables import WINDOWS
 from storage.query.local_sql import LocalSql
 from storage.query.query_service import QueryService
-from storage.query.view_catalog import TENANT_VIEW_NAMES
+from storage.query.view_catalog import TENANT_VIEW_NAMES, WINDOW_CONTENTS_COLUMNS
 from tenants.api_keys import issue_key, revoke_key
 from tenants.conf_reader import ConfReader
 from tenants.models import QueryLimits
@@ -50,7 +51,9 @@ CATALOG_PROBES = [
     "SELECT * FROM pg_catalog.pg_database",
     "SELECT * FROM pg_catalog.pg_class",
     "SELECT * FROM pg_catalog.pg_namespace",
-    "SELECT * FROM pg_catalog.pg_tables",
+    "SELECT * FROM pg_catalog.pg_views",
+    "SELECT * FROM pg_catalog.pg_attribute",
+    "SELECT * FROM pg_catalog.pg_roles",
     "SELECT * FROM pg_catalog.pg_settings",
     "SELECT * FROM information_schema.tables",
     "SELECT * FROM information_schema.columns",
@@ -136,7 +139,7 @@ def psql(
 def test_psql_lists_the_views_and_groups_the_tenants_windows(
     door: PgDoor, keys: dict[str, str]
 ) -> None:
-    listed = psql(door, "acme", keys["acme"], r"\dt")
+    listed = psql(door, "acme", keys["acme"], r"\dv")
     assert listed.returncode == 0, listed.stderr
     assert all(f" {name} " in listed.stdout for name in TENANT_VIEW_NAMES), listed.stdout
     assert "globex" not in listed.stdout
@@ -150,6 +153,108 @@ def test_psql_lists_the_views_and_groups_the_tenants_windows(
         ["source", "n"],
         *([row["source"], str(row["n"])] for row in expected),
     ]
+
+
+OTHER_TENANTS = ("globex", "initech")
+
+
+def cells(psql_output: str) -> list[list[str]]:
+    """The rows of psql's aligned tables, header rows included, each as its stripped cells."""
+    return [
+        [cell.strip() for cell in line.split("|")]
+        for line in psql_output.splitlines()
+        if "|" in line
+    ]
+
+
+def described(door: PgDoor, tenant: str, key: str, command: str) -> str:
+    """What psql prints for a meta-command, checked to name no tenant but the caller."""
+    answer = psql(door, tenant, key, command)
+    assert answer.returncode == 0, answer.stderr
+    shown = answer.stdout + answer.stderr
+    assert not [other for other in ("acme", *OTHER_TENANTS) if other in shown], shown
+    return answer.stdout
+
+
+def sent_columns(door: PgDoor, key: str, view: str) -> list[list[str]]:
+    """Each column of `view` and the type the door sends its values with, as Postgres names it."""
+    with connect(door, "acme", key, autocommit=True) as connection:
+        cursor = connection.execute(f"SELECT * FROM {view} LIMIT 0")
+        return [
+            [column.name, psycopg.postgres.types.get(column.type_code).regtype]  # type: ignore[union-attr]
+            for column in cursor.description or ()
+        ]
+
+
+@pytest.mark.parametrize("command", [r"\d windows", r"\d events", r"\d+ windows"])
+def test_psql_describes_a_view_with_the_types_its_rows_come_in(
+    door: PgDoor, keys: dict[str, str], command: str
+) -> None:
+    view = command.split()[-1]
+    shown = described(door, "acme", keys["acme"], command)
+    assert f'View "public.{view}"' in shown, shown
+    table = cells(shown)
+    assert table[0][:5] == ["Column", "Type", "Collation", "Nullable", "Default"], shown
+    assert [row[:2] for row in table[1:]] == sent_columns(door, keys["acme"], view)
+    if command.startswith("\\d+"):
+        assert table[0][5:] == ["Storage", "Description"] and "View definition:" in shown
+    # The catalog is the views' alone: every tenant is told the same.
+    assert described(door, "globex", keys["globex"], command) == shown
+
+
+def test_psql_describes_window_contents_with_its_definition(
+    door: PgDoor, keys: dict[str, str]
+) -> None:
+    shown = described(door, "acme", keys["acme"], r"\d+ window_contents")
+    definition = shown.split("View definition:", 1)[1]
+    assert "FROM windows AS pane" in definition and "JOIN events AS record" in definition
+    assert [row[0] for row in cells(shown)[1:]] == list(WINDOW_CONTENTS_COLUMNS)
+
+
+@pytest.mark.parametrize("command", [r"\dv", r"\d", r"\dv+"])
+def test_psql_lists_the_views_in_public(door: PgDoor, keys: dict[str, str], command: str) -> None:
+    table = cells(described(door, "acme", keys["acme"], command))
+    assert table[0][:4] == ["Schema", "Name", "Type", "Owner"]
+    assert [row[:4] for row in table[1:]] == [
+        ["public", name, "view", "lake"] for name in sorted(TENANT_VIEW_NAMES)
+    ]
+
+
+def test_psql_lists_no_tables_one_schema_and_one_database(
+    door: PgDoor, keys: dict[str, str]
+) -> None:
+    # The lake has views only: psql says it found no tables, as Postgres would.
+    tables = psql(door, "acme", keys["acme"], r"\dt")
+    assert tables.returncode == 0 and tables.stdout == "", tables.stdout
+    assert tables.stderr.strip() == "Did not find any relations."
+    schemas = cells(described(door, "acme", keys["acme"], r"\dn"))
+    assert schemas == [["Name", "Owner"], ["public", "lake"]]
+    databases = cells(described(door, "acme", keys["acme"], r"\l"))
+    assert databases[0][:3] == ["Name", "Owner", "Encoding"]
+    assert [row[:3] for row in databases[1:]] == [["lake", "lake", "UTF8"]]
+
+
+def test_unknown_names_get_the_hint_sql_gives_as_postgres_errors(
+    door: PgDoor, keys: dict[str, str]
+) -> None:
+    with connect(door, "acme", keys["acme"], autocommit=True) as connection:
+        with pytest.raises(psycopg.errors.UndefinedColumn) as column:
+            connection.execute(
+                "SELECT sourse, count(*) FROM windows WHERE is_final = %s GROUP BY 1", (True,)
+            ).fetchall()
+        assert column.value.sqlstate == "42703"
+        assert "unknown column 'sourse': did you mean 'source'?" in str(column.value)
+        with pytest.raises(psycopg.errors.UndefinedTable) as relation:
+            connection.execute("SELECT source FROM windoes").fetchall()
+        assert relation.value.sqlstate == "42P01"
+        assert "unknown relation 'windoes': did you mean 'windows'" in str(relation.value)
+        # Qualified as clients qualify names, the view is the same view.
+        assert connection.execute(
+            'SELECT DISTINCT "public"."windows"."tenant" FROM "public"."windows"'
+        ).fetchall() == [("acme",)]
+    answer = psql(door, "acme", keys["acme"], "SELECT sourse FROM windows")
+    assert answer.returncode != 0
+    assert "ERROR:  unknown column 'sourse': did you mean 'source'?" in answer.stderr
 
 
 def test_wrong_revoked_and_foreign_keys_and_unknown_tenants_are_refused_at_the_handshake(
@@ -229,9 +334,24 @@ def test_sqlalchemy_inspects_the_views_and_pandas_reads_them(
     )
     try:
         inspector = sqlalchemy.inspect(engine)
-        assert set(inspector.get_table_names()) == set(TENANT_VIEW_NAMES)
-        columns = {column["name"] for column in inspector.get_columns("windows")}
-        assert {"tenant", "source", "window_start", "count"} <= columns
+        assert inspector.default_schema_name == "public"
+        assert inspector.get_view_names() == sorted(TENANT_VIEW_NAMES)
+        assert inspector.get_table_names() == []
+        columns = inspector.get_columns("windows")
+        assert [column["name"] for column in columns] == WINDOWS.schema.names
+        types = {column["name"]: type(column["type"]) for column in columns}
+        assert types["count"] is sqlalchemy.BIGINT and types["source"] is sqlalchemy.TEXT
+        assert issubclass(types["window_start"], sqlalchemy.TIMESTAMP)
+        assert "SELECT" in (inspector.get_view_definition("window_contents") or "")
+        # A reflected view, selected as SQLAlchemy writes it: every name qualified.
+        windows = sqlalchemy.Table(
+            "windows", sqlalchemy.MetaData(), schema="public", autoload_with=engine
+        )
+        with engine.connect() as connection:
+            chosen = sqlalchemy.select(windows.c.tenant, windows.c.count).where(
+                windows.c.source == "web"
+            )
+            assert {row.tenant for row in connection.execute(chosen)} == {"acme"}
         frame = pd.read_sql(
             "SELECT source, count(*) AS n FROM events GROUP BY source ORDER BY source", engine
         )

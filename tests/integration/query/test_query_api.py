@@ -185,6 +185,21 @@ def test_escapes_get_a_4xx_and_no_rows(
     assert "\n\tat " not in answer.text  # no Java stack trace
 
 
+def test_a_misspelt_name_gets_the_names_it_could_mean_as_sql_says_them(
+    server: str, keys: dict[str, str]
+) -> None:
+    column = post(server, keys["acme"], "SELECT sourse, count(*) AS n FROM windows GROUP BY 1")
+    assert column.status_code == 422, column.text
+    error = column.json()["error"]
+    assert error["code"] == "analysis_error"
+    assert error["message"].startswith("unknown column 'sourse': did you mean 'source'?")
+    relation = post(server, keys["acme"], "SELECT source FROM windoes")
+    assert relation.status_code == 422, relation.text
+    error = relation.json()["error"]
+    assert error["code"] == "analysis_error"
+    assert error["message"].startswith("unknown relation 'windoes': did you mean 'windows'")
+
+
 @pytest.mark.parametrize("statement", ESCAPES_SEEING_ONLY_THE_TENANT)
 def test_accepted_tricks_see_only_the_callers_rows(
     server: str, keys: dict[str, str], statement: str
