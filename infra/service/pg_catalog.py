@@ -137,6 +137,8 @@ _REWRITES = (
         "AS VARCHAR",
     ),
 )
+_WORDS_ONLY = re.compile(r"'(?:[^']|'')*'|--[^\n]*|/\*.*?\*/", re.DOTALL)
+"""String literals and comments, which name nothing."""
 _USER_WORDS = re.compile(r"\b(current_user|session_user)\b(\s*\(\s*\))?", re.IGNORECASE)
 
 
@@ -228,8 +230,9 @@ def _set(text: str, settings: SessionSettings) -> None:
 
 def reads_catalog(sql: str) -> bool:
     """Whether a statement is the catalog's: it names a catalog relation or function. Refused
-    (`WireError`) if it reads a lake view too."""
-    if _CATALOG_MARKERS.search(sql) is None:
+    (`WireError`) if it reads a lake view too. A catalog's name inside a string or a comment
+    (`WHERE source = 'pg_web'`) is not the catalog's."""
+    if _CATALOG_MARKERS.search(_WORDS_ONLY.sub(" ", sql)) is None:
         return False
     try:
         trees = sqlglot.parse(sql, read="postgres")

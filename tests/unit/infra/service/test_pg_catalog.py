@@ -63,6 +63,8 @@ def test_catalog_statements_are_told_from_the_lakes() -> None:
     assert reads_catalog("SELECT * FROM pg_catalog.pg_class")
     assert reads_catalog("select pg_catalog.version()")
     assert not reads_catalog("SELECT count(*) FROM windows")
+    assert not reads_catalog("SELECT count(*) FROM windows WHERE source = 'pg_catalog.x'")
+    assert not reads_catalog("SELECT count(*) FROM windows -- not pg_class\n")
     with pytest.raises(WireError):
         reads_catalog("SELECT * FROM events, information_schema.tables")
 
