@@ -9,8 +9,10 @@ searches before DuckDB's system catalog; `information_schema`, a schema DuckDB k
 itself, is `INFORMATION_SCHEMA` here (`pg_catalog` rewrites the name in statements).
 
 Every row is built from the views' schemas (the same for every tenant), so no answer can name a
-tenant. The views are views (`relkind` `v`, `VIEW` in `information_schema.tables`): read-only
-relations over the lake's Delta tables. They are in schema `public`, where Postgres clients
+tenant. Each of the lake's Delta tables is a table (`relkind` `r`, `BASE TABLE` in
+`information_schema.tables`), as a user names it and as psql's `\\dt`, SQLAlchemy's
+`get_table_names` and BI tools' table lists look for it; a view over them (`window_contents`) is
+a view (`relkind` `v`, with its SQL in `pg_views`). Both are read-only. They are in schema `public`, where Postgres clients
 look by default (`search_path`, SQLAlchemy's and BI tools' default schema). Their column types
 are the ones the door sends for their rows (`pg_wire.columns_of`), so `\\d windows` and a
 `SELECT` agree.
@@ -364,9 +366,8 @@ def install(
     settings: Mapping[str, str],
 ) -> None:
     """Create the catalog's relations and functions in `database`, listing `views` (name: the
-    schema of its rows) in schema `public`, with their definitions (`pg_get_viewdef`): a view
-    over other views has its SQL; a view of a Delta table has none a client could run (it
-    reads the caller's rows of the table's files), and says so in a comment. `settings` are
+    schema of its rows) in schema `public`: those with a definition (their SQL over the others,
+    for `pg_get_viewdef`) as views, the others as the lake's tables. `settings` are
     `pg_settings`' rows and what `current_setting` answers: a session's defaults."""
     database.execute(f"CREATE SCHEMA {INFORMATION_SCHEMA}")
     for name, columns in _CATALOG.items():
@@ -374,13 +375,7 @@ def install(
     for name, columns in _INFORMATION_SCHEMA.items():
         database.execute(f"CREATE TABLE {INFORMATION_SCHEMA}.{name} ({columns})")
     database.execute(f"CREATE TABLE main.lake_type_names (oid {_O}, typname {_T}, shown {_T})")
-    definitions = {
-        name: definitions.get(
-            name, f"-- the rows of the connected tenant in the lake's Delta table {name}"
-        )
-        for name in views
-    }
-    tables = _rows(views, definitions)
+    tables = _rows(views, {name: definitions[name] for name in views if name in definitions})
     tables["main.pg_settings"] = [
         {
             "name": name,
@@ -407,13 +402,14 @@ def install(
 def _rows(
     views: Mapping[str, pa.Schema], definitions: Mapping[str, str]
 ) -> dict[str, list[dict[str, Any]]]:
-    """The rows of every relation that has any, by its name in the catalog database."""
+    """The rows of every relation that has any, by its name in the catalog database; the
+    relations of `views` with a definition are views, the others the lake's tables."""
     oids = {name: _FIRST_VIEW_OID + number for number, name in enumerate(sorted(views))}
     relations: list[dict[str, Any]] = []
     attributes: list[dict[str, Any]] = []
     columns: list[dict[str, Any]] = []
     for name, schema in sorted(views.items()):
-        relations.append(_relation(oids[name], name, len(schema)))
+        relations.append(_relation(oids[name], name, len(schema), view=name in definitions))
         for number, (field, column) in enumerate(
             zip(schema, wire.columns_of(schema), strict=True), start=1
         ):
@@ -475,7 +471,20 @@ def _rows(
                 "viewowner": OWNER,
                 "definition": definitions[name],
             }
+            for name in sorted(definitions)
+        ],
+        "main.pg_tables": [
+            {
+                "schemaname": PUBLIC,
+                "tablename": name,
+                "tableowner": OWNER,
+                "hasindexes": False,
+                "hasrules": False,
+                "hastriggers": False,
+                "rowsecurity": False,
+            }
             for name in sorted(views)
+            if name not in definitions
         ],
         f"{info}.schemata": [
             {"catalog_name": "lake", "schema_name": schema, "schema_owner": OWNER}
@@ -486,7 +495,7 @@ def _rows(
                 "table_catalog": "lake",
                 "table_schema": PUBLIC,
                 "table_name": name,
-                "table_type": "VIEW",
+                "table_type": "VIEW" if name in definitions else "BASE TABLE",
                 "is_insertable_into": "NO",
                 "is_typed": "NO",
             }
@@ -505,19 +514,19 @@ def _rows(
                 "is_trigger_deletable": "NO",
                 "is_trigger_insertable_into": "NO",
             }
-            for name in sorted(views)
+            for name in sorted(definitions)
         ],
         f"{info}.columns": columns,
     }
 
 
-def _relation(oid: int, name: str, columns: int) -> dict[str, Any]:
+def _relation(oid: int, name: str, columns: int, view: bool) -> dict[str, Any]:
     return {
         **{"oid": oid, "relname": name, "relnamespace": PUBLIC_OID, "reltype": 0},
         **{"reloftype": 0, "relowner": OWNER_OID, "relam": 0, "relfilenode": 0},
         **{"reltablespace": 0, "relpages": 0, "reltuples": -1.0, "relallvisible": 0},
         **{"reltoastrelid": 0, "relhasindex": False, "relisshared": False},
-        **{"relpersistence": "p", "relkind": "v", "relnatts": columns, "relchecks": 0},
+        **{"relpersistence": "p", "relkind": "v" if view else "r", "relnatts": columns, "relchecks": 0},
         **{"relhasrules": False, "relhastriggers": False, "relhassubclass": False},
         **{"relrowsecurity": False, "relforcerowsecurity": False, "relispopulated": True},
         **{"relreplident": "n", "relispartition": False, "relrewrite": 0},

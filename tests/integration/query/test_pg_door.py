@@ -31,7 +31,11 @@ from infra.service.tenant_access import KeyCheck, TenantLimits
 from storage.lake.tables import WINDOWS
 from storage.query.local_sql import LocalSql
 from storage.query.query_service import QueryService
-from storage.query.view_catalog import TENANT_VIEW_NAMES, WINDOW_CONTENTS_COLUMNS
+from storage.query.view_catalog import (
+    TENANT_VIEW_NAMES,
+    WINDOW_CONTENTS,
+    WINDOW_CONTENTS_COLUMNS,
+)
 from tenants.api_keys import issue_key, revoke_key
 from tenants.conf_reader import ConfReader
 from tenants.models import QueryLimits
@@ -45,6 +49,8 @@ pytestmark = pytest.mark.integration
 
 RECHECK_S = 1.0
 PSQL = shutil.which("psql")
+TABLE_NAMES = [name for name in TENANT_VIEW_NAMES if name != WINDOW_CONTENTS]
+"""The lake's tables, which the door shows as tables; `window_contents` is a view over them."""
 # Catalog statements clients send, and ones a curious tenant might: none may name another
 # tenant, and each must answer.
 CATALOG_PROBES = [
@@ -52,6 +58,7 @@ CATALOG_PROBES = [
     "SELECT * FROM pg_catalog.pg_class",
     "SELECT * FROM pg_catalog.pg_namespace",
     "SELECT * FROM pg_catalog.pg_views",
+    "SELECT * FROM pg_catalog.pg_tables",
     "SELECT * FROM pg_catalog.pg_attribute",
     "SELECT * FROM pg_catalog.pg_roles",
     "SELECT * FROM pg_catalog.pg_settings",
@@ -136,12 +143,12 @@ def psql(
     )
 
 
-def test_psql_lists_the_views_and_groups_the_tenants_windows(
+def test_psql_lists_the_tables_and_groups_the_tenants_windows(
     door: PgDoor, keys: dict[str, str]
 ) -> None:
-    listed = psql(door, "acme", keys["acme"], r"\dv")
+    listed = psql(door, "acme", keys["acme"], r"\dt")
     assert listed.returncode == 0, listed.stderr
-    assert all(f" {name} " in listed.stdout for name in TENANT_VIEW_NAMES), listed.stdout
+    assert all(f" {name} " in listed.stdout for name in TABLE_NAMES), listed.stdout
     assert "globex" not in listed.stdout
     statement = "SELECT source, count(*) AS n FROM windows GROUP BY source ORDER BY source"
     grouped = psql(door, "acme", keys["acme"], statement)
@@ -186,18 +193,20 @@ def sent_columns(door: PgDoor, key: str, view: str) -> list[list[str]]:
         ]
 
 
-@pytest.mark.parametrize("command", [r"\d windows", r"\d events", r"\d+ windows"])
-def test_psql_describes_a_view_with_the_types_its_rows_come_in(
+@pytest.mark.parametrize(
+    "command", [r"\d windows", r"\d events", r"\d+ windows", r"\d public.late_events"]
+)
+def test_psql_describes_a_table_with_the_types_its_rows_come_in(
     door: PgDoor, keys: dict[str, str], command: str
 ) -> None:
-    view = command.split()[-1]
+    table_name = command.split()[-1].removeprefix("public.")
     shown = described(door, "acme", keys["acme"], command)
-    assert f'View "public.{view}"' in shown, shown
+    assert f'Table "public.{table_name}"' in shown, shown
     table = cells(shown)
     assert table[0][:5] == ["Column", "Type", "Collation", "Nullable", "Default"], shown
-    assert [row[:2] for row in table[1:]] == sent_columns(door, keys["acme"], view)
+    assert [row[:2] for row in table[1:]] == sent_columns(door, keys["acme"], table_name)
     if command.startswith("\\d+"):
-        assert table[0][5:] == ["Storage", "Description"] and "View definition:" in shown
+        assert table[0][5:7] == ["Storage", "Compression"], shown
     # The catalog is the views' alone: every tenant is told the same.
     assert described(door, "globex", keys["globex"], command) == shown
 
@@ -211,22 +220,36 @@ def test_psql_describes_window_contents_with_its_definition(
     assert [row[0] for row in cells(shown)[1:]] == list(WINDOW_CONTENTS_COLUMNS)
 
 
-@pytest.mark.parametrize("command", [r"\dv", r"\d", r"\dv+"])
-def test_psql_lists_the_views_in_public(door: PgDoor, keys: dict[str, str], command: str) -> None:
+def listed(door: PgDoor, keys: dict[str, str], command: str) -> list[list[str]]:
+    """(schema, name, type, owner) of each relation psql's `command` lists for acme."""
     table = cells(described(door, "acme", keys["acme"], command))
     assert table[0][:4] == ["Schema", "Name", "Type", "Owner"]
-    assert [row[:4] for row in table[1:]] == [
-        ["public", name, "view", "lake"] for name in sorted(TENANT_VIEW_NAMES)
+    return [row[:4] for row in table[1:]]
+
+
+@pytest.mark.parametrize("command", [r"\dt", r"\dt+"])
+def test_psql_lists_the_lakes_tables_in_public(
+    door: PgDoor, keys: dict[str, str], command: str
+) -> None:
+    assert listed(door, keys, command) == [
+        ["public", name, "table", "lake"] for name in sorted(TABLE_NAMES)
     ]
 
 
-def test_psql_lists_no_tables_one_schema_and_one_database(
+@pytest.mark.parametrize("command", [r"\dv", r"\dv+"])
+def test_psql_lists_window_contents_as_the_one_view(
+    door: PgDoor, keys: dict[str, str], command: str
+) -> None:
+    assert listed(door, keys, command) == [["public", WINDOW_CONTENTS, "view", "lake"]]
+
+
+def test_psql_lists_every_relation_one_schema_and_one_database(
     door: PgDoor, keys: dict[str, str]
 ) -> None:
-    # The lake has views only: psql says it found no tables, as Postgres would.
-    tables = psql(door, "acme", keys["acme"], r"\dt")
-    assert tables.returncode == 0 and tables.stdout == "", tables.stdout
-    assert tables.stderr.strip() == "Did not find any relations."
+    assert listed(door, keys, r"\d") == sorted(
+        ["public", name, "view" if name == WINDOW_CONTENTS else "table", "lake"]
+        for name in TENANT_VIEW_NAMES
+    )
     schemas = cells(described(door, "acme", keys["acme"], r"\dn"))
     assert schemas == [["Name", "Owner"], ["public", "lake"]]
     databases = cells(described(door, "acme", keys["acme"], r"\l"))
@@ -335,8 +358,8 @@ def test_sqlalchemy_inspects_the_views_and_pandas_reads_them(
     try:
         inspector = sqlalchemy.inspect(engine)
         assert inspector.default_schema_name == "public"
-        assert inspector.get_view_names() == sorted(TENANT_VIEW_NAMES)
-        assert inspector.get_table_names() == []
+        assert inspector.get_table_names() == sorted(TABLE_NAMES)
+        assert inspector.get_view_names() == [WINDOW_CONTENTS]
         columns = inspector.get_columns("windows")
         assert [column["name"] for column in columns] == WINDOWS.schema.names
         types = {column["name"]: type(column["type"]) for column in columns}

@@ -14,7 +14,7 @@ from infra.service.pg_catalog import (
 )
 from infra.service.pg_wire import WireError
 from storage.lake.tables import WINDOWS
-from storage.query.view_catalog import TENANT_VIEW_NAMES
+from storage.query.view_catalog import TENANT_VIEW_NAMES, WINDOW_CONTENTS
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_the_catalog_takes_no_writes_and_no_files(catalog: CatalogDatabase, stat
     assert views == [{"n": len(TENANT_VIEW_NAMES)}]
 
 
-def test_the_views_are_views_in_public_wherever_a_client_looks(catalog: CatalogDatabase) -> None:
+def test_the_relations_are_in_public_wherever_a_client_looks(catalog: CatalogDatabase) -> None:
     def answer(sql: str) -> list[dict[str, object]]:
         return catalog.answer(sql, "acme", [], 5).to_pylist()
 
@@ -109,10 +109,17 @@ def test_the_views_are_views_in_public_wherever_a_client_looks(catalog: CatalogD
         "SELECT n.nspname, c.relname, c.relkind FROM pg_catalog.pg_class c "
         "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
     )
-    assert {(v["nspname"], v["relkind"]) for v in views} == {("public", "v")}
+    assert {v["nspname"] for v in views} == {"public"}
     assert sorted(v["relname"] for v in views) == sorted(TENANT_VIEW_NAMES)
-    tables = answer("SELECT DISTINCT table_schema, table_type FROM information_schema.tables")
-    assert tables == [{"table_schema": "public", "table_type": "VIEW"}]
+    # The lake's tables are tables; window_contents, the join over them, is the one view.
+    assert {v["relname"]: v["relkind"] for v in views} == {
+        name: "v" if name == WINDOW_CONTENTS else "r" for name in TENANT_VIEW_NAMES
+    }
+    tables = answer("SELECT table_name, table_schema, table_type FROM information_schema.tables")
+    assert {t["table_name"]: (t["table_schema"], t["table_type"]) for t in tables} == {
+        name: ("public", "VIEW" if name == WINDOW_CONTENTS else "BASE TABLE")
+        for name in TENANT_VIEW_NAMES
+    }
     assert answer("SELECT setting FROM pg_settings WHERE name = 'search_path'") == [
         {"setting": '"$user", public'}
     ]
