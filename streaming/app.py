@@ -400,6 +400,7 @@ def run_stream(
                 master,
                 settings.stream.shuffle_partitions,
                 {**scheduler_conf(Path(pools_dir)), **(spark_conf or {})},
+                quick_jit=True,
             )
     except BaseException:
         app.stop()

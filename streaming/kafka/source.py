@@ -53,7 +53,7 @@ class Packed(Generic[_V]):
     Spark's that never asks never imports what the value's classes need."""
 
     def __init__(self, value: _V) -> None:
-        self._pickled = cloudpickle.dumps(value)
+        self._pickled = cloudpickle.dumps(value)  # type: ignore[no-untyped-call]
 
     def __getstate__(self) -> dict[str, bytes]:
         return {"_pickled": self._pickled}
