@@ -192,13 +192,14 @@ class StreamApp:
             try:
                 self.lease.acquire()
                 return True
-            except StreamLeaseHeldError:
+            except StreamLeaseHeldError as held:
                 last_outage = ""
+                self.lease.wait_while_held(held, interval_s, stop)
             except LakeUnavailableError as outage:
                 if str(outage) != last_outage:  # once per outage, not every poll
                     log.warning("standing by for stream %r: %s", name, outage)
                 last_outage = str(outage)
-            stop.wait(interval_s)
+                stop.wait(interval_s)
         return False
 
     def start(self, spark: SparkSession, available_now: bool = False) -> StreamApp:
@@ -399,6 +400,7 @@ def run_stream(
                 master,
                 settings.stream.shuffle_partitions,
                 {**scheduler_conf(Path(pools_dir)), **(spark_conf or {})},
+                quick_jit=True,
             )
     except BaseException:
         app.stop()

@@ -47,6 +47,24 @@ def cpu_seconds(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_seconds(pid: int) -> list[tuple[str, float]]:
+    """(name, CPU seconds) of each live thread of `pid`, user and system; empty if it is gone."""
+    threads = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    for tid in tids:
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            fields = _stat_after_name(Path(f"/proc/{pid}/task/{tid}/stat"))
+        except OSError:  # the thread ended between the listing and the read
+            continue
+        ticks = sum(int(field) for field in fields[11:13])  # utime, stime
+        threads.append((name, ticks / os.sysconf("SC_CLK_TCK")))
+    return threads
+
+
 def rss_mib(pid: int) -> float:
     """Resident memory of `pid` in MiB; 0 for a process that is gone."""
     return _proc_kib_as_mib(pid, "status", "VmRSS:")

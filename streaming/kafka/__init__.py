@@ -9,5 +9,6 @@ alone.
 Modules: `options` parses Spark's Kafka option names; `offsets` plans each batch's offsets on
 the driver (pure arithmetic, testable without a broker or Spark, plus the broker lookups it
 plans from); `client` holds both clients' settings; `reader` reads an offset range on an
-executor into Arrow batches; `source` wires these into Spark and holds `register`.
+executor into Arrow batches; `schema` is the rows' schema; `source` wires these into Spark and
+holds `register`.
 """

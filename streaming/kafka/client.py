@@ -22,15 +22,18 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
-from pydantic import SecretStr
+# Both Kafka clients and the settings are imported where a client or the settings are used:
+# `KafkaSecurity` travels inside the pickled Data Source to every Python process Spark starts
+# for it, and the ones that only describe the source (its schema, its read plan) never open a
+# client. Each of those fresh processes is on a start's critical path.
+if TYPE_CHECKING:
+    from confluent_kafka import Consumer, KafkaError
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+    from pydantic import SecretStr
 
-from tenants.registry import ConfigError
-from tenants.settings import KafkaSettings, read_secrets_file
+    from tenants.settings import KafkaSettings
 
 # kafka-python's own default; a lookup never gets more than what is left of its budget.
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
@@ -58,6 +61,8 @@ class KafkaSecurity:
         """The settings' security, with the password from `kafka.secrets_file` if not set."""
         password = kafka.sasl.password
         if password is None and kafka.secrets_file is not None and kafka.sasl.mechanism:
+            from tenants.settings import read_secrets_file
+
             password = read_secrets_file(kafka.secrets_file, ("sasl_password",))["sasl_password"]
         ssl = kafka.ssl
         return cls(
@@ -131,6 +136,8 @@ class KafkaSecurity:
                 options["kafka.ssl.truststore.location"] = self.ssl_ca_file
             if self.ssl_cert_file:
                 if self.ssl_cert_file != self.ssl_key_file:
+                    from tenants.registry import ConfigError
+
                     raise ConfigError(
                         "kafka.ssl",
                         [
@@ -291,6 +298,9 @@ def _probe_metadata(
     """Ask for the cluster's metadata until `deadline`: whether a broker answered, and the
     last error librdkafka reported. Raises `KafkaSecurityError` as soon as a reported error
     is about this client's security."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
     causes: deque[KafkaError] = deque(maxlen=8)
     budget_ms = int(max(deadline - time.monotonic(), 0) * 1000)
     config: dict[str, Any] = {
@@ -360,6 +370,8 @@ def kafka_python_consumer(
     security: KafkaSecurity = PLAINTEXT,
 ) -> KafkaConsumer:
     """A driver-side consumer for offset lookups (`consumer_config`)."""
+    from kafka import KafkaConsumer
+
     return KafkaConsumer(
         **consumer_config(bootstrap_servers, request_timeout_ms, client_id, budget_ms, security)
     )
@@ -369,6 +381,8 @@ def kafka_python_admin(
     bootstrap_servers: str, security: KafkaSecurity, client_id: str, budget_ms: int
 ) -> KafkaAdminClient:
     """An admin client (the consumer group's offsets) whose waits end within `budget_ms`."""
+    from kafka import KafkaAdminClient
+
     _hide_configs_of(logging.getLogger("kafka.admin.client"))
     return KafkaAdminClient(
         bootstrap_servers=bootstrap_servers,
@@ -383,6 +397,8 @@ def kafka_python_producer(
     bootstrap_servers: str, security: KafkaSecurity = PLAINTEXT, **options: Any
 ) -> KafkaProducer:
     """A producer (`tenant-windows produce`, load generators) with `options` (acks, ...)."""
+    from kafka import KafkaProducer
+
     return KafkaProducer(bootstrap_servers=bootstrap_servers, **security.kafka_python(), **options)
 
 
@@ -396,6 +412,8 @@ def librdkafka_consumer(
 ) -> Consumer:
     """An executor's consumer of assigned ranges (`reader_config`); `error_cb` hears of
     broker errors librdkafka retries by itself."""
+    from confluent_kafka import Consumer
+
     return Consumer(
         {
             **reader_config(bootstrap_servers, request_timeout_ms, client_id, budget_ms, security),

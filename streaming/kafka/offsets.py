@@ -11,10 +11,8 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from kafka import KafkaConsumer, TopicPartition
-from kafka.errors import KafkaError
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
 from streaming.kafka.client import (
@@ -30,6 +28,11 @@ from streaming.kafka.options import (
     StartingOffsets,
     partition_number,
 )
+
+# kafka-python is imported by the lookups that use it: a planner travels inside the pickled
+# stream reader to Spark's Python processes that never ask the broker (`client` says why).
+if TYPE_CHECKING:
+    from kafka import KafkaConsumer, TopicPartition
 
 _T = TypeVar("_T")
 
@@ -288,6 +291,8 @@ class OffsetPlanner:
 
     def close(self) -> None:
         if self._consumer is not None:
+            from kafka.errors import KafkaError
+
             consumer, self._consumer = self._consumer, None
             # Closing a client of a broker that is gone may fail; it is dropped either way.
             with contextlib.suppress(KafkaError):
@@ -300,6 +305,8 @@ class OffsetPlanner:
         with metadata or offsets behind what it had: both are retried. Past the budget the
         query fails, so an outage never hangs it and a stale answer is never planned from.
         """
+        from kafka.errors import KafkaError
+
         options = self.options
         started = time.monotonic()
         deadline = started + options.fetch_offset_timeout_ms / 1000
@@ -339,6 +346,8 @@ class OffsetPlanner:
     def _topic_partitions(self, consumer: KafkaConsumer) -> list[TopicPartition]:
         # topics() always refreshes metadata, so a topic that was created or grew is seen;
         # partitions_for_topic alone would answer from a cache that is minutes old.
+        from kafka import TopicPartition
+
         if self.options.topic not in consumer.topics():
             return []
         partitions = consumer.partitions_for_topic(self.options.topic)
@@ -413,6 +422,8 @@ class OffsetPlanner:
         end = advance_offsets(start, latest, max_rows, topic=self.options.topic)
         new_keys = [key for key in latest if key not in start]
         if new_keys:
+            from kafka import TopicPartition
+
             new_partitions = [TopicPartition(self.options.topic, int(k)) for k in new_keys]
             beginnings = self._ask_broker(
                 "fetching beginning offsets of new partitions",

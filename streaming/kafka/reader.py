@@ -14,19 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import TopicPartition
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
 
 from streaming.fault_points import NO_FAULTS, FaultHook, FaultPoint
 from streaming.kafka.client import (
@@ -37,26 +26,9 @@ from streaming.kafka.client import (
 )
 from streaming.kafka.deferral import TaskAdmission, admit_partition
 from streaming.kafka.options import SOURCE_NAME, KafkaSourceOptions
+from streaming.kafka.schema import KAFKA_SCHEMA
 
 ARROW_BATCH_ROWS = 10_000
-
-KAFKA_SCHEMA = StructType(
-    [
-        StructField("key", BinaryType()),
-        StructField("value", BinaryType()),
-        StructField("topic", StringType()),
-        StructField("partition", IntegerType()),
-        StructField("offset", LongType()),
-        StructField("timestamp", TimestampType()),
-        StructField("timestampType", IntegerType()),
-        StructField(
-            "headers",
-            ArrayType(
-                StructType([StructField("key", StringType()), StructField("value", BinaryType())])
-            ),
-        ),
-    ]
-)
 
 # Derived with Spark's own conversion: Spark rejects a RecordBatch whose schema differs from
 # this one in any detail (timestamp unit, time zone, nullability, list field names).
@@ -196,6 +168,10 @@ def read_partition(
     """
     if split.start_offset >= split.end_offset:
         return  # a task that only releases deferred records
+    # Here, not at the top: the driver's planner builds partitions of this module and never
+    # reads (`client` says why that matters); executors have it from the worker daemon.
+    from confluent_kafka import TopicPartition
+
     where = (
         f"{split.topic}/{split.partition} offsets [{split.start_offset}, {split.end_offset}) "
         f"from bootstrap servers {split.bootstrap_servers}"

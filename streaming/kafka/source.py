@@ -6,11 +6,14 @@ executors.
 
 from __future__ import annotations
 
+import functools
 import logging
+import pickle
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-import pyarrow as pa
+from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -23,14 +26,45 @@ from pyspark.sql.types import StructType
 
 from streaming.fault_points import NO_FAULTS, FaultHook
 from streaming.kafka.client import PLAINTEXT, KafkaSecurity
-from streaming.kafka.deferral import Deferral, batch_key
-from streaming.kafka.deferral_planning import DeferralPlanner
 from streaming.kafka.offsets import OffsetPlanner, max_rows_of, partition_ranges, split_ranges
 from streaming.kafka.options import SOURCE_NAME, KafkaSourceOptions
-from streaming.kafka.reader import KAFKA_SCHEMA, KafkaInputPartition, read_admitted
+from streaming.kafka.schema import KAFKA_SCHEMA
 from streaming.kafka.trigger_phase import phase_wait_ms
 
+# Spark runs a fresh Python process to declare the source (its schema), one to plan its reads and
+# one for its stream reader, one after the other, each before a start's first batch. Each unpickles
+# this module with the source; what only reading and deferral need is imported where it is used,
+# and the deferral travels packed (`Packed`), so the processes that only declare and plan never
+# import pandas' kin, pydantic or a Kafka client.
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from streaming.kafka.deferral import Deferral
+    from streaming.kafka.deferral_planning import DeferralPlanner
+    from streaming.kafka.reader import KafkaInputPartition
+
 log = logging.getLogger(__name__)
+
+_V = TypeVar("_V")
+
+
+class Packed(Generic[_V]):
+    """A value pickled once and unpickled where it is first asked for: a Python process of
+    Spark's that never asks never imports what the value's classes need."""
+
+    def __init__(self, value: _V) -> None:
+        self._pickled = cloudpickle.dumps(value)  # type: ignore[no-untyped-call]
+
+    def __getstate__(self) -> dict[str, bytes]:
+        return {"_pickled": self._pickled}
+
+    def __setstate__(self, state: dict[str, bytes]) -> None:
+        self._pickled = state["_pickled"]
+
+    @functools.cached_property
+    def value(self) -> _V:
+        value: _V = pickle.loads(self._pickled)
+        return value
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -43,14 +77,27 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self,
         options: KafkaSourceOptions,
         fault_hook: FaultHook = NO_FAULTS,
-        deferral: Deferral | None = None,
+        deferral: Deferral | Packed[Deferral | None] | None = None,
     ) -> None:
         self.options = options
         self.fault_hook = fault_hook
-        self.deferral = deferral
+        self._deferral = deferral
         self.planner = OffsetPlanner(options)
-        self.deferral_planner = None if deferral is None else DeferralPlanner(deferral, options)
         self.available_now = False
+
+    @property
+    def deferral(self) -> Deferral | None:
+        if isinstance(self._deferral, Packed):
+            return self._deferral.value
+        return self._deferral
+
+    @functools.cached_property
+    def deferral_planner(self) -> DeferralPlanner | None:
+        if self.deferral is None:
+            return None
+        from streaming.kafka.deferral_planning import DeferralPlanner
+
+        return DeferralPlanner(self.deferral, self.options)
 
     def initialOffset(self) -> dict[str, int]:  # noqa: N802
         return self.planner.initial_offsets()
@@ -90,6 +137,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[KafkaInputPartition]:
         if self.deferral_planner is not None:
             return self.deferral_planner.tasks(start, end)
+        from streaming.kafka.reader import KafkaInputPartition
+
         return [
             KafkaInputPartition.of_range(self.options, partition, start_offset, end_offset)
             for partition, start_offset, end_offset in split_ranges(
@@ -98,6 +147,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        from streaming.kafka.reader import KafkaInputPartition, read_admitted
+
         if not isinstance(partition, KafkaInputPartition):
             raise TypeError(f"expected a KafkaInputPartition, got {type(partition).__name__}")
         return read_admitted(partition, self.fault_hook)
@@ -108,6 +159,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # (`group_offsets`, from the progress listener), and is never read back. What
         # deferral no longer needs can go.
         if self.deferral is not None:
+            from streaming.kafka.deferral import batch_key
+
             try:
                 self.deferral.store.remove_unneeded(batch_key(end))
             except OSError as error:
@@ -122,7 +175,7 @@ class KafkaDataSource(DataSource):
     """`spark.readStream.format("tw_kafka")`: one Kafka topic, Spark Kafka source columns."""
 
     fault_hook: FaultHook = NO_FAULTS
-    deferral: Deferral | None = None
+    deferral: Packed[Deferral | None] | None = None
     security: KafkaSecurity = PLAINTEXT
 
     @classmethod
@@ -165,6 +218,6 @@ def register(
         pass
 
     ConfiguredKafkaDataSource.fault_hook = fault_hook
-    ConfiguredKafkaDataSource.deferral = deferral
+    ConfiguredKafkaDataSource.deferral = Packed(deferral)
     ConfiguredKafkaDataSource.security = security
     spark.dataSource.register(ConfiguredKafkaDataSource)

@@ -12,14 +12,25 @@ from streaming.pipeline import class_archive
 
 LOOPBACK = "127.0.0.1"
 
+# A deep stack avoids a StackOverflowError when a streaming query stops.
+DRIVER_JAVA_OPTIONS = "-Xss16m"
+# The stream's JIT stops at C1 (`quick_jit`): up to a start's first batch, C2 compiled for 6-7 of
+# the driver JVM's 16-18 CPU seconds (C1 2.5, GC 0.5), on two cores as much as all the start's
+# Python processes together; with C1 alone the JVM took 7.5-9 and a restart after SIGKILL
+# 52-65 s against 75-76 s at a load average of 25 (docs/reliability.md, "Start-up time"). A
+# local stream's per-record work is in its Python workers.
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
+
 
 def build_spark(
     app_name: str = "tenant-windows",
     master: str | None = None,
     shuffle_partitions: int = 4,
     extra_conf: dict[str, str] | None = None,
+    quick_jit: bool = False,
 ) -> SparkSession:
-    """Build (or return the running) session.
+    """Build (or return the running) session; `quick_jit` for the stream's, whose restart
+    time counts (`QUICK_JIT`).
 
     `master=None` keeps what spark-submit gave; without spark-submit it is `local[2]`. On a
     cluster master (`spark://`, `k8s://`, `yarn`) the executors run their node's `python3`, or
@@ -41,9 +52,15 @@ def build_spark(
     if master is not None:
         builder = builder.master(master)
     conf = {
-        # A deep stack avoids a StackOverflowError when a streaming query stops. The class
-        # archive, once built, takes a second or more off every start.
-        "spark.driver.extraJavaOptions": f"-Xss16m {class_archive.java_options()}".strip(),
+        "spark.driver.extraJavaOptions": " ".join(
+            option
+            for option in (
+                DRIVER_JAVA_OPTIONS,
+                QUICK_JIT if quick_jit else "",
+                class_archive.java_options(),
+            )
+            if option
+        ),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",

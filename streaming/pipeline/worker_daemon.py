@@ -16,10 +16,13 @@ from pyspark import daemon
 from pyspark.sql import SparkSession
 
 PRELOADED = (
+    "confluent_kafka",
     "pandas",
     "pyspark.worker",
     "storage.lake.file_writer",
     "storage.upkeep.compaction_tasks",
+    # The source imports its reader where it reads (`streaming.kafka.source` says why).
+    "streaming.kafka.reader",
     "streaming.kafka.source",
     "streaming.records.routing",
     "streaming.state.bucket_processor",

@@ -59,6 +59,7 @@ from infra.dev.benchmarks.sample_lake import PROJECT_CONF, bench_settings, write
 from infra.dev.benchmarks.stream_processes import (
     ProcessTree,
     folder_files,
+    jvm_cpu_s_by_thread_kind,
     jvm_heap_after_gc_mib,
     jvm_pid,
     pss_mib_by_kind,
@@ -107,6 +108,8 @@ class Start:
     """When each kind of process first showed up, seconds from the launch (or the kill)."""
     cpu_s: dict[str, float] = field(default_factory=dict)
     """CPU seconds each kind of process used until the first committed batch."""
+    jvm_cpu_s: dict[str, float] = field(default_factory=dict)
+    """The JVM's share of those by what its threads do (JIT compilers, GC, the rest)."""
 
 
 class StreamProcess(LocalProcess):
@@ -130,6 +133,7 @@ class StreamProcess(LocalProcess):
         self._read_bytes = 0
         self._ready = "standing by" if "--standby" in command else "first batch"
         self._tree: ProcessTree | None = None
+        self._jvm_cpu_before_s: dict[str, float] = {}
 
     @property
     def address(self) -> str:
@@ -141,6 +145,7 @@ class StreamProcess(LocalProcess):
         self._read_bytes = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._launched_s = time.monotonic()
         self._tree = None
+        self._jvm_cpu_before_s = {}
         self.start()
         self._note_processes()
         return self._start
@@ -155,6 +160,8 @@ class StreamProcess(LocalProcess):
         assert self.pid is not None
         # Only what the takeover costs: the CPU it had used standing by is not counted.
         self._tree = ProcessTree(self.pid, count_from_now=True)
+        jvm = jvm_pid(self.pid)
+        self._jvm_cpu_before_s = {} if jvm is None else jvm_cpu_s_by_thread_kind(jvm)
         active.stop(kill=True)
         self._wait_until_ready()
         self._note_processes()
@@ -196,6 +203,12 @@ class StreamProcess(LocalProcess):
         if self._tree is not None:
             self._start.processes_s = dict(self._tree.first_seen_s)
             self._start.cpu_s = self._tree.cpu_s_by_kind()
+        jvm = None if self.pid is None else jvm_pid(self.pid)
+        if jvm is not None:
+            self._start.jvm_cpu_s = {
+                kind: round(seconds - self._jvm_cpu_before_s.get(kind, 0.0), 2)
+                for kind, seconds in jvm_cpu_s_by_thread_kind(jvm).items()
+            }
 
     def _probe(self) -> None:
         seen_s = round(time.monotonic() - self._launched_s, 2)
@@ -528,6 +541,7 @@ def report(figures: dict[str, Any]) -> str:
         lines.append(f"{'':<24}first batch, ms: {start['first_batch_ms']}")
         lines.append(f"{'':<24}processes from, s: {start.get('processes_s')}")
         lines.append(f"{'':<24}CPU s until the first batch: {start.get('cpu_s')}")
+        lines.append(f"{'':<24}the JVM's, by thread: {start.get('jvm_cpu_s')}")
     latency = figures["latency_s"] or {}
     lines += [
         f"freshness (sent -> readable in events) over {figures['measured_records']} records: "

@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.dev.local_process import cpu_seconds, descendants, pss_mib
+from infra.dev.local_process import cpu_seconds, descendants, pss_mib, thread_cpu_seconds
 
 JCMD_TIMEOUT_S = 30
 _HEAP_USED = re.compile(r"garbage-first heap\s+total (\d+)K, used (\d+)K")
@@ -87,6 +87,26 @@ class ProcessTree:
         for pid, seconds in self._cpu_s.items():
             totals[self._kinds[pid]] += seconds - self._before_s.get(pid, 0.0)
         return {kind: round(seconds, 2) for kind, seconds in sorted(totals.items())}
+
+
+def jvm_cpu_s_by_thread_kind(pid: int) -> dict[str, float]:
+    """A JVM's CPU seconds so far by what its threads do: the JIT compilers (`jit C1`, `jit C2`),
+    the garbage collector (`gc`), and everything else (`work`: Spark's own threads, tasks
+    included). A start's JVM CPU is mostly one of these, and each has its own remedy."""
+    totals: dict[str, float] = defaultdict(float)
+    for name, seconds in thread_cpu_seconds(pid):
+        totals[_thread_kind(name)] += seconds
+    return {kind: round(seconds, 2) for kind, seconds in sorted(totals.items())}
+
+
+def _thread_kind(name: str) -> str:
+    if name.startswith("C2 Compiler"):
+        return "jit C2"
+    if name.startswith("C1 Compiler"):
+        return "jit C1"
+    if name.startswith(("GC Thread", "G1 ", "VM Thread")):
+        return "gc"
+    return "work"
 
 
 def pss_mib_by_kind(root: int) -> dict[str, float]:

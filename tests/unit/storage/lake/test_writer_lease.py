@@ -6,9 +6,13 @@ tests/integration/recovery/test_one_writer.py runs the real stream.
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -181,3 +185,44 @@ def test_the_claim_of_a_process_that_died_on_this_host_is_taken_over_at_once(
     )
     assert done.returncode == -9, done.stderr.decode()[-2000:]
     assert _lease(lake).acquire() == 2
+
+
+def _refusal(tmp_path: Path) -> StreamLeaseHeldError:
+    lake = _lake(tmp_path)
+    _lease(lake).acquire()  # held by this test's own process: alive, on this host
+    with pytest.raises(StreamLeaseHeldError) as refused:
+        _lease(lake).acquire()
+    assert refused.value.holder is not None and refused.value.holder.pid == os.getpid()
+    return refused.value
+
+
+def test_a_standby_waits_out_its_poll_while_the_holder_on_its_host_runs(tmp_path: Path) -> None:
+    held = _refusal(tmp_path)
+    started = time.monotonic()
+    _lease(_lake(tmp_path)).wait_while_held(held, 0.3, threading.Event())
+    assert time.monotonic() - started >= 0.3
+
+
+def test_a_standby_stops_waiting_as_soon_as_the_holder_on_its_host_is_gone(
+    tmp_path: Path,
+) -> None:
+    held = _refusal(tmp_path)
+    assert held.holder is not None
+    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True,
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    held.holder = dataclasses.replace(held.holder, pid=int(exited.stdout))
+    started = time.monotonic()
+    _lease(_lake(tmp_path)).wait_while_held(held, 30, threading.Event())
+    assert time.monotonic() - started < 5
+
+
+def test_a_holder_on_another_host_is_only_looked_at_again_after_the_poll(tmp_path: Path) -> None:
+    held = _refusal(tmp_path)
+    assert held.holder is not None
+    held.holder = dataclasses.replace(held.holder, host=f"not-{socket.gethostname()}", pid=1 << 30)
+    stop = threading.Event()
+    started = time.monotonic()
+    _lease(_lake(tmp_path)).wait_while_held(held, 0.3, stop)
+    assert time.monotonic() - started >= 0.3
+    stop.set()
+    _lease(_lake(tmp_path)).wait_while_held(held, 30, stop)  # a stop ends the wait at once
