@@ -12,10 +12,10 @@ Every row is built from the views' schemas (the same for every tenant), so no an
 tenant. Each of the lake's Delta tables is a table (`relkind` `r`, `BASE TABLE` in
 `information_schema.tables`), as a user names it and as psql's `\\dt`, SQLAlchemy's
 `get_table_names` and BI tools' table lists look for it; a view over them (`window_contents`) is
-a view (`relkind` `v`, with its SQL in `pg_views`). Both are read-only. They are in schema `public`, where Postgres clients
-look by default (`search_path`, SQLAlchemy's and BI tools' default schema). Their column types
-are the ones the door sends for their rows (`pg_wire.columns_of`), so `\\d windows` and a
-`SELECT` agree.
+a view (`relkind` `v`, with its SQL in `pg_views`). Both are read-only. They are in schema
+`public`, where Postgres clients look by default (`search_path`, SQLAlchemy's and BI tools'
+default schema). Their column types are the ones the door sends for their rows
+(`pg_wire.columns_of`), so `\\d windows` and a `SELECT` agree.
 """
 
 from __future__ import annotations
@@ -526,7 +526,8 @@ def _relation(oid: int, name: str, columns: int, view: bool) -> dict[str, Any]:
         **{"reloftype": 0, "relowner": OWNER_OID, "relam": 0, "relfilenode": 0},
         **{"reltablespace": 0, "relpages": 0, "reltuples": -1.0, "relallvisible": 0},
         **{"reltoastrelid": 0, "relhasindex": False, "relisshared": False},
-        **{"relpersistence": "p", "relkind": "v" if view else "r", "relnatts": columns, "relchecks": 0},
+        **{"relpersistence": "p", "relkind": "v" if view else "r", "relnatts": columns},
+        "relchecks": 0,
         **{"relhasrules": False, "relhastriggers": False, "relhassubclass": False},
         **{"relrowsecurity": False, "relforcerowsecurity": False, "relispopulated": True},
         **{"relreplident": "n", "relispartition": False, "relrewrite": 0},

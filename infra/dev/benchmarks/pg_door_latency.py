@@ -9,8 +9,8 @@ as `serve` runs them) with its HTTP API and its Postgres door, issues each tenan
 measures:
 
 1. `psql`: a psql session's steps on a warm service, each timed by a client: the handshake,
-   the statement psql sends for `\\dv`, a `GROUP BY` over `windows`, disconnecting; and Debian's
-   psql as a whole process (`-c '\\q'`, `-c '\\dv'`), whose own start is part of its time;
+   the statement psql sends for `\\dt`, a `GROUP BY` over `windows`, disconnecting; and Debian's
+   psql as a whole process (`-c '\\q'`, `-c '\\dt'`), whose own start is part of its time;
 2. `postgres`: `--connections` psycopg connections, spread over the tenants, each running the
    corpus in a loop for `--seconds`: p50, p99, errors, and rows naming another tenant;
 3. `http`: the same clients and corpus over `POST /v1/query`: the baseline.
@@ -61,9 +61,8 @@ from tenants.models import QueryLimits
 from tenants.settings import AppSettings, LakeSettings, QuerySettings
 
 GROUPED = "SELECT tenant, source, count(*) AS n FROM windows GROUP BY tenant, source"
-# What psql 15 sends for `\\dv`, the listing of the views (`\\dt` lists tables, and the
-# lake has none).
-PSQL_DV = """SELECT n.nspname as "Schema", c.relname as "Name",
+# What psql 15 sends for `\\dt`, the listing of the tables.
+PSQL_DT = """SELECT n.nspname as "Schema", c.relname as "Name",
   CASE c.relkind WHEN 'r' THEN 'table' WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
   WHEN 'i' THEN 'index' WHEN 'S' THEN 'sequence' WHEN 't' THEN 'TOAST table'
   WHEN 'f' THEN 'foreign table' WHEN 'p' THEN 'partitioned table'
@@ -71,7 +70,7 @@ PSQL_DV = """SELECT n.nspname as "Schema", c.relname as "Name",
   pg_catalog.pg_get_userbyid(c.relowner) as "Owner"
 FROM pg_catalog.pg_class c
      LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-WHERE c.relkind IN ('v','')
+WHERE c.relkind IN ('r','p','')
       AND n.nspname <> 'pg_catalog'
       AND n.nspname !~ '^pg_toast'
       AND n.nspname <> 'information_schema'
@@ -236,7 +235,7 @@ def _connect(door: PgDoor, tenant: str, key: str) -> psycopg.Connection[tuple[ob
 
 
 def _psql_steps(door: PgDoor, tenant: str, key: str) -> str:
-    """Each step of a psql session: the handshake, `\\dv`, a `GROUP BY`, disconnecting."""
+    """Each step of a psql session: the handshake, `\\dt`, a `GROUP BY`, disconnecting."""
     psql = shutil.which("psql")
     if psql is None:
         return "psql: not installed (apt-get install -y postgresql-client)"
@@ -244,16 +243,16 @@ def _psql_steps(door: PgDoor, tenant: str, key: str) -> str:
     env = {**os.environ, "PGPASSWORD": key}
     steps: dict[str, list[float]] = {
         name: []
-        for name in ("connect", "\\dv", "GROUP BY", "disconnect", "psql -c \\q", "psql -c \\dv")
+        for name in ("connect", "\\dt", "GROUP BY", "disconnect", "psql -c \\q", "psql -c \\dt")
     }
     for _ in range(PSQL_RUNS):
-        # The door's own time for each step, timed by a client (psql's \timing leaves out \dv).
+        # The door's own time for each step, timed by a client (psql's \timing leaves out \dt).
         started = time.monotonic()
         connection = _connect(door, tenant, key)
         steps["connect"].append(time.monotonic() - started)
         started = time.monotonic()
-        connection.execute(PSQL_DV).fetchall()
-        steps["\\dv"].append(time.monotonic() - started)
+        connection.execute(PSQL_DT).fetchall()
+        steps["\\dt"].append(time.monotonic() - started)
         started = time.monotonic()
         connection.execute(f"{GROUPED} ORDER BY source").fetchall()
         steps["GROUP BY"].append(time.monotonic() - started)
@@ -261,7 +260,7 @@ def _psql_steps(door: PgDoor, tenant: str, key: str) -> str:
         connection.close()
         steps["disconnect"].append(time.monotonic() - started)
         # psql itself, as a whole process: starting it costs as much as the door's answer.
-        for name, command in (("psql -c \\q", "\\q"), ("psql -c \\dv", "\\dv")):
+        for name, command in (("psql -c \\q", "\\q"), ("psql -c \\dt", "\\dt")):
             started = time.monotonic()
             subprocess.run(
                 [*base, "-c", command], env=env, check=True, capture_output=True, timeout=60

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from storage.lake.file_names import (
@@ -26,7 +27,7 @@ from storage.lake.file_names import (
     write_task_of_staged_file,
 )
 from storage.lake.file_stats import split_by_partition
-from storage.lake.file_writer import write_task_files
+from storage.lake.file_writer import PLAIN_FILE_ROWS, write_task_files
 from storage.lake.packed_rows import packed_table
 from storage.lake.tables import STAGED, WINDOWS, rows_for_table
 from storage.lake.written_files import WRITTEN_FILE_SCHEMA, WrittenFile
@@ -122,6 +123,32 @@ def test_settled_files_hold_one_partition_each_with_their_own_statistics(tmp_pat
         assert set(content["tenant"].to_pylist()) == {file.partition_values["layout_tenant"]}
     _assert_stats_describe_their_file(tmp_path, files)
     assert sum(file.num_records for file in files) == rows.num_rows
+
+
+def test_a_file_of_a_few_rows_is_plain_and_a_big_one_compressed(tmp_path: Path) -> None:
+    # Most settled files at many tenants hold a few rows: encoding them plainly is what keeps
+    # a big settle's CPU down, and a big file keeps its compression and row-group statistics.
+    rows = rows_for_table(_pane_rows(3_000, seed=5), WINDOWS, batch_id=7)
+    big_tenant = pa.array(["acme"] * rows.num_rows)
+    big = rows.set_column(rows.schema.get_field_index("tenant"), "tenant", big_tenant).filter(
+        pc.equal(rows["source"], rows["source"][0])
+    )
+    assert big.num_rows > PLAIN_FILE_ROWS
+    small = rows.slice(0, 1)
+    for name, table in (("small", small), ("big", big)):
+        target = SettledFiles(str(tmp_path / name), None, "s", 1, "abc", WINDOWS.name)
+        batches = list(write_settled_files(target)(iter(table.to_batches())))
+        files = [WrittenFile.from_row(row) for b in batches for row in b.to_pylist()]
+        for file in files:
+            path = tmp_path / name / WINDOWS.name / file.path
+            column = pq.ParquetFile(path).metadata.row_group(0).column(0)
+            plain = file.num_records <= PLAIN_FILE_ROWS
+            assert column.compression == ("UNCOMPRESSED" if plain else "SNAPPY")
+            assert column.is_stats_set is not plain
+            # Either way the rows read back as written.
+            assert pq.read_table(path).num_rows == file.num_records
+        assert any(file.num_records > PLAIN_FILE_ROWS for file in files) is (name == "big")
+        _assert_stats_describe_their_file(tmp_path / name, files)
 
 
 def test_settled_files_are_a_function_of_their_rows_not_of_their_order(tmp_path: Path) -> None:
