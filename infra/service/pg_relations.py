@@ -356,6 +356,11 @@ _FUNCTIONS = (
     "pg_total_relation_size(relation_id) AS NULL::BIGINT",
     "pg_indexes_size(relation_id) AS NULL::BIGINT",
     "pg_database_size(database) AS NULL::BIGINT",
+    # psql's `\\d TABLE` asks which publications hold it and where its foreign keys come from:
+    # none, and a table is its own only ancestor.
+    "pg_relation_is_publishable(relation_id) AS false",
+    "pg_partition_ancestors(relation_id) AS TABLE SELECT relation_id AS relid",
+    "array_upper(values, dimension) AS len(values)",
 )
 
 
