@@ -10,12 +10,14 @@ cd "$(dirname "$0")/.."
 bash infra/setup.sh
 export SPARK_LOCAL_IP=127.0.0.1
 # A selected run (arguments for pytest) checks this Python only. The other Pythons' venvs and
-# unit tests run beside the lint and the suite, which leave a core idle much of the time.
+# unit tests run beside the lint and the suite, which leave a core idle much of the time; at a
+# lower priority, so they take that idle time rather than the suite's: the suite is the longer
+# path, and the other Pythons have minutes to spare before it ends.
 pythons_log=""
 if [ $# -eq 0 ]; then
   pythons_log="$(mktemp)"
   # In a session of its own, so a failed lint or type check (set -e) ends it and its children.
-  setsid bash infra/check_pythons.sh >"$pythons_log" 2>&1 &
+  setsid nice -n 10 bash infra/check_pythons.sh >"$pythons_log" 2>&1 &
   pythons_pid=$!
   trap 'kill -- -"$pythons_pid" 2>/dev/null || kill "$pythons_pid" 2>/dev/null || true; rm -f "$pythons_log"' EXIT
 fi

@@ -62,9 +62,24 @@ def _shares_a_fixture(item: pytest.Item) -> bool:
     )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    grouping = bool(getattr(config.option, "loadgroup", False))  # xdist workers under loadgroup
     for item in items:
         if _INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
         if _shares_a_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+            group = item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group(group))
+            if grouping and not item.nodeid.endswith(f"@{group}"):
+                _group_in_node_id(item, group)
+
+
+def _group_in_node_id(item: pytest.Item, group: str) -> None:
+    """`--dist loadgroup` schedules by the `@group` suffix of each node id a worker collected.
+    xdist 3.8 adds it by setting `item._nodeid`, which pytest 9 no longer reads (the id is
+    `item._id`), and from a hook that ran before this one marked anything: no test was grouped,
+    and each worker that drew a test of such a module built the module's fixture again (a
+    stream, a lake, a server: up to three times each)."""
+    from _pytest.nodeid import coerce_node_id
+
+    item._id = coerce_node_id(f"{item.nodeid}@{group}")  # type: ignore[attr-defined]

@@ -1,5 +1,6 @@
-"""A ready standby takes over from a running instance killed mid-batch, again and again, and the
-tables end as a clean run's: each record once, each final pane once.
+"""A ready standby takes over from a running instance killed mid-batch, and a standby takes over
+from that one killed in turn, and the tables end as a clean run's: each record once, each final
+pane once.
 
 Each instance is a real `tenant-windows run` process (a continuous stream: a standby is one).
 The running one is held by the pause hook between two table commits of a batch (half of that
@@ -43,8 +44,11 @@ pytestmark = pytest.mark.integration
 BATCH_SIZE = 100
 RECORDS = 800  # eight batches
 # Each instance is held, and killed, mid-way through the commits of one of these batches; the
-# standby beside it replays that batch. The last standby runs to the end of the topic.
-KILLED_IN_BATCHES = (1, 3, 5)
+# standby beside it replays that batch. The last standby runs to the end of the topic. Two kills
+# prove what a third did: the first standby takes over from the instance that started the
+# stream, the second from a standby that had itself taken over (a third was the second again,
+# for another minute of two Spark starts on this machine).
+KILLED_IN_BATCHES = (1, 3)
 # This 2-core machine is shared: a start and a batch have each taken minutes here.
 READY_S = 400
 RUN_TIMEOUT_S = 400
@@ -55,9 +59,9 @@ BATCH_COLUMNS = ["batch_id", "watermark", "lateness_ms"]
 LAYOUT_PREFIX = "layout_"
 
 
-# Four starts and a clean run: minutes on a quiet machine, far more on a busy one.
+# Three starts and a clean run: minutes on a quiet machine, far more on a busy one.
 @pytest.mark.timeout(1800)
-def test_standbys_take_over_from_three_kills_mid_batch_and_the_tables_match_a_clean_run(
+def test_standbys_take_over_from_two_kills_mid_batch_and_the_tables_match_a_clean_run(
     kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
 ) -> None:
     # Keys are not closed for idleness while an instance restarts on a busy machine: the
