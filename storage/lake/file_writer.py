@@ -156,24 +156,20 @@ def _write_file(
     name = file_name(folder)
     relative = f"{folder}/{name}" if folder else name
     data = part.drop_columns(list(spec.partition_by))
+    # A settle at many tenants writes a file of a few rows per key, and encoding them was most
+    # of its time: for so few rows (one row group) dictionaries, compression and in-file
+    # statistics save nothing, since readers skip files by the log's statistics. Bigger files
+    # get Snappy, which encodes about twice as fast as zstd here.
+    plain = data.num_rows <= PLAIN_FILE_ROWS
     encoded = pa.BufferOutputStream()
-    if data.num_rows <= PLAIN_FILE_ROWS:
-        # A settle at many tenants writes a file of a few rows per key, and encoding them was
-        # most of its time; for so few rows dictionaries, compression and in-file statistics
-        # save nothing (readers skip files by the log's statistics), and leaving them out cut
-        # the encoding's CPU by a fifth (`windows`) to almost a half (`events`).
-        pq.write_table(
-            data,
-            encoded,
-            compression="none",
-            use_dictionary=False,
-            write_statistics=False,
-            row_group_size=row_group_rows,
-        )
-    else:
-        # Snappy: a batch's files are short-lived (compaction rewrites them), and it encodes
-        # about twice as fast as zstd here.
-        pq.write_table(data, encoded, compression="snappy", row_group_size=row_group_rows)
+    pq.write_table(
+        data,
+        encoded,
+        compression="none" if plain else "snappy",
+        use_dictionary=not plain,
+        write_statistics=not plain,
+        row_group_size=row_group_rows,
+    )
     content = encoded.getvalue()
     full_path = f"{base}/{spec.name}/{relative}"
     try:
