@@ -27,7 +27,7 @@ from pyarrow import fs
 
 from storage.lake.file_names import BatchFiles, SettledFiles
 from storage.lake.file_stats import sorted_rows, split_by_partition
-from storage.lake.lake_filesystem import filesystem_of, lake_endpoint
+from storage.lake.lake_filesystem import filesystem_of, lake_endpoint, make_folder
 from storage.lake.packed_rows import unpacked
 from storage.lake.tables import ALL_TABLES, TableSpec, rows_for_table, with_layout
 from storage.lake.written_files import WrittenFile, written_batch
@@ -173,7 +173,7 @@ def _write_file(
     content = encoded.getvalue()
     full_path = f"{base}/{spec.name}/{relative}"
     try:
-        filesystem.create_dir(full_path.rsplit("/", 1)[0], recursive=True)
+        make_folder(filesystem, full_path.rsplit("/", 1)[0])
         with filesystem.open_output_stream(full_path) as out:
             out.write(content)
     except OSError as error:

@@ -39,8 +39,23 @@ def filesystem_of(
         connect_timeout=duration_s(options.get("connect_timeout", "5s")),
         request_timeout=duration_s(options.get("timeout", "20s")),
         retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=S3_ATTEMPTS),
+        # A settle writes a file of a few hundred bytes per key. Opened at once, each is a
+        # multipart upload (start, part, complete: three requests); opened on its first write,
+        # a file smaller than a part is one PutObject. A failed open then shows at the write or
+        # the close, where the writers catch it anyway.
+        allow_delayed_open=True,
     )
     return s3, root.removeprefix("s3://").rstrip("/")
+
+
+def make_folder(filesystem: fs.FileSystem, folder: str) -> None:
+    """Make `folder` (and its parents) for a file about to be written there.
+
+    Only a local disk needs it. An object store has no folders: pyarrow would HEAD the bucket
+    and PUT an empty marker object for each level, four requests more than the file's own for
+    a settled file, and a settle writes one per key."""
+    if not isinstance(filesystem, fs.S3FileSystem):
+        filesystem.create_dir(folder, recursive=True)
 
 
 def lake_endpoint(storage_options: Mapping[str, str]) -> str:

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from pyarrow import fs
 
 from storage.lake.file_writer import MapInArrow, spark_task_partition
-from storage.lake.lake_filesystem import filesystem_of
+from storage.lake.lake_filesystem import filesystem_of, make_folder
 from storage.lake.written_files import WRITTEN_FILE_SCHEMA, WrittenFile
 from storage.upkeep.settle_slices import SLICE_BUCKETS, tenant_bucket
 
@@ -54,7 +54,7 @@ class Manifests:
                 return
             filesystem, base = filesystem_of(self.root, self.storage_options)
             path = f"{base}/{self.folder}/task-{task_partition():05d}.parquet"
-            filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
+            make_folder(filesystem, path.rsplit("/", 1)[0])
             buckets = [
                 tenant_bucket(next(iter(json.loads(values).values()), None) or "")
                 for values in listed.column("partition_values_json").to_pylist()

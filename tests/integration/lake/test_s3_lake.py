@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
+import pyarrow as pa
 import pytest
 
 from infra.cli.main import main
 from storage.lake.delta_lake import DeltaLake
+from storage.lake.file_names import SettledFiles
+from storage.lake.file_writer import write_settled
 from storage.lake.s3_options import storage_options
 from storage.lake.tables import EVENTS
 from tenants.registry import ConfigError
 from tenants.settings import load_settings
 from tests.support.pipeline_harness import Pipeline, record
-from tests.support.s3_endpoint import moto_s3, s3_environ
+from tests.support.s3_endpoint import BUCKET, moto_s3, s3_environ
 from tests.support.timestamps import T0_MS
 
 pytestmark = pytest.mark.integration
@@ -98,3 +103,42 @@ def test_a_bad_secrets_file_names_the_file_not_its_content(tmp_path: Path) -> No
     with pytest.raises(ConfigError, match="secret_access_key: missing") as refused:
         storage_options(settings.lake)
     assert str(secrets) in str(refused.value) and SECRET_KEY not in str(refused.value)
+
+
+def test_a_settled_file_on_s3_is_one_put_and_no_folder_markers(s3_endpoint: str) -> None:
+    """A settle writes a small file per key: on S3 each must cost one PutObject, not a
+    multipart upload (three requests) and an empty marker object per folder level."""
+    tenants = [f"t{index}" for index in range(5)]
+    rows = pa.table(
+        {
+            name: pa.nulls(len(tenants), EVENTS.schema.field(name).type)
+            for name in EVENTS.schema.names
+        }
+    )
+    rows = rows.set_column(rows.schema.get_field_index("tenant"), "tenant", pa.array(tenants))
+    rows = rows.set_column(rows.schema.get_field_index("source"), "source", pa.array(["web"] * 5))
+    options = {
+        "AWS_ENDPOINT_URL": s3_endpoint,
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_REGION": "us-east-1",
+    }
+    target = SettledFiles("s3://lake/one-put", options, "s", 1, "digest", EVENTS.name)
+
+    written = write_settled(target, rows.cast(EVENTS.schema), "a test")
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        region_name="us-east-1",
+    )
+    listed = client.list_objects_v2(Bucket=BUCKET, Prefix="one-put/")["Contents"]
+    assert sorted(item["Key"] for item in listed) == sorted(
+        f"one-put/events/{file.path}" for file in written
+    )
+    for item in listed:
+        body = client.get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read()
+        # A multipart upload's ETag is "<digest>-<parts>"; one PutObject's is the body's MD5.
+        assert item["ETag"].strip('"') == hashlib.md5(body).hexdigest()
