@@ -61,13 +61,15 @@ outside `OPTIMIZE` merged some) still go through the shuffle.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from deltalake import DeltaTable
+from pyspark import InheritableThread
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -158,19 +160,53 @@ class Compaction:
     ) -> list[TableCompaction]:
         """Compact every staged table; `version` (the batch it runs after) is the commits'
         transaction version under `<stream>/compaction`, `now_ms` its timestamp (None: settle
-        everything). `between_slices` runs between two slices' commits of a sliced settle."""
+        everything). `between_slices` runs between two slices' commits of a sliced settle.
+
+        The tables commit one after the other, in `STAGED_TABLES`' order, but the executors
+        write the next table's files while the driver commits this one's: a settle at many
+        tenants spends seconds a table in its commits, and the cores would wait. Files written
+        and never committed are in no version, so a crash keeps the guarantees of one table at
+        a time."""
         # An instance that crashed mid-compaction left its manifests; each start has a new
         # epoch, so an older epoch's are never read again.
         Manifests.remove_older(
             self.lake.root, self.lake.storage_options, self._manifests_folder, self.writer_epoch
         )
+        hooks = _Hooks(before_commit, between_slices)
         done = []
-        for spec in STAGED_TABLES:
-            result = self._compact(spark, spec, version, now_ms, before_commit, between_slices)
+        write = functools.partial(self._write, spark, version=version, now_ms=now_ms)
+        written = _Background.start(functools.partial(write, STAGED_TABLES[0]))
+        for index, spec in enumerate(STAGED_TABLES):
+            attempt = written.result()
+            if index + 1 < len(STAGED_TABLES):
+                written = _Background.start(functools.partial(write, STAGED_TABLES[index + 1]))
+            try:
+                result = self._compact(spark, spec, version, now_ms, attempt, hooks)
+            except BaseException:
+                if index + 1 < len(STAGED_TABLES):
+                    written.discard()
+                raise
             if result is not None:
                 done.append(result)
                 after_table()
         return done
+
+    def _write(
+        self, spark: SparkSession, spec: TableSpec, version: int, now_ms: int | None
+    ) -> _Written | None:
+        """List `spec`'s staged files and write what compacting them takes; None: nothing to
+        compact."""
+        staged = self.lake.staged_files(spec, self.stream)
+        if not staged:
+            return None
+        settles_all = self.policy.settles_all(staged, now_ms)
+        if not settles_all:
+            # Runs stay as they are until they settle by age.
+            staged = [file for file in staged if run_oldest_ms(file.path) is None]
+            if not staged:
+                return None
+        swap = _Swap(self, spark, spec, staged, version)
+        return swap.write_settled() if settles_all else swap.write_merged()
 
     def _compact(
         self,
@@ -178,27 +214,26 @@ class Compaction:
         spec: TableSpec,
         version: int,
         now_ms: int | None,
-        before_commit: Callable[[], None],
-        between_slices: Callable[[], None],
+        written: _Written | None,
+        hooks: _Hooks,
     ) -> TableCompaction | None:
+        """Commit `written` (the first attempt's files), listing and writing again while the
+        staged files it took change under it."""
         started = time.monotonic()
-        for _ in range(SETTLE_ATTEMPTS):
-            staged = self.lake.staged_files(spec, self.stream)
-            if not staged:
+        for attempt in range(SETTLE_ATTEMPTS):
+            if attempt:
+                log.info(
+                    "compacting %s: its staged files changed meanwhile; listing again", spec.name
+                )
+                written = self._write(spark, spec, version, now_ms)
+            if written is None:
                 return None
-            settles_all = self.policy.settles_all(staged, now_ms)
-            if not settles_all:
-                # Runs stay as they are until they settle by age.
-                staged = [file for file in staged if run_oldest_ms(file.path) is None]
-                if not staged:
-                    return None
-            swap = _Swap(self, spark, spec, staged, version, before_commit, between_slices)
-            swapped = swap.settle_everything() if settles_all else swap.merge()
+            swapped = written.commit(hooks)
             if swapped is not None:
                 result = TableCompaction(
                     table=spec.name,
-                    settled_all=settles_all,
-                    staged_files=len(staged),
+                    settled_all=written.settles_all,
+                    staged_files=len(written.swap.staged),
                     settled_files=swapped.settled_files,
                     run_files=swapped.run_files,
                     records=swapped.records,
@@ -209,7 +244,7 @@ class Compaction:
                     "compacted %s (%s): %d staged files into %d settled ones (%d rows) and %d "
                     "runs in %.2fs",
                     spec.name,
-                    "settled everything" if settles_all else "merged",
+                    "settled everything" if written.settles_all else "merged",
                     result.staged_files,
                     result.settled_files,
                     result.records,
@@ -217,7 +252,6 @@ class Compaction:
                     result.seconds,
                 )
                 return result
-            log.info("compacting %s: its staged files changed meanwhile; listing again", spec.name)
         raise RuntimeError(
             f"compacting {spec.name}: its staged files kept changing during {SETTLE_ATTEMPTS} "
             "attempts; the next compaction tries again"
@@ -245,7 +279,7 @@ class Compaction:
             f"{self._manifests_folder}/epoch-{self.writer_epoch}/{spec.name}/{kind}",
         )
 
-    def _write(
+    def _run_tasks(
         self,
         spark: SparkSession,
         spec: TableSpec,
@@ -306,6 +340,12 @@ class _Swapped:
 
 
 @dataclass(frozen=True)
+class _Hooks:
+    before_commit: Callable[[], None]
+    between_slices: Callable[[], None]
+
+
+@dataclass(frozen=True)
 class _Swap:
     """One attempt at compacting one table's listed staged files: write, then commit."""
 
@@ -314,11 +354,9 @@ class _Swap:
     spec: TableSpec
     staged: list[LakeFile]
     version: int
-    before_commit: Callable[[], None]
-    between_slices: Callable[[], None]
 
-    def merge(self) -> _Swapped | None:
-        """Settle the keys worth a file, the others' rows into runs, in one commit."""
+    def write_merged(self) -> _Written:
+        """Settle the keys worth a file, the others' rows into runs (committed in one)."""
         compaction, spec = self.compaction, self.spec
         target = MergeFiles(
             **vars(compaction._settled(spec, self.staged)),
@@ -326,40 +364,24 @@ class _Swap:
         )
         settle_rows = compaction.policy.settle_rows
         manifests = compaction._manifests(spec, "merged")
-        try:
-            paths = compaction._write(
-                self.spark,
-                spec,
-                self.staged,
-                lambda task: write_merged_files(replace(target, write_task=task), settle_rows),
-                manifests,
-            )
-            written = manifests.read(paths)
-        finally:
-            manifests.remove()
-        if not self._commit(self.staged, written, compaction.log_checkpoint_files):
-            return None
-        settled = [file for file in written if run_oldest_ms(file.path) is None]
-        return _Swapped(
-            settled_files=len(settled),
-            run_files=len(written) - len(settled),
-            records=sum(file.num_records for file in settled),
+        paths = self._tasks(
+            lambda task: write_merged_files(replace(target, write_task=task), settle_rows),
+            manifests,
         )
+        return _Written(self, settles_all=False, manifests=manifests, paths=paths)
 
-    def settle_everything(self) -> _Swapped | None:
-        """Every staged row into its key's settled files: in one commit, or, when that would
-        add more than `slice_files` files, in slices (`storage.upkeep.settle_slices`)."""
+    def write_settled(self) -> _Written:
+        """Every staged row into its key's settled files, committed in one commit or, when that
+        would add more than `slice_files` files, in slices (`storage.upkeep.settle_slices`):
+        then the staged files' rows are cut into one run per write task and slice too."""
         compaction, spec = self.compaction, self.spec
         target = compaction._settled(spec, self.staged)
         manifests = compaction._manifests(spec, "settled")
+        paths = self._tasks(
+            lambda task: write_settled_files(replace(target, write_task=task)), manifests
+        )
+        written = _Written(self, settles_all=True, manifests=manifests, paths=paths)
         try:
-            paths = compaction._write(
-                self.spark,
-                spec,
-                self.staged,
-                lambda task: write_settled_files(replace(target, write_task=task)),
-                manifests,
-            )
             files_per_bucket = manifests.files_per_bucket(paths)
             # Staged files that do not say their write task go through the shuffle, whose tasks
             # cannot cut runs per slice: those settle in one commit, as before slices.
@@ -367,21 +389,22 @@ class _Swap:
                 int(files_per_bucket.sum()) <= compaction.slice_files
                 or staged_by_write_task(self.staged) is None
             ):
-                written = manifests.read(paths)
-                if not self._commit(self.staged, written, compaction.log_checkpoint_files):
-                    return None
-                return _Swapped(len(written), 0, sum(file.num_records for file in written))
+                return written
             slices = plan_slices(files_per_bucket, compaction.slice_files)
-            return self._in_slices(target, manifests, paths, slices)
-        finally:
-            manifests.remove()
+            return replace(written, slices=slices, runs=self._cut_runs(target, slices))
+        except BaseException:
+            written.discard()
+            raise
 
-    def _in_slices(
-        self, target: SettledFiles, settled: Manifests, paths: list[str], slices: list[range]
-    ) -> _Swapped | None:
-        """Swap the staged files for one run per write task and slice (the same rows), then
-        each slice's runs for its settled files, one commit each: every commit swaps the same
-        rows, and the driver holds one slice's files at a time."""
+    def _tasks(self, writer: TaskWriter, manifests: Manifests) -> list[str]:
+        try:
+            return self.compaction._run_tasks(self.spark, self.spec, self.staged, writer, manifests)
+        except BaseException:
+            manifests.remove()
+            raise
+
+    def _cut_runs(self, target: SettledFiles, slices: list[range]) -> list[WrittenFile]:
+        """The staged files' rows as one run per write task and slice (written, not committed)."""
         compaction, spec = self.compaction, self.spec
         runs_target = MergeFiles(
             **vars(target), oldest_ms=min(file.staged_ms or 0 for file in self.staged)
@@ -389,11 +412,8 @@ class _Swap:
         slice_of_bucket = slice_of_buckets(slices)
         cut = compaction._manifests(spec, "slices")
         try:
-            runs = cut.read(
-                compaction._write(
-                    self.spark,
-                    spec,
-                    self.staged,
+            return cut.read(
+                self._tasks(
                     lambda task: write_slice_runs(
                         replace(runs_target, write_task=task), slice_of_bucket
                     ),
@@ -402,58 +422,12 @@ class _Swap:
             )
         finally:
             cut.remove()
-        slice_of_digest = {
-            slice_digest(target.inputs_digest, index): index for index in range(len(slices))
-        }
-        runs_of: dict[int, list[LakeFile]] = {}
-        for run in runs:
-            index = slice_of_digest[run_inputs_digest(run.path) or ""]
-            runs_of.setdefault(index, []).append(
-                LakeFile(path=run.path, size=run.size, partition_values=run.partition_values)
-            )
-        table = _kept_table(compaction.lake)
-        if not self._commit(self.staged, runs, None, table):
-            return None
-        log.info(
-            "compacting %s: %d staged files cut into %d runs for %d slices of tenants",
-            spec.name,
-            len(self.staged),
-            len(runs),
-            len(slices),
-        )
-        settled_files = records = 0
-        for index, buckets in enumerate(slices):
-            removed = runs_of.get(index, [])
-            written = settled.read(paths, buckets)
-            if bool(removed) != bool(written):
-                raise RuntimeError(
-                    f"compacting {spec.name}: slice {index} has {len(removed)} runs and "
-                    f"{len(written)} settled files; a slice needs both or neither"
-                )
-            if not written:
-                continue
-            if settled_files:
-                self.between_slices()
-            if not self._commit(removed, written, None, table):
-                return None
-            settled_files += len(written)
-            records += sum(file.num_records for file in written)
-            log.info(
-                "compacting %s: slice %d of %d committed, %d settled files",
-                spec.name,
-                index + 1,
-                len(slices),
-                len(written),
-            )
-        checkpoint_at = compaction.log_checkpoint_files
-        if checkpoint_at is not None and settled_files + len(self.staged) >= checkpoint_at:
-            compaction.lake.checkpoint_log(spec)
-        return _Swapped(settled_files, 0, records, len(slices))
 
-    def _commit(
+    def commit(
         self,
         removed: list[LakeFile],
         added: list[WrittenFile],
+        hooks: _Hooks,
         log_checkpoint_files: int | None,
         open_table: TableOpener | None = None,
     ) -> bool:
@@ -465,10 +439,142 @@ class _Swap:
             compaction.stream,
             self.version,
             compaction.writer_epoch,
-            self.before_commit,
+            hooks.before_commit,
             log_checkpoint_files,
             open_table,
         )
+
+
+@dataclass(frozen=True)
+class _Written:
+    """One attempt's files, written and listed in manifests, none committed yet."""
+
+    swap: _Swap
+    settles_all: bool
+    manifests: Manifests
+    paths: list[str]
+    """The manifests listing the settled (and, merging, run) files."""
+    slices: list[range] | None = None
+    """A sliced settle's slices of tenant buckets; None: one commit."""
+    runs: list[WrittenFile] = field(default_factory=list)
+    """A sliced settle's runs: the staged rows cut per write task and slice."""
+
+    def discard(self) -> None:
+        """Never to be committed: its files are in no version, its manifests go."""
+        self.manifests.remove()
+
+    def commit(self, hooks: _Hooks) -> _Swapped | None:
+        """Swap the staged files for the written ones; None if they were taken meanwhile."""
+        compaction = self.swap.compaction
+        try:
+            if self.slices is not None:
+                return self._in_slices(self.slices, hooks)
+            written = self.manifests.read(self.paths)
+            if not self.swap.commit(
+                self.swap.staged, written, hooks, compaction.log_checkpoint_files
+            ):
+                return None
+        finally:
+            self.discard()
+        if not self.settles_all:
+            settled = [file for file in written if run_oldest_ms(file.path) is None]
+            return _Swapped(
+                settled_files=len(settled),
+                run_files=len(written) - len(settled),
+                records=sum(file.num_records for file in settled),
+            )
+        return _Swapped(len(written), 0, sum(file.num_records for file in written))
+
+    def _in_slices(self, slices: list[range], hooks: _Hooks) -> _Swapped | None:
+        """Swap the staged files for the runs (the same rows), then each slice's runs for its
+        settled files, one commit each: every commit swaps the same rows, and the driver holds
+        one slice's files at a time."""
+        swap = self.swap
+        compaction, spec = swap.compaction, swap.spec
+        inputs_digest = compaction._settled(spec, swap.staged).inputs_digest
+        slice_of_digest = {
+            slice_digest(inputs_digest, index): index for index in range(len(slices))
+        }
+        runs_of: dict[int, list[LakeFile]] = {}
+        for run in self.runs:
+            index = slice_of_digest[run_inputs_digest(run.path) or ""]
+            runs_of.setdefault(index, []).append(
+                LakeFile(path=run.path, size=run.size, partition_values=run.partition_values)
+            )
+        table = _kept_table(compaction.lake)
+        if not swap.commit(swap.staged, self.runs, hooks, None, table):
+            return None
+        log.info(
+            "compacting %s: %d staged files cut into %d runs for %d slices of tenants",
+            spec.name,
+            len(swap.staged),
+            len(self.runs),
+            len(slices),
+        )
+        settled_files = records = 0
+        for index, buckets in enumerate(slices):
+            removed = runs_of.get(index, [])
+            written = self.manifests.read(self.paths, buckets)
+            if bool(removed) != bool(written):
+                raise RuntimeError(
+                    f"compacting {spec.name}: slice {index} has {len(removed)} runs and "
+                    f"{len(written)} settled files; a slice needs both or neither"
+                )
+            if not written:
+                continue
+            if settled_files:
+                hooks.between_slices()
+            if not swap.commit(removed, written, hooks, None, table):
+                return None
+            settled_files += len(written)
+            records += sum(file.num_records for file in written)
+            log.info(
+                "compacting %s: slice %d of %d committed, %d settled files",
+                spec.name,
+                index + 1,
+                len(slices),
+                len(written),
+            )
+        checkpoint_at = compaction.log_checkpoint_files
+        if checkpoint_at is not None and settled_files + len(swap.staged) >= checkpoint_at:
+            compaction.lake.checkpoint_log(spec)
+        return _Swapped(settled_files, 0, records, len(slices))
+
+
+class _Background:
+    """A table's files written in a thread of its own, while the caller commits another's.
+    Spark's local properties (the scheduler pool, the job group a stop cancels) follow it into
+    the thread (`InheritableThread`)."""
+
+    def __init__(self, write: Callable[[], _Written | None]) -> None:
+        self._write = write
+        self._written: _Written | None = None
+        self._error: BaseException | None = None
+        self._thread = InheritableThread(target=self._run, daemon=True)
+
+    @classmethod
+    def start(cls, write: Callable[[], _Written | None]) -> _Background:
+        background = cls(write)
+        background._thread.start()
+        return background
+
+    def _run(self) -> None:
+        try:
+            self._written = self._write()
+        except BaseException as error:  # re-raised in the caller's thread by `result`
+            self._error = error
+
+    def result(self) -> _Written | None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._written
+
+    def discard(self) -> None:
+        """Wait for the write and drop what it wrote: the caller failed before committing it."""
+        self._thread.join()
+        if self._written is not None:
+            self._written.discard()
 
 
 def _kept_table(lake: DeltaLake) -> TableOpener:
