@@ -83,7 +83,7 @@ def settle_once(spark: Any, workdir: Path, keys: int, args: argparse.Namespace) 
     lake.ensure_tables()
     epoch = WriterLease(lake, STREAM, ttl_ms=3_600_000).acquire()
     started = time.monotonic()
-    records = _stage(lake, epoch, keys, args)
+    records = stage_keys(lake, epoch, keys, args.records_per_key, args.batches, args.tasks)
     staged_s = time.monotonic() - started
     versions = {spec.name: lake.open(spec).version() for spec in TABLES}
     options: dict[str, Any] = {"log_checkpoint_files": 5_000}
@@ -124,17 +124,21 @@ def settle_once(spark: Any, workdir: Path, keys: int, args: argparse.Namespace) 
     }
 
 
-def _stage(lake: DeltaLake, epoch: int, keys: int, args: argparse.Namespace) -> int:
-    """Commit `args.batches` batches of staged files; the number of records (rows per table)."""
-    per_batch = keys * args.records_per_key // args.batches
+def stage_keys(
+    lake: DeltaLake, epoch: int, keys: int, records_per_key: int, batches: int, tasks: int
+) -> int:
+    """Commit `batches` batches of staged `events` and `windows` files, as a stream of `tasks`
+    write tasks leaves them: `keys` tenants (one source each), `records_per_key` events each and
+    one window pane per event. The number of records (rows per table)."""
+    per_batch = keys * records_per_key // batches
     total = 0
-    for batch_id in range(args.batches):
+    for batch_id in range(batches):
         offsets = np.arange(batch_id * per_batch, (batch_id + 1) * per_batch, dtype=np.int64)
         key_of = offsets % keys
         union = _union_rows(key_of, offsets)
         written: dict[str, list[WrittenFile]] = {spec.name: [] for spec in TABLES}
-        for task in range(args.tasks):
-            mine = union.filter(pa.array(np.tile(key_of % args.tasks == task, 2)))
+        for task in range(tasks):
+            mine = union.filter(pa.array(np.tile(key_of % tasks == task, 2)))
             target = BatchFiles(
                 lake.root, None, STREAM, epoch, batch_id, tuple(spec.name for spec in TABLES)
             )
