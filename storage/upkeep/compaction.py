@@ -196,6 +196,7 @@ class Compaction:
     ) -> _Written | None:
         """List `spec`'s staged files and write what compacting them takes; None: nothing to
         compact."""
+        started = time.monotonic()
         staged = self.lake.staged_files(spec, self.stream)
         if not staged:
             return None
@@ -205,7 +206,7 @@ class Compaction:
             staged = [file for file in staged if run_oldest_ms(file.path) is None]
             if not staged:
                 return None
-        swap = _Swap(self, spark, spec, staged, version)
+        swap = _Swap(self, spark, spec, staged, version, started)
         return swap.write_settled() if settles_all else swap.write_merged()
 
     def _compact(
@@ -219,7 +220,7 @@ class Compaction:
     ) -> TableCompaction | None:
         """Commit `written` (the first attempt's files), listing and writing again while the
         staged files it took change under it."""
-        started = time.monotonic()
+        started = written.swap.started if written is not None else time.monotonic()
         for attempt in range(SETTLE_ATTEMPTS):
             if attempt:
                 log.info(
@@ -354,6 +355,8 @@ class _Swap:
     spec: TableSpec
     staged: list[LakeFile]
     version: int
+    started: float
+    """`time.monotonic()` when the staged files were listed."""
 
     def write_merged(self) -> _Written:
         """Settle the keys worth a file, the others' rows into runs (committed in one)."""
