@@ -15,6 +15,7 @@ Runs on executors: pyarrow and pyspark only.
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +27,7 @@ import pyarrow.parquet as pq
 from pyarrow import fs
 
 from storage.lake.file_names import BatchFiles, SettledFiles
-from storage.lake.file_stats import sorted_rows, split_by_partition
+from storage.lake.file_stats import run_starts, sorted_rows, split_by_partition
 from storage.lake.lake_filesystem import filesystem_of, lake_endpoint, make_folder
 from storage.lake.packed_rows import unpacked
 from storage.lake.tables import ALL_TABLES, TableSpec, rows_for_table, with_layout
@@ -36,6 +37,8 @@ MapInArrow = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 """A function Spark's `mapInArrow` runs on executors: Arrow batches in, Arrow batches out."""
 _SPECS = {spec.name: spec for spec in ALL_TABLES}
 WRITER_THREADS = 4
+PARTITIONS_PER_CHUNK = 4_096
+"""A task writes its files this many partitions at a time (`_partition_chunks`)."""
 PLAIN_FILE_ROWS = 256
 """A file of this many rows or fewer is written plainly: no dictionary, no compression and no
 statistics inside it (`_write_file`)."""
@@ -128,16 +131,34 @@ def write_partitions(
     # At thousands of tenants a task writes thousands of small files, and each costs about as
     # much in file system calls as in encoding. pyarrow releases the GIL for both, so a few
     # threads overlap them.
-    splits = split_by_partition(rows, spec.partition_by)
+    written: list[WrittenFile] = []
     with ThreadPoolExecutor(max_workers=WRITER_THREADS) as pool:
-        return list(
-            pool.map(
+        for chunk in _partition_chunks(rows, spec.partition_by):
+            written += pool.map(
                 lambda split: _write_file(
                     filesystem, base, spec, file_name, doing, target, row_group_rows, *split
                 ),
-                splits,
+                split_by_partition(chunk, spec.partition_by),
             )
-        )
+    return written
+
+
+def _partition_chunks(rows: pa.Table, partition_by: tuple[str, ...]) -> Iterator[pa.Table]:
+    """`rows` in slices of at most `PARTITIONS_PER_CHUNK` whole partitions.
+
+    A settle at a million tenants hands a task a quarter of a million partitions: split all at
+    once, their slices and statistics held several GB in each Python worker."""
+    starts = run_starts(rows, partition_by)
+    if len(starts) <= PARTITIONS_PER_CHUNK:
+        yield rows
+        return
+    # A stable sort: each partition's rows together, in the order they came (a file's bytes
+    # stay a function of its rows), so no partition is cut across two chunks.
+    rows = sorted_rows(rows, partition_by)
+    starts = run_starts(rows, partition_by)
+    bounds = [*starts[::PARTITIONS_PER_CHUNK].tolist(), rows.num_rows]
+    for first, end in itertools.pairwise(bounds):
+        yield rows.slice(first, end - first)
 
 
 def _write_file(

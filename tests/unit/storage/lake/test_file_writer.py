@@ -16,7 +16,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import pytest
+from pyarrow.fs import LocalFileSystem
 
+from storage.lake import file_writer
 from storage.lake.file_names import (
     BatchFiles,
     MergeFiles,
@@ -29,7 +32,7 @@ from storage.lake.file_names import (
 from storage.lake.file_stats import split_by_partition
 from storage.lake.file_writer import PLAIN_FILE_ROWS, write_task_files
 from storage.lake.packed_rows import packed_table
-from storage.lake.tables import STAGED, WINDOWS, rows_for_table
+from storage.lake.tables import STAGED, WINDOWS, rows_for_table, with_layout
 from storage.lake.written_files import WRITTEN_FILE_SCHEMA, WrittenFile
 from storage.upkeep.compaction_manifests import Manifests
 from storage.upkeep.compaction_tasks import (
@@ -169,6 +172,42 @@ def test_settled_files_are_a_function_of_their_rows_not_of_their_order(tmp_path:
             ]
         )
     assert contents[0] == contents[1]
+
+
+def test_a_task_with_many_partitions_writes_them_a_chunk_at_a_time_to_the_same_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A task's quarter of a million partitions at a million tenants are written a chunk at a
+    # time, so a worker's memory is bounded; each partition must still get one file, its
+    # bytes and statistics the same as when all are split at once.
+    rows = rows_for_table(_pane_rows(1_500, seed=6), WINDOWS, batch_id=7)
+    shuffled = rows.take(pa.array(random.Random(7).sample(range(rows.num_rows), rows.num_rows)))
+    listings = []
+    for name, chunk in (("whole", 1_000_000), ("chunked", 7)):
+        monkeypatch.setattr(file_writer, "PARTITIONS_PER_CHUNK", chunk)
+        target = SettledFiles(str(tmp_path / name), None, "s", 1, "abc", WINDOWS.name)
+        files = file_writer.write_partitions(
+            LocalFileSystem(),
+            str(tmp_path / name),
+            WINDOWS,
+            with_layout(shuffled, WINDOWS, settled=True),
+            target.file_name,
+            "a test",
+            target,
+        )
+        assert len({file.path for file in files}) == len(files) > 7 * 20
+        _assert_stats_describe_their_file(tmp_path / name, files)
+        listings.append(
+            sorted(
+                (
+                    file.path,
+                    file.stats,
+                    (tmp_path / name / WINDOWS.name / file.path).read_bytes(),
+                )
+                for file in files
+            )
+        )
+    assert listings[0] == listings[1]
 
 
 def _merge(root: Path, rows: pa.Table, settle_rows: int) -> list[WrittenFile]:
