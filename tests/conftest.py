@@ -51,6 +51,12 @@ _INTEGRATION_FIXTURES = {"kafka", "spark"}
 _SHARED_SCOPES = {"module", "class", "package"}
 
 
+# Session fixtures that tests of several modules share (tests/integration/query/conftest.py's
+# served lake): every test that uses one runs in one group named after it, on one worker, so
+# the fixture is built once rather than on each worker that drew one of its tests.
+_GROUPED_SESSION_FIXTURES = frozenset({"served_lake"})
+
+
 def _shares_a_fixture(item: pytest.Item) -> bool:
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
@@ -62,13 +68,22 @@ def _shares_a_fixture(item: pytest.Item) -> bool:
     )
 
 
+def _group_of(item: pytest.Item) -> str | None:
+    shared = sorted(_GROUPED_SESSION_FIXTURES & set(getattr(item, "fixturenames", ())))
+    if shared:
+        return shared[0]
+    if _shares_a_fixture(item):
+        return item.nodeid.split("::")[0]
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     grouping = bool(getattr(config.option, "loadgroup", False))  # xdist workers under loadgroup
     for item in items:
         if _INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
-        if _shares_a_fixture(item):
-            group = item.nodeid.split("::")[0]
+        group = _group_of(item)
+        if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
             if grouping and not item.nodeid.endswith(f"@{group}"):
                 _group_in_node_id(item, group)
