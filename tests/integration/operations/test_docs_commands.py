@@ -104,9 +104,11 @@ class Installation:
         return self.workdir
 
 
-# Session-scoped, so each pytest worker builds its own and the slow tests below spread over
-# the workers (tests/conftest.py keeps a module's tests together only for module fixtures).
-@pytest.fixture(scope="session")
+# Module-scoped, so tests/conftest.py keeps the pages on one worker and it is built once: as a
+# session fixture each of the three workers built its own (a produce and an available-now run,
+# about a minute of a worker each on a busy machine), to spread the pages whose run is now
+# started first and overlaps the rest of the suite anyway.
+@pytest.fixture(scope="module")
 def installation(kafka: LocalKafka, tmp_path_factory: pytest.TempPathFactory) -> Installation:
     root = tmp_path_factory.mktemp("docs")
     workdir = root / "installation"
