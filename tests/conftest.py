@@ -51,6 +51,12 @@ _INTEGRATION_FIXTURES = {"kafka", "spark"}
 _SHARED_SCOPES = {"module", "class", "package"}
 
 
+# Session fixtures that tests of several modules share (tests/integration/query/conftest.py's
+# served lake): every test that uses one runs in one group named after it, on one worker, so
+# the fixture is built once rather than on each worker that drew one of its tests.
+_GROUPED_SESSION_FIXTURES = frozenset({"served_lake"})
+
+
 def _shares_a_fixture(item: pytest.Item) -> bool:
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
@@ -62,16 +68,70 @@ def _shares_a_fixture(item: pytest.Item) -> bool:
     )
 
 
+def _group_of(item: pytest.Item) -> str | None:
+    shared = sorted(_GROUPED_SESSION_FIXTURES & set(getattr(item, "fixturenames", ())))
+    if shared:
+        return shared[0]
+    if _shares_a_fixture(item):
+        return item.nodeid.split("::")[0]
+    return None
+
+
+# The groups and modules that keep a worker busy longest, longest first (from `--durations`
+# of a full run; a group is named by its module or its grouped session fixture). Under
+# loadgroup they are handed out first, then the other integration tests, then the unit tests,
+# which are short and so fill the end evenly: in collection order, a long module that came
+# late (recovery/, notify/) ran alone on one worker while the others had finished.
+_LONGEST_FIRST = (
+    "tests/integration/operations/test_docs_commands.py",
+    "tests/integration/lake/test_seaweedfs_lake.py",
+    "tests/integration/notify/test_notify_stream.py",
+    "served_lake",
+    "tests/integration/recovery/test_hung_dependencies.py",
+    "tests/integration/kafka/test_deferral_stream.py",
+    "tests/integration/operations/test_benchmark_smoke.py",
+    "tests/integration/recovery/test_crash_recovery.py",
+    "tests/integration/pipeline/test_class_archive.py",
+    "tests/integration/cluster/test_cluster.py",
+    "tests/integration/recovery/test_one_writer.py",
+    "tests/integration/operations/test_cli.py",
+    "tests/integration/kafka/test_kafka_tls.py",
+    "tests/integration/recovery/test_graceful_stop.py",
+    "tests/integration/query/test_prometheus_scrape.py",
+    "tests/integration/operations/test_readme.py",
+    "tests/integration/recovery/test_standby_failover.py",
+    "tests/integration/query/test_local_sql.py",
+    "tests/integration/kafka/test_broker_at_start.py",
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("dist", "no") == "loadgroup":
+        # xdist would otherwise hand out the groups with the most tests first, whatever
+        # their length, and the rest in collection order, undoing _start_rank's order.
+        config.option.loadscopereorder = False
+
+
+def _start_rank(item: pytest.Item) -> int:
+    group = _group_of(item) or item.nodeid.split("::")[0]
+    if group in _LONGEST_FIRST:
+        return _LONGEST_FIRST.index(group)
+    return len(_LONGEST_FIRST) + (item.get_closest_marker("integration") is None)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     grouping = bool(getattr(config.option, "loadgroup", False))  # xdist workers under loadgroup
     for item in items:
         if _INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
-        if _shares_a_fixture(item):
-            group = item.nodeid.split("::")[0]
+        group = _group_of(item)
+        if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
             if grouping and not item.nodeid.endswith(f"@{group}"):
                 _group_in_node_id(item, group)
+    if grouping:
+        # Stable: within a rank, collection order; every worker sorts alike, as xdist requires.
+        items.sort(key=_start_rank)
 
 
 def _group_in_node_id(item: pytest.Item, group: str) -> None:

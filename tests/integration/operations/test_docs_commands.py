@@ -104,9 +104,11 @@ class Installation:
         return self.workdir
 
 
-# Session-scoped, so each pytest worker builds its own and the slow tests below spread over
-# the workers (tests/conftest.py keeps a module's tests together only for module fixtures).
-@pytest.fixture(scope="session")
+# Module-scoped, so tests/conftest.py keeps the pages on one worker and it is built once: as a
+# session fixture each of the three workers built its own (a produce and an available-now run,
+# about a minute of a worker each on a busy machine), to spread the pages whose run is now
+# started first and overlaps the rest of the suite anyway.
+@pytest.fixture(scope="module")
 def installation(kafka: LocalKafka, tmp_path_factory: pytest.TempPathFactory) -> Installation:
     root = tmp_path_factory.mktemp("docs")
     workdir = root / "installation"
@@ -168,12 +170,17 @@ def managed_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
     ids=lambda document: str(document.relative_to(ROOT)),
 )
 def test_the_commands_of(
-    document: Path, installation: Installation, kafka: LocalKafka, managed_kafka: dict[str, str]
+    document: Path, installation: Installation, kafka: LocalKafka, request: pytest.FixtureRequest
 ) -> None:
-    if "$MANAGED_KAFKA_" in document.read_text() and not managed_kafka:
-        pytest.skip(
-            f"no TLS broker for the managed-Kafka example: {namespace_unavailable_reason()}"
-        )
+    # Only the page that uses it starts the secured broker: asked for by every page, it was
+    # started on each worker that ran one (a network namespace, a broker and a TLS terminator).
+    managed_kafka: dict[str, str] = {}
+    if "$MANAGED_KAFKA_" in document.read_text():
+        managed_kafka = request.getfixturevalue("managed_kafka")
+        if not managed_kafka:
+            pytest.skip(
+                f"no TLS broker for the managed-Kafka example: {namespace_unavailable_reason()}"
+            )
     workdir = installation.restore()
     environ = {**_environ(workdir, kafka), **managed_kafka}
     for block in run_blocks(document):

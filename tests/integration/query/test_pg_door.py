@@ -39,11 +39,10 @@ from storage.query.view_catalog import (
 from tenants.api_keys import issue_key, revoke_key
 from tenants.conf_reader import ConfReader
 from tenants.models import QueryLimits
-from tests.support.pipeline_harness import Pipeline, record
-from tests.support.sample_conf import copy_conf
+from tests.support.pipeline_harness import Pipeline
 from tests.support.secured_kafka import make_certificates
+from tests.support.served_lake import with_query_limits
 from tests.support.sql_escapes import ESCAPES_REFUSED, ESCAPES_SEEING_ONLY_THE_TENANT, PASSWD_MARK
-from tests.support.timestamps import T0_MS
 
 pytestmark = pytest.mark.integration
 
@@ -70,31 +69,18 @@ CATALOG_PROBES = [
 
 
 @pytest.fixture(scope="module")
-def lake_conf(tmp_path_factory: pytest.TempPathFactory, conf_dir: Path) -> Path:
-    conf = copy_conf(conf_dir, tmp_path_factory.mktemp("pg-door"))
+def pipeline(served_lake: Pipeline, tmp_path_factory: pytest.TempPathFactory) -> Pipeline:
     limits = {
         # Room for Spark's nested-loop join of an accepted trick on a busy machine.
         "acme": {"max_queries_per_minute": 100_000, "statement_timeout": "120s"},
         "initech": {"max_queries_per_minute": 2},
     }
-    for tenant, query in limits.items():
-        path = conf / "tenants" / f"{tenant}.yaml"
-        path.write_text(path.read_text() + "query: " + json.dumps(query) + "\n")
-    return conf
+    return with_query_limits(served_lake, tmp_path_factory.mktemp("pg-door"), limits)
 
 
 @pytest.fixture(scope="module")
-def pipeline(kafka: Any, spark: Any, lake_conf: Path) -> Pipeline:
-    pipeline = Pipeline.create(kafka, lake_conf.parent, lake_conf)
-    pipeline.produce(
-        [
-            *(record("acme", "web", T0_MS + seconds * 1000) for seconds in (0, 15, 30, 75)),
-            record("acme", "billing", T0_MS + 1_000, amount=5),
-            *(record("globex", "web", T0_MS + seconds * 1000) for seconds in (10, 20, 80)),
-        ]
-    )
-    pipeline.run_available_now(spark)
-    return pipeline
+def lake_conf(pipeline: Pipeline) -> Path:
+    return pipeline.conf_dir
 
 
 @pytest.fixture(scope="module")
@@ -539,7 +525,8 @@ def test_serve_jdbc_answers_beeline_as_sql_does(
         )  # fmt: skip
         sql_lines = [line for line in by_sql.stdout.splitlines() if line.strip()]
         assert sorted(tuple(line.split(",")) for line in sql_lines[1:]) == through_jdbc
-        assert {row[0] for row in through_jdbc} == {"acme", "globex"}
+        # Every tenant with records in the served lake (tests/support/served_lake.py).
+        assert {row[0] for row in through_jdbc} == {"acme", "globex", "wayne"}
     finally:
         server.terminate()
         try:

@@ -40,8 +40,8 @@ from tenants.registry import ConfigError
 from tenants.settings import load_settings
 from tests.support.metrics_scrape import by_outcome, scrape
 from tests.support.paths import ROOT
-from tests.support.pipeline_harness import Pipeline, record
-from tests.support.sample_conf import copy_conf
+from tests.support.pipeline_harness import Pipeline
+from tests.support.served_lake import MINUTE_MS, with_query_limits
 from tests.support.sql_escapes import ESCAPES_REFUSED, ESCAPES_SEEING_ONLY_THE_TENANT, PASSWD_MARK
 from tests.support.timestamps import T0_MS, epoch_ms
 from tests.support.uvicorn_server import serving
@@ -61,50 +61,22 @@ HEAVY = [
     "SELECT max(length(repeat(payload, 50000000))) AS n FROM events",
 ]
 RECHECK_S = 1.0
-MINUTE_MS = 60_000
-# wayne's records, for the console's chart: web (1 min windows, accumulating) with a gap from
-# 00:02 to 00:04; billing (5 min windows, discarding) whose 00:00 window gets a late pane in
-# the second run, so its panes' counts must be summed (2 + 1).
-WAYNE_FIRST_RUN = [
-    *(record("wayne", "web", T0_MS + seconds * 1000) for seconds in (0, 20, 70, 245, 380)),
-    *(record("wayne", "billing", T0_MS + seconds * 1000, amount=5) for seconds in (1, 20, 340)),
-]
-WAYNE_LATE = [record("wayne", "billing", T0_MS + 2 * MINUTE_MS, amount=7)]
 
 
 @pytest.fixture(scope="module")
-def lake_conf(tmp_path_factory: pytest.TempPathFactory, conf_dir: Path) -> Path:
-    conf = copy_conf(conf_dir, tmp_path_factory.mktemp("serve"))
+def pipeline(served_lake: Pipeline, tmp_path_factory: pytest.TempPathFactory) -> Pipeline:
     limits = {
         "acme": {"statement_timeout": f"{TIMEOUT_S}s", "max_queries_per_minute": 100_000},
         "globex": {"max_queries_per_minute": 100_000, "max_result_rows": 2},
         "initech": {"max_queries_per_minute": 3},
         "umbrella": {"statement_timeout": "1ms"},
     }
-    (conf / "tenants" / "umbrella.yaml").write_text("id: umbrella\nsources: [web]\n")
-    (conf / "tenants" / "wayne.yaml").write_text("id: wayne\nsources: {web: {}, billing: {}}\n")
-    for tenant, query in limits.items():
-        path = conf / "tenants" / f"{tenant}.yaml"
-        path.write_text(path.read_text() + "query: " + json.dumps(query) + "\n")
-    return conf
+    return with_query_limits(served_lake, tmp_path_factory.mktemp("serve"), limits)
 
 
 @pytest.fixture(scope="module")
-def pipeline(kafka: Any, spark: Any, lake_conf: Path) -> Pipeline:
-    pipeline = Pipeline.create(kafka, lake_conf.parent, lake_conf)
-    pipeline.produce(
-        [
-            *(record("acme", "web", T0_MS + seconds * 1000) for seconds in (0, 15, 30, 75)),
-            record("acme", "billing", T0_MS + 1_000, amount=5),
-            *(record("globex", "web", T0_MS + seconds * 1000) for seconds in (10, 20, 80)),
-            *WAYNE_FIRST_RUN,
-        ]
-    )
-    pipeline.run_available_now(spark)
-    # Late for billing's 00:00 window, whose on-time pane the first run wrote: a second pane.
-    pipeline.produce(WAYNE_LATE)
-    pipeline.run_available_now(spark)
-    return pipeline
+def lake_conf(pipeline: Pipeline) -> Path:
+    return pipeline.conf_dir
 
 
 @pytest.fixture(scope="module")
