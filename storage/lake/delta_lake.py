@@ -343,11 +343,13 @@ class DeltaLake:
             self.checkpoint_log(spec)
         return committed
 
-    def checkpoint_log(self, spec: TableSpec) -> None:
+    def checkpoint_log(self, spec: TableSpec, open_table: TableOpener | None = None) -> None:
         """Write a checkpoint of the table's log at its current version. A crash before it
-        costs only reading speed: the log stays whole without it."""
+        costs only reading speed: the log stays whole without it. `open_table` gives a table
+        the caller holds already, brought up to date: a table of a million files opened a
+        second time held its whole state twice (default: opened here)."""
         with reaching(self.root, self.storage_options, f"checkpointing table {spec.name}"):
-            self.open(spec).create_checkpoint()
+            (open_table or self.open)(spec).create_checkpoint()
 
     def replace_files(
         self,

@@ -540,7 +540,7 @@ class _Written:
             )
         checkpoint_at = compaction.log_checkpoint_files
         if checkpoint_at is not None and settled_files + len(swap.staged) >= checkpoint_at:
-            compaction.lake.checkpoint_log(spec)
+            compaction.lake.checkpoint_log(spec, table)
         return _Swapped(settled_files, 0, records, len(slices))
 
 

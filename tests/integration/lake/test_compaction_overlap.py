@@ -44,17 +44,24 @@ def test_the_next_tables_files_are_written_while_this_tables_commit_waits(
             )
         commits.append("commit")
 
-    done = Compaction(lake, STREAM, epoch, tasks=TASKS).run(
-        spark, version=1, before_commit=before_commit
+    # In slices, with a log checkpoint at the end: the sliced path's commits and checkpoint go
+    # through the table it keeps up to date.
+    compaction = Compaction(
+        lake, STREAM, epoch, tasks=TASKS, slice_files=100, log_checkpoint_files=1
     )
+    done = compaction.run(spark, version=1, before_commit=before_commit)
 
-    assert [(table.table, table.settled_files) for table in done] == [
-        (EVENTS.name, KEYS),
-        (WINDOWS.name, KEYS),
+    assert [(table.table, table.settled_files, table.slices > 1) for table in done] == [
+        (EVENTS.name, KEYS, True),
+        (WINDOWS.name, KEYS, True),
     ]
     for spec, row_id in ((EVENTS, "offset"), (WINDOWS, "window_id")):
         rows = lake.open(spec).to_pyarrow_table(columns=[row_id, spec.partition_by[0]])
         assert rows.num_rows == records
         assert pc.count_distinct(rows[row_id]).as_py() == records
         assert STAGED not in rows[spec.partition_by[0]].to_pylist()
+        version = lake.open(spec).version()
+        assert (
+            tmp_path / "lake" / spec.name / "_delta_log" / f"{version:020d}.checkpoint.parquet"
+        ).exists()
     assert not any(windows_manifests.rglob("*.parquet"))
