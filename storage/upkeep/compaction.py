@@ -69,7 +69,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from deltalake import DeltaTable
-from pyspark import InheritableThread
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -101,6 +100,7 @@ from storage.upkeep.settle_slices import (
     slice_digest,
     slice_of_buckets,
 )
+from storage.upkeep.work_thread import WorkThread
 
 log = logging.getLogger(__name__)
 
@@ -175,21 +175,30 @@ class Compaction:
         hooks = _Hooks(before_commit, between_slices)
         done = []
         write = functools.partial(self._write, spark, version=version, now_ms=now_ms)
-        written = _Background.start(functools.partial(write, STAGED_TABLES[0]))
+        written = self._write_beside(write, STAGED_TABLES[0])
         for index, spec in enumerate(STAGED_TABLES):
             attempt = written.result()
             if index + 1 < len(STAGED_TABLES):
-                written = _Background.start(functools.partial(write, STAGED_TABLES[index + 1]))
+                written = self._write_beside(write, STAGED_TABLES[index + 1])
             try:
                 result = self._compact(spark, spec, version, now_ms, attempt, hooks)
             except BaseException:
                 if index + 1 < len(STAGED_TABLES):
-                    written.discard()
+                    _discard(written)
                 raise
             if result is not None:
                 done.append(result)
                 after_table()
         return done
+
+    def _write_beside(
+        self, write: Callable[[TableSpec], _Written | None], spec: TableSpec
+    ) -> WorkThread[_Written | None]:
+        """`spec`'s files written while the caller commits another table's: the Spark jobs keep
+        the caller's scheduler pool and job group, so a stop cancels both."""
+        return WorkThread(
+            functools.partial(write, spec), f"compaction-write-{spec.name}", spark_properties=True
+        )
 
     def _write(
         self, spark: SparkSession, spec: TableSpec, version: int, now_ms: int | None
@@ -544,40 +553,15 @@ class _Written:
         return _Swapped(settled_files, 0, records, len(slices))
 
 
-class _Background:
-    """A table's files written in a thread of its own, while the caller commits another's.
-    Spark's local properties (the scheduler pool, the job group a stop cancels) follow it into
-    the thread (`InheritableThread`)."""
-
-    def __init__(self, write: Callable[[], _Written | None]) -> None:
-        self._write = write
-        self._written: _Written | None = None
-        self._error: BaseException | None = None
-        self._thread = InheritableThread(target=self._run, daemon=True)
-
-    @classmethod
-    def start(cls, write: Callable[[], _Written | None]) -> _Background:
-        background = cls(write)
-        background._thread.start()
-        return background
-
-    def _run(self) -> None:
-        try:
-            self._written = self._write()
-        except BaseException as error:  # re-raised in the caller's thread by `result`
-            self._error = error
-
-    def result(self) -> _Written | None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._written
-
-    def discard(self) -> None:
-        """Wait for the write and drop what it wrote: the caller failed before committing it."""
-        self._thread.join()
-        if self._written is not None:
-            self._written.discard()
+def _discard(pending: WorkThread[_Written | None]) -> None:
+    """Wait for a write and drop what it wrote: the caller failed before committing it, and
+    raises its own error, not the write's."""
+    try:
+        written = pending.result()
+    except Exception:
+        return
+    if written is not None:
+        written.discard()
 
 
 def _kept_table(lake: DeltaLake) -> TableOpener:

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from storage.upkeep.compaction import Compaction, TableCompaction
+from storage.upkeep.work_thread import WorkThread
 from streaming.checkpoint.checkpoint_log import CheckpointLog
 from streaming.fault_points import NO_FAULTS, FaultHook, FaultPoint
 
@@ -79,32 +79,12 @@ class CompactionStoppedError(RuntimeError):
     """The stream stopped while its compaction ran; nothing of that compaction was committed."""
 
 
+@dataclass(frozen=True)
 class _Running:
-    """One compaction in a thread of its own, and what it failed with."""
+    """The compaction after batch `batch_id`, in a thread of its own."""
 
-    def __init__(self, batch_id: int, work: Callable[[], object]) -> None:
-        self.batch_id = batch_id
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._run, args=(work,), name=f"compaction-{batch_id}", daemon=True
-        )
-        self._thread.start()
-
-    @property
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-    def wait(self) -> None:
-        """Wait for it to end; raise its error, if it failed."""
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-
-    def _run(self, work: Callable[[], object]) -> None:
-        try:
-            work()
-        except BaseException as error:
-            self._error = error
+    batch_id: int
+    work: WorkThread[object]
 
 
 @dataclass
@@ -121,7 +101,7 @@ class CompactionSchedule:
     def after_batch(self, spark: SparkSession, batch_id: int) -> None:
         """Compact if a compaction is due after batch `batch_id`: beside the next batches, or
         now (`between_batches`). Raise what the previous one failed with."""
-        if self._running is not None and not self._running.done:
+        if self._running is not None and not self._running.work.done:
             return
         self._finish()
         now_ms = self.checkpoint_log.batch_timestamp_ms(batch_id)
@@ -139,7 +119,11 @@ class CompactionSchedule:
                 self._compact(self.compaction, spark, batch_id, now_ms)
             return
         self._running = _Running(
-            batch_id, lambda: self._compact_in_pool(spark, batch_id, now_ms, if_owed)
+            batch_id,
+            WorkThread(
+                lambda: self._compact_in_pool(spark, batch_id, now_ms, if_owed),
+                f"compaction-{batch_id}",
+            ),
         )
 
     def now(self, spark: SparkSession, batch_id: int) -> list[TableCompaction]:
@@ -154,7 +138,7 @@ class CompactionSchedule:
         if running is None:
             return
         try:
-            running.wait()
+            running.work.result()
         except Exception as error:
             if self._stopping.is_set():
                 raise CompactionStoppedError() from error
