@@ -1,0 +1,78 @@
+"""A Spark home for a local session, whose Python processes import PySpark compiled.
+
+Spark starts Python processes of its own beside the driver: one to look up data sources, one to
+create the Kafka source, one to plan each read, the streaming source's runner, and the workers'
+daemon. It puts `$SPARK_HOME/python/lib/pyspark.zip` first on their path, and Python compiles
+every module it imports from a zip, from source, in every process: 0.55 s of CPU a process here,
+on the critical path of every start. The PySpark wheel is its own Spark home, and that zip holds
+the code of the installed package itself, which the interpreter imports from compiled files. So
+a local session starts on a Spark home that links the wheel's `bin`, `conf`, `jars` and `sbin`
+and leaves `python/lib` out. A cluster's executors keep their own Spark home.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+LINKED_PARTS = ("bin", "conf", "jars", "sbin")
+
+
+def home_without_python_zips(pyspark_dir: Path, cache_dir: Path) -> Path | None:
+    """The Spark home of the PySpark wheel at `pyspark_dir` without its Python zips, made once
+    under `cache_dir`; None where there is none to make or it cannot be made."""
+    if not (pyspark_dir / "python" / "lib" / "pyspark.zip").exists():
+        return None  # not a wheel's own Spark home: nothing to leave out
+    digest = hashlib.sha256(str(pyspark_dir).encode()).hexdigest()[:16]
+    home = cache_dir / f"spark-home-{digest}"
+    if not home.exists():
+        try:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            building = Path(tempfile.mkdtemp(prefix=f"{home.name}.", dir=cache_dir))
+            for part in LINKED_PARTS:
+                (building / part).symlink_to(pyspark_dir / part, target_is_directory=True)
+            try:
+                building.rename(home)  # atomic: of two starts at once, one wins
+            except OSError:
+                shutil.rmtree(building, ignore_errors=True)
+        except OSError as error:
+            log.debug("no Spark home without PySpark's zips under %s: %s", cache_dir, error)
+            return None
+    return home if _links_to(home, pyspark_dir) else None
+
+
+def _links_to(home: Path, pyspark_dir: Path) -> bool:
+    try:
+        return all(Path(os.readlink(home / part)) == pyspark_dir / part for part in LINKED_PARTS)
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def spark_home(home: Path | None) -> Iterator[None]:
+    """`SPARK_HOME` is `home` while the JVM starts (PySpark's launcher reads the environment),
+    then what it was."""
+    if home is None:
+        yield
+        return
+    before = os.environ.get("SPARK_HOME")
+    os.environ["SPARK_HOME"] = str(home)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["SPARK_HOME"]
+        else:
+            os.environ["SPARK_HOME"] = before
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tenant-windows"
