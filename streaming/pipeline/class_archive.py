@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pyspark
 
+from streaming.pipeline.spark_home import session_jars
+
 log = logging.getLogger(__name__)
 
 SUFFIX = ".jsa"
@@ -104,7 +106,8 @@ def _class_path_parts() -> Iterator[str]:
         yield str(os.stat(binary).st_mtime_ns)
     # The launcher puts the configuration folder first on the class path, then every jar.
     yield os.environ.get("SPARK_CONF_DIR", "")
-    jars = Path(pyspark.__file__).resolve().parent / "jars"
+    # As the JVM sees it: the archive records the class path's folders by name.
+    jars = session_jars()
     yield str(jars)
     yield from sorted(path.name for path in jars.glob("*.jar"))
 

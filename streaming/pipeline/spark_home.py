@@ -6,8 +6,9 @@ daemon. It puts `$SPARK_HOME/python/lib/pyspark.zip` first on their path, and Py
 every module it imports from a zip, from source, in every process: 0.55 s of CPU a process here,
 on the critical path of every start. The PySpark wheel is its own Spark home, and that zip holds
 the code of the installed package itself, which the interpreter imports from compiled files. So
-a local session starts on a Spark home that links the wheel's `bin`, `conf`, `jars` and `sbin`
-and leaves `python/lib` out. A cluster's executors keep their own Spark home.
+a session whose Python processes run this interpreter (from its environment, which has PySpark)
+starts on a Spark home that links the wheel's `bin`, `conf`, `jars` and `sbin` and leaves
+`python/lib` out. A cluster's executors keep their own Spark home.
 """
 
 from __future__ import annotations
@@ -17,13 +18,34 @@ import hashlib
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyspark
+
 log = logging.getLogger(__name__)
 
 LINKED_PARTS = ("bin", "conf", "jars", "sbin")
+
+
+def session_spark_home() -> Path | None:
+    """The Spark home of a session this process starts (`home_without_python_zips`); None where
+    an operator chose one, under spark-submit, or where Spark's Python processes on this machine
+    run another environment's Python, which may lack PySpark."""
+    if "SPARK_HOME" in os.environ or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return None
+    python = shutil.which(os.environ.get("PYSPARK_PYTHON", sys.executable))
+    if python is None or Path(python).absolute().parent != Path(sys.executable).absolute().parent:
+        return None
+    return home_without_python_zips(Path(pyspark.__file__).parent, default_cache_dir())
+
+
+def session_jars() -> Path:
+    """The folder of jars on the class path of a session this process starts."""
+    home = session_spark_home() or os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent
+    return Path(home) / "jars"
 
 
 def home_without_python_zips(pyspark_dir: Path, cache_dir: Path) -> Path | None:

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
-import pyspark
 from pyspark.sql import SparkSession
 
 from streaming.pipeline import class_archive
-from streaming.pipeline.spark_home import default_cache_dir, home_without_python_zips, spark_home
+from streaming.pipeline.spark_home import session_spark_home, spark_home
 
 LOOPBACK = "127.0.0.1"
 
@@ -101,7 +99,7 @@ def build_spark(
     conf.update(extra_conf or {})
     for key, value in conf.items():
         builder = builder.config(key, value)
-    with spark_home(_local_spark_home(master)):
+    with spark_home(session_spark_home()):
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
@@ -110,16 +108,6 @@ def build_spark(
 def is_local_master(master: str) -> bool:
     """Whether executors run inside the driver's JVM, with the driver's Python at hand."""
     return master == "local" or master.startswith("local[")
-
-
-def _local_spark_home(master: str | None) -> Path | None:
-    """`spark_home`'s home for a local session whose Python processes run this interpreter;
-    None where an operator chose the Spark home or Spark's Python processes run another."""
-    if master is None or not is_local_master(master) or "SPARK_HOME" in os.environ:
-        return None
-    if os.environ.get("PYSPARK_PYTHON") != sys.executable:
-        return None
-    return home_without_python_zips(Path(pyspark.__file__).parent, default_cache_dir())
 
 
 def _run_python_workers_as_python3() -> None:
