@@ -415,6 +415,8 @@ def run_stream(
     try:
         if standby and not app.stand_by(spark, stop.requested):
             return 0
+        if not standby:  # a standby started them while it waited
+            worker_daemon.start_workers_beside(spark)
         started = time.monotonic()
         app.start(spark, available_now)
         log.info("query started in %.1fs", time.monotonic() - started)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pyspark
 
-from streaming.pipeline.spark_home import session_jars
+from streaming.pipeline.spark_home import environment_dir, session_jars
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +38,8 @@ BUILD_TIMEOUT_S = 300
 
 
 def archive_dir() -> Path:
-    """Where archives are kept: beside the installed Spark, in this environment's prefix (a
-    virtualenv's archive goes when it goes), or the user's cache if that is read-only."""
-    prefix = Path(sys.prefix)
-    if os.access(prefix, os.W_OK):
-        return prefix / "share" / "tenant-windows" / "jvm"
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    return Path(cache) / "tenant-windows" / "jvm"
+    """Where archives are kept (`environment_dir`)."""
+    return environment_dir() / "jvm"
 
 
 def archive_path(directory: Path | None = None) -> Path:

@@ -39,7 +39,7 @@ def session_spark_home() -> Path | None:
     python = shutil.which(os.environ.get("PYSPARK_PYTHON", sys.executable))
     if python is None or Path(python).absolute().parent != Path(sys.executable).absolute().parent:
         return None
-    return home_without_python_zips(Path(pyspark.__file__).parent, default_cache_dir())
+    return home_without_python_zips(Path(pyspark.__file__).parent, environment_dir())
 
 
 def session_jars() -> Path:
@@ -96,5 +96,12 @@ def spark_home(home: Path | None) -> Iterator[None]:
             os.environ["SPARK_HOME"] = before
 
 
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tenant-windows"
+def environment_dir() -> Path:
+    """Where the project keeps what it derives from this Python environment's installs (the
+    Spark home, the class archive): in the environment's prefix, so a virtualenv's go when it
+    goes, or in the user's cache where the prefix is read-only."""
+    prefix = Path(sys.prefix)
+    if os.access(prefix, os.W_OK):
+        return prefix / "share" / "tenant-windows"
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(cache) / "tenant-windows"

@@ -9,6 +9,8 @@ time. Imported here, before the daemon forks, a worker starts with them in memor
 from __future__ import annotations
 
 import importlib
+import logging
+import threading
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -30,11 +32,27 @@ PRELOADED = (
 """What a worker of the stream's query imports: the Kafka reader, the router, the state function
 and the file writer, and their pandas and pyarrow."""
 
+log = logging.getLogger(__name__)
+
 
 def start_workers(spark: SparkSession) -> None:
     """Start this session's daemon and a worker with a one-row job, for an instance that has
     the time before its first batch (a standby)."""
     spark.range(1).mapInArrow(_same, "id long").collect()
+
+
+def start_workers_beside(spark: SparkSession) -> None:
+    """`start_workers` in a thread of its own, while the caller starts its query: the daemon's
+    start then overlaps the query's, whose planning runs in the JVM and in processes of its
+    own, and the first batch finds it running. A failure costs only that head start."""
+
+    def start() -> None:
+        try:
+            start_workers(spark)
+        except Exception as error:  # the first batch starts them, as without this
+            log.debug("the Python workers were not started ahead of the first batch: %s", error)
+
+    threading.Thread(target=start, name="python-workers", daemon=True).start()
 
 
 def _same(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
