@@ -40,6 +40,7 @@ from storage.lake.s3_options import LakeUnavailableError
 from storage.lake.writer_lease import StreamLeaseHeldError, WriterLease
 from storage.upkeep.compaction import Compaction
 from storage.upkeep.settle_policy import SettlePolicy
+from storage.upkeep.work_thread import WorkThread
 from streaming.checkpoint.checkpoint_identity import (
     StreamIdentity,
     check_checkpoint,
@@ -386,28 +387,23 @@ def run_stream(
     With `standby`, it first waits, warm, until the running instance stops or dies
     (`StreamApp.stand_by`); a signal while it waits stops it at once.
     """
+    # The JVM and the session start (2-3 s) while the config, the checkpoint and the lake are
+    # checked and the stream claimed, which need no Spark. A start refused there does not wait
+    # for the session: the process ends, and its JVM with it.
+    session = WorkThread(lambda: _timed_session(settings, master, spark_conf), "spark-session")
     app = StreamApp(settings, fault_hook=fault_hook, on_batch=on_batch)
     if standby:
         app.check()
     else:
         app.claim()
-    started = time.monotonic()
     try:
-        # Spark reads the scheduler pools' file when the session starts: it need not outlive it.
-        with tempfile.TemporaryDirectory(prefix="tw-run-") as pools_dir:
-            spark = build_spark(
-                settings.stream.name,
-                master,
-                settings.stream.shuffle_partitions,
-                {**scheduler_conf(Path(pools_dir)), **(spark_conf or {})},
-                quick_jit=True,
-            )
+        spark, session_s = session.result()
     except BaseException:
         app.stop()
         raise
     # Where a start's time goes (issue 38 asks for the split): the session here, the query's
     # start below, then the first batch's own progress line.
-    log.info("Spark session started in %.1fs", time.monotonic() - started)
+    log.info("Spark session started in %.1fs", session_s)
     debugging = log.isEnabledFor(logging.DEBUG)
     if not debugging:
         quiet_failure_logs(spark)
@@ -443,6 +439,23 @@ def run_stream(
         log.error("the stream stopped: %s", app.lost)
         return 1
     return 0
+
+
+def _timed_session(
+    settings: AppSettings, master: str | None, spark_conf: Mapping[str, str] | None
+) -> tuple[SparkSession, float]:
+    """The stream's session, and the seconds it took to start."""
+    started = time.monotonic()
+    # Spark reads the scheduler pools' file when the session starts: it need not outlive it.
+    with tempfile.TemporaryDirectory(prefix="tw-run-") as pools_dir:
+        spark = build_spark(
+            settings.stream.name,
+            master,
+            settings.stream.shuffle_partitions,
+            {**scheduler_conf(Path(pools_dir)), **(spark_conf or {})},
+            quick_jit=True,
+        )
+    return spark, time.monotonic() - started
 
 
 def _now_ms() -> int:

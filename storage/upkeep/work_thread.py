@@ -1,5 +1,6 @@
-"""Compaction's work in a thread of its own, and what it returned or raised, for the thread that
-waits for it."""
+"""Work in a thread of its own, and what it returned or raised, for the thread that waits for it:
+a compaction beside the stream's batches, the next table's files while one commits, the stream's
+Spark session while the stream is claimed."""
 
 from __future__ import annotations
 

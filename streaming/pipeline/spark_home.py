@@ -48,17 +48,17 @@ def session_jars() -> Path:
     return Path(home) / "jars"
 
 
-def home_without_python_zips(pyspark_dir: Path, cache_dir: Path) -> Path | None:
+def home_without_python_zips(pyspark_dir: Path, folder: Path) -> Path | None:
     """The Spark home of the PySpark wheel at `pyspark_dir` without its Python zips, made once
-    under `cache_dir`; None where there is none to make or it cannot be made."""
+    in `folder`; None where there is none to make or it cannot be made."""
     if not (pyspark_dir / "python" / "lib" / "pyspark.zip").exists():
         return None  # not a wheel's own Spark home: nothing to leave out
     digest = hashlib.sha256(str(pyspark_dir).encode()).hexdigest()[:16]
-    home = cache_dir / f"spark-home-{digest}"
+    home = folder / f"spark-home-{digest}"
     if not home.exists():
         try:
-            cache_dir.mkdir(parents=True, exist_ok=True)
-            building = Path(tempfile.mkdtemp(prefix=f"{home.name}.", dir=cache_dir))
+            folder.mkdir(parents=True, exist_ok=True)
+            building = Path(tempfile.mkdtemp(prefix=f"{home.name}.", dir=folder))
             for part in LINKED_PARTS:
                 (building / part).symlink_to(pyspark_dir / part, target_is_directory=True)
             try:
@@ -66,7 +66,7 @@ def home_without_python_zips(pyspark_dir: Path, cache_dir: Path) -> Path | None:
             except OSError:
                 shutil.rmtree(building, ignore_errors=True)
         except OSError as error:
-            log.debug("no Spark home without PySpark's zips under %s: %s", cache_dir, error)
+            log.debug("no Spark home without PySpark's zips in %s: %s", folder, error)
             return None
     return home if _links_to(home, pyspark_dir) else None
 
