@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pyspark
 
-from streaming.pipeline.spark_home import environment_dir, session_jars
+from streaming.pipeline.spark_home import environment_dir, session_jars, session_spark_home
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +42,18 @@ def archive_dir() -> Path:
     return environment_dir() / "jvm"
 
 
-def archive_path(directory: Path | None = None) -> Path:
-    """This Java build's and this class path's archive (it may not exist yet)."""
-    return (directory or archive_dir()) / f"spark-{pyspark.__version__}-{_fingerprint()}{SUFFIX}"
+def archive_path(directory: Path | None = None, jars: Path | None = None) -> Path:
+    """This Java build's and this class path's archive (it may not exist yet); `jars` is the
+    class path's folder of jars (None: that of a session this process would start)."""
+    jars = jars or session_jars(session_spark_home())
+    return (
+        directory or archive_dir()
+    ) / f"spark-{pyspark.__version__}-{_fingerprint(jars)}{SUFFIX}"
 
 
-def java_options(directory: Path | None = None) -> str:
+def java_options(directory: Path | None = None, jars: Path | None = None) -> str:
     """The driver's JVM options that map the archive; empty if it has not been built."""
-    path = archive_path(directory)
+    path = archive_path(directory, jars)
     return f"-XX:SharedArchiveFile={path} {QUIET}" if path.is_file() else ""
 
 
@@ -82,16 +86,16 @@ def build(directory: Path | None = None) -> Path:
     return target
 
 
-def _fingerprint() -> str:
+def _fingerprint(jars: Path) -> str:
     """A digest of what a JVM checks an archive against: its Java build and its class path."""
     digest = hashlib.sha256()
-    for part in _class_path_parts():
+    for part in _class_path_parts(jars):
         digest.update(part.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:16]
 
 
-def _class_path_parts() -> Iterator[str]:
+def _class_path_parts(jars: Path) -> Iterator[str]:
     java = shutil.which("java", path=_java_bin_path())
     if java is None:
         yield "no java"
@@ -102,7 +106,6 @@ def _class_path_parts() -> Iterator[str]:
     # The launcher puts the configuration folder first on the class path, then every jar.
     yield os.environ.get("SPARK_CONF_DIR", "")
     # As the JVM sees it: the archive records the class path's folders by name.
-    jars = session_jars()
     yield str(jars)
     yield from sorted(path.name for path in jars.glob("*.jar"))
 

@@ -1,4 +1,5 @@
-"""A Spark home for a local session, whose Python processes import PySpark compiled.
+"""A Spark home for the sessions this project starts, whose Python processes import PySpark
+compiled.
 
 Spark starts Python processes of its own beside the driver: one to look up data sources, one to
 create the Kafka source, one to plan each read, the streaming source's runner, and the workers'
@@ -42,10 +43,10 @@ def session_spark_home() -> Path | None:
     return home_without_python_zips(Path(pyspark.__file__).parent, environment_dir())
 
 
-def session_jars() -> Path:
-    """The folder of jars on the class path of a session this process starts."""
-    home = session_spark_home() or os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent
-    return Path(home) / "jars"
+def session_jars(home: Path | None) -> Path:
+    """The folder of jars on the class path of a session started on `home` (`session_spark_home`;
+    None: where PySpark's launcher finds Spark)."""
+    return Path(home or os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent) / "jars"
 
 
 def home_without_python_zips(pyspark_dir: Path, folder: Path) -> Path | None:

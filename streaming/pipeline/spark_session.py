@@ -9,7 +9,7 @@ import sys
 from pyspark.sql import SparkSession
 
 from streaming.pipeline import class_archive
-from streaming.pipeline.spark_home import session_spark_home, spark_home
+from streaming.pipeline.spark_home import session_jars, session_spark_home, spark_home
 
 LOOPBACK = "127.0.0.1"
 
@@ -52,13 +52,15 @@ def build_spark(
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
+    # Decided once: the class archive must name the class path the JVM then starts with.
+    home = session_spark_home()
     conf = {
         "spark.driver.extraJavaOptions": " ".join(
             option
             for option in (
                 DRIVER_JAVA_OPTIONS,
                 QUICK_JIT if quick_jit else "",
-                class_archive.java_options(),
+                class_archive.java_options(jars=session_jars(home)),
             )
             if option
         ),
@@ -99,7 +101,7 @@ def build_spark(
     conf.update(extra_conf or {})
     for key, value in conf.items():
         builder = builder.config(key, value)
-    with spark_home(session_spark_home()):
+    with spark_home(home):
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
