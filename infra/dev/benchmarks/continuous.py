@@ -70,7 +70,7 @@ from infra.dev.local_process import LocalProcess, descendants, pss_mib
 from infra.dev.local_stack import LocalKafka
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.file_names import written_by_a_batch
-from storage.lake.tables import EVENTS, WINDOWS
+from storage.lake.tables import ALL_TABLES, EVENTS, WINDOWS
 from streaming.kafka.client import KafkaSecurity, kafka_python_producer
 from tenants.conf_reader import load_registry
 from tenants.settings import AppSettings
@@ -177,9 +177,10 @@ class StreamProcess(LocalProcess):
             return 0.0
         return sum(pss_mib(pid) for pid in [self.pid, *descendants(self.pid)])
 
-    def minute(self, checkpoint: Path, lake: Path) -> dict[str, Any]:
+    def minute(self, checkpoint: Path, lake_root: Path, lake: DeltaLake) -> dict[str, Any]:
         """This minute's memory, by kind of process and in the JVM's heap after a full
-        collection, and the files the stream keeps."""
+        collection, and the files the stream keeps: on disk, and in the tables' newest
+        versions (what compaction bounds; the rest waits for `vacuum`)."""
         if self.pid is None:
             return {}
         by_kind = pss_mib_by_kind(self.pid)
@@ -187,7 +188,7 @@ class StreamProcess(LocalProcess):
         heap = None if jvm is None else jvm_heap_after_gc_mib(jvm)
         state_files, state_bytes = folder_files(checkpoint / "state")
         checkpoint_files, _ = folder_files(checkpoint)
-        lake_files, _ = folder_files(lake)
+        lake_files, _ = folder_files(lake_root)
         return {
             "pss_mib": round(sum(by_kind.values())),
             "pss_mib_by_kind": by_kind,
@@ -197,6 +198,7 @@ class StreamProcess(LocalProcess):
             "state_mib": round(state_bytes / 2**20, 1),
             "checkpoint_files": checkpoint_files,
             "lake_files": lake_files,
+            "table_files": sum(lake.open(spec).get_add_actions().num_rows for spec in ALL_TABLES),
         }
 
     def _note_processes(self) -> None:
@@ -317,7 +319,7 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
         next_sample = measured_from
         while (now := time.monotonic()) < measure_until:  # bounded by --seconds
             if now >= next_sample:
-                minutes.append(stream.minute(checkpoint, lake_root))
+                minutes.append(stream.minute(checkpoint, lake_root, lake))
                 memory_per_minute.append(minutes[-1].get("pss_mib", 0))
                 print(f"minute {len(minutes) - 1}: {minutes[-1]}", flush=True)
                 next_sample += 60
