@@ -10,6 +10,7 @@ Only reads /proc and asks the stream's own JVM (`jcmd`, by PID) for its heap.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections import defaultdict
@@ -147,13 +148,15 @@ def jvm_heap_after_gc_mib(pid: int) -> tuple[float, float] | None:
 
 
 def folder_files(path: Path) -> tuple[int, int]:
-    """(files, bytes) under `path`; (0, 0) if it does not exist."""
+    """(files, bytes) under `path`; (0, 0) if it does not exist. The stream removes files and
+    folders while they are counted (a cleanup, a settled deferral, a vacuum): those are left
+    out, not an error (`os.walk` skips a folder it cannot list)."""
     count = size = 0
-    for entry in path.rglob("*"):
-        try:
-            if entry.is_file():
-                count += 1
-                size += entry.stat().st_size
-        except OSError:  # removed while counted (a cleanup, a vacuum)
-            continue
+    for folder, _, names in os.walk(path):
+        for name in names:
+            try:
+                size += os.stat(os.path.join(folder, name)).st_size
+            except OSError:
+                continue
+            count += 1
     return count, size

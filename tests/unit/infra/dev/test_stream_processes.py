@@ -8,6 +8,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from infra.dev.benchmarks.stream_processes import ProcessTree, folder_files, kind_of
 from infra.dev.local_process import descendants
@@ -55,3 +58,23 @@ def test_folder_files_counts_files_and_bytes(tmp_path: Path) -> None:
     (tmp_path / "two").write_bytes(b"123")
     assert folder_files(tmp_path) == (2, 8)
     assert folder_files(tmp_path / "missing") == (0, 0)
+
+
+def test_folder_files_leaves_out_a_folder_removed_while_it_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The stream removes a settled deferral's folder between the listing of its parent and its
+    # own: the count goes on without it (an hour-long run once died of this).
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "one").write_bytes(b"12345")
+    (tmp_path / "gone").mkdir()
+    (tmp_path / "gone" / "two").write_bytes(b"123")
+    listed = os.scandir
+
+    def removed_before_listed(path: str | os.PathLike[str]) -> Any:
+        if Path(path).name == "gone":
+            raise FileNotFoundError(path)
+        return listed(path)
+
+    monkeypatch.setattr(os, "scandir", removed_before_listed)
+    assert folder_files(tmp_path) == (1, 5)
