@@ -441,20 +441,30 @@ def run_stream(
     return 0
 
 
-def _timed_session(
-    settings: AppSettings, master: str | None, spark_conf: Mapping[str, str] | None
-) -> tuple[SparkSession, float]:
-    """The stream's session, and the seconds it took to start."""
-    started = time.monotonic()
+def stream_session(
+    settings: AppSettings,
+    master: str | None = None,
+    spark_conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """The session a stream runs in: its scheduler pools, and a JIT that stops at C1
+    (`spark_session.QUICK_JIT` says why)."""
     # Spark reads the scheduler pools' file when the session starts: it need not outlive it.
     with tempfile.TemporaryDirectory(prefix="tw-run-") as pools_dir:
-        spark = build_spark(
+        return build_spark(
             settings.stream.name,
             master,
             settings.stream.shuffle_partitions,
             {**scheduler_conf(Path(pools_dir)), **(spark_conf or {})},
             quick_jit=True,
         )
+
+
+def _timed_session(
+    settings: AppSettings, master: str | None, spark_conf: Mapping[str, str] | None
+) -> tuple[SparkSession, float]:
+    """The stream's session, and the seconds it took to start."""
+    started = time.monotonic()
+    spark = stream_session(settings, master, spark_conf)
     return spark, time.monotonic() - started
 
 

@@ -16,9 +16,9 @@ from infra.dev.local_stack import LocalKafka
 from infra.progress_bar import ProgressBar
 from storage.lake.delta_lake import DeltaLake
 from storage.query.spark_views import register_views
-from streaming.app import StreamApp
+from storage.upkeep.work_thread import WorkThread
+from streaming.app import StreamApp, stream_session
 from streaming.observe.stream_status import backlog_records
-from streaming.pipeline.spark_session import build_spark
 from tenants.conf_reader import load_registry
 from tenants.settings import load_settings
 
@@ -76,15 +76,15 @@ def run_demo(workdir: Path, count: int) -> int:
                 "stream.checkpoint_dir": str(workdir / "checkpoint"),
             },
         )
+        # The JVM starts while the records are produced, which needs no Spark.
+        session = WorkThread(lambda: stream_session(settings), "spark-session")
         registry = load_registry(settings.conf_dir)
         spec = LoadSpec(count=count, ahead={"acme": 3_600_000})
         time_specs = {name: source.event_time for name, source in registry.sources.items()}
         sent = send(generate(spec, time_specs), kafka.bootstrap_servers, DEMO_TOPIC)
         print(f"produced {sent} records for {', '.join(spec.tenants)}; acme runs 1 h ahead")
 
-        spark = build_spark(
-            "tenant-windows-demo", shuffle_partitions=settings.stream.shuffle_partitions
-        )
+        spark = session.result()
         try:
             lake = DeltaLake.from_settings(settings.lake)
             # On a terminal a progress bar; otherwise the progress log lines say the same.
