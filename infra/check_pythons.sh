@@ -3,9 +3,6 @@
 # per version (.venv-py3XX, rebuilt only when pyproject.toml changes, like .venv) and the fast
 # unit tests in it, which include building the wheel and importing every product module from it.
 # The version .venv runs is skipped: infra/test.sh runs the whole suite there.
-#
-#   infra/check_pythons.sh                 install where needed, then the unit tests
-#   infra/check_pythons.sh --install-only  only the venvs (CI makes them beside the demo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,8 +22,6 @@ find_python() {
   done
 }
 
-install_only=0
-[ "${1:-}" != "--install-only" ] || install_only=1
 main_version="$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 stamp_name=".installed-$(sha256sum pyproject.toml | cut -c1-16)"
 
@@ -42,10 +37,6 @@ check_version() {
     touch "$venv/$stamp_name"
   fi
   installed=$SECONDS
-  if [ "$install_only" = 1 ]; then
-    echo "python $version ($python): install $((installed - started)) s"
-    return
-  fi
   # The unit tests: every test that starts neither the broker nor Spark (tests/conftest.py marks
   # the others integration), i.e. tests/unit/ and the few in tests/integration/ that need neither
   # (the wheel, the docs' skip reasons, what the cluster run ships, the lake without Spark).
@@ -83,6 +74,6 @@ for version in "${VERSIONS[@]}"; do
   cat "$logs/$version.log"
 done
 if [ ${#failed[@]} -gt 0 ]; then
-  echo "the check failed on python ${failed[*]}" >&2
+  echo "unit tests failed on python ${failed[*]}" >&2
   exit 1
 fi

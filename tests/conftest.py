@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from tests.support.sample_conf import SAMPLE_CONF
 
@@ -16,6 +17,11 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # start-up then costs about 4.5 CPU seconds instead of 7 here, on a machine whose two cores the
 # suite's workers keep busy. Production JVMs keep the JDK's defaults.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# No per-example deadline for the property tests: beside the suite's Spark workers an example
+# that takes 50 ms alone took 257 ms once, and a deadline then measures the machine, not the
+# code. Loaded here, before any test module builds its `@settings`.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 
 @pytest.fixture(scope="session")
