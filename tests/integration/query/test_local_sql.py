@@ -242,7 +242,6 @@ def statements(draw: st.DrawFn) -> str:
 
 @settings(
     max_examples=40,
-    deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(statement=statements())

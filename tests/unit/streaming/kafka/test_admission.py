@@ -75,7 +75,7 @@ def test_the_ledger_survives_its_json_form() -> None:
     assert Ledger.from_json(decision.ledger.to_json()) == decision.ledger
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(
     batches=st.lists(
         st.lists(st.sampled_from(["a", "b", "c", ""]), max_size=30), min_size=1, max_size=8

@@ -99,7 +99,6 @@ def _reference(values: list[bytes | None], registry: TenantRegistry) -> RoutedCo
 
 @settings(
     max_examples=400,
-    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(batch=st.lists(values, max_size=30))

@@ -102,7 +102,7 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> TenantRegistry:
     return registry_with(tmp_path_factory.mktemp("conf"), ["acme", "globex"])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     records=st.lists(record_strategy, min_size=1, max_size=40),
     offboarded_in=st.one_of(st.none(), st.integers(1, 5)),

@@ -55,7 +55,7 @@ def _bucket_keys(keys: list[Key]) -> pa.Table:
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(keys=keys_strategy, top=st.one_of(st.none(), st.integers(0, 5)))
 def test_merged_bucket_summaries_equal_a_look_at_every_key(
     keys: list[Key], top: int | None

@@ -179,7 +179,7 @@ def _state_json(state: KeyState) -> str:
     return json.dumps(state.to_json_dict(), sort_keys=True)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(
     rules=rule_sets,
     streams=keyed_records,

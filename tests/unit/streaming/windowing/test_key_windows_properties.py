@@ -504,7 +504,7 @@ def batch_independent_view(
 # Properties
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_streaming_matches_reference_under_random_batching(scenario: Scenario) -> None:
     out_a = run_streaming(scenario, scenario.cuts_a)
