@@ -230,7 +230,10 @@ class StreamApp:
         """Stop the query and every thread, then release the stream for the next instance."""
         self._stopping.set()
         if self._query is not None:
+            was_active = self._query.isActive
             self._query.stop()
+            if was_active:
+                self._tell_what_the_stop_cut_short(self._query)
             if self._compaction is not None and self._spark is not None:
                 self._compaction.stop(self._spark)
             if not self.progress.drain(PROGRESS_DRAIN_S):
@@ -265,13 +268,28 @@ class StreamApp:
                 break
             if time.monotonic() > deadline:
                 log.warning(
-                    "stopping: batch %d did not finish within the grace period of %.0fs; it is "
-                    "replayed on restart",
+                    "stopping: batch %d did not finish within the grace period of %.0fs",
                     planned,
                     grace_s,
                 )
                 break
             time.sleep(STOP_POLL_INTERVAL_S)
+
+    def _tell_what_the_stop_cut_short(self, query: StreamingQuery) -> None:
+        # The next trigger may plan a batch between `wait_between_batches` and the stop, and a
+        # stop past the grace period cuts one short: either is replayed, and the log says so.
+        planned = self.checkpoint_log.latest_batch(OFFSETS_DIR)
+        if planned is None or planned == self.checkpoint_log.latest_batch(COMMITS_DIR):
+            return
+        failure = query.exception()
+        if failure is None:  # interrupted by the stop, as it should be
+            log.info("batch %d had begun as the stream stopped; the next start runs it", planned)
+        else:
+            log.warning(
+                "batch %d failed as the stream stopped; the next start runs it: %s",
+                planned,
+                failure,
+            )
 
     def _remove_listener(self) -> None:
         if self._spark is not None:

@@ -33,11 +33,18 @@ SPARK_FAILURE_LOGGERS = ("org.apache.spark.sql.execution.streaming.runtime.Micro
 # replayed on the next start): every state store class (`StateStore`, and the providers, e.g.
 # `HDFSBackedStateStoreProvider`, whose maintenance logs "Error doing snapshots" when the session
 # stops under it), and Hadoop's shell commands, which the checkpoint's local file system runs
-# (its "Interrupted while joining" when the query's stop interrupts a batch that just began).
+# (its "Interrupted while joining" when the query's stop interrupts a batch that just began),
+# and a killed task's completion listeners (the state store's abort of its version, cut short).
 STOPPING_LOGGERS = (
     "org.apache.spark.sql.execution.streaming.state",
     "org.apache.hadoop.util.Shell",
+    "org.apache.spark.TaskContextImpl",
 )
+# py4j's callback server logs every error `foreachBatch` raises, with its Java trace. A stop that
+# lands while a batch waits for a Spark job interrupts that wait (`InterruptedException`), which
+# Spark takes for the stop it is; the error itself reaches Spark either way, and a batch that
+# fails for any other reason as the stream stops is told by `StreamApp.stop`.
+CALLBACK_LOGGER = "py4j.clientserver"
 
 
 class StopSignals:
@@ -84,6 +91,7 @@ def quiet_stopping(spark: SparkSession) -> None:
     Never raises: the stop that follows (the lease's release above all) must run even if the
     driver's JVM is gone.
     """
+    logging.getLogger(CALLBACK_LOGGER).setLevel(logging.CRITICAL)
     try:
         _set_spark_log_level(spark, STOPPING_LOGGERS, "OFF")
     except Exception as error:  # only a quieter stop is at stake

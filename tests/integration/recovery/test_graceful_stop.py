@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,32 @@ def test_a_batch_outlasting_the_grace_period_is_cut_short_and_a_restart_matches_
     _assert_a_restart_matches_a_clean_run(stopped, kafka, spark, conf_dir, tmp_path)
 
 
+def test_a_stop_past_the_grace_period_interrupts_a_spark_job_without_a_trace(
+    kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
+) -> None:
+    stopped = _producing_pipeline(
+        kafka, conf_dir, tmp_path, environ={"TW_STREAM__STOP_GRACE": "1s"}
+    )
+    log_path = tmp_path / "stopped-run.log"
+    with log_path.open("wb") as log:
+        # The state function's Python workers stop: the driver waits in the batch's Spark job.
+        process = start_process(stopped, log, fault=["--pause-at", FaultPoint.STATE_FUNCTION])
+        try:
+            _wait_for_output(process, log_path, f"SIGSTOP at {FaultPoint.STATE_FUNCTION}")
+            process.send_signal(signal.SIGTERM)
+            code = wait_or_kill(process, RUN_TIMEOUT_S)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    output = log_path.read_text(errors="replace")
+
+    assert code == 0, output[-3000:]
+    assert "batch 0 did not finish within the grace period" in output, output[-3000:]
+    assert "batch 0 had begun as the stream stopped" in output, output[-3000:]
+    _assert_no_trace(output)
+    _assert_a_restart_matches_a_clean_run(stopped, kafka, spark, conf_dir, tmp_path)
+
+
 def test_sigterm_of_a_running_stream_exits_0_without_a_java_trace(
     kafka: Any, conf_dir: Path, tmp_path: Path
 ) -> None:
@@ -113,10 +140,7 @@ def test_sigterm_of_a_running_stream_exits_0_without_a_java_trace(
 
     assert code == 0, output[-3000:]
     assert "stopping between batches" in output, output[-3000:]
-    lines = output.splitlines()
-    frames = [number for number, line in enumerate(lines) if line.lstrip().startswith("at ")]
-    trace = "\n".join(lines[frames[0] - 3 : frames[0] + 5]) if frames else ""
-    assert not frames, f"a Java trace on stopping:\n{trace}"
+    _assert_no_trace(output)
     assert "Exception" not in output, output[-5000:]
     events = pipeline.table("events")
     assert not events.duplicated(["partition", "offset"]).any(), "a record landed twice"
@@ -173,6 +197,23 @@ def _assert_a_restart_matches_a_clean_run(
     clean = clean_run(kafka, spark, conf_dir, tmp_path / "clean", stopped.topic, BATCH_SIZE)
     assert_same_tables(snapshot(stopped), clean)
     assert_every_record_landed_once(stopped)
+
+
+def _assert_no_trace(output: str) -> None:
+    lines = output.splitlines()
+    frames = [number for number, line in enumerate(lines) if line.lstrip().startswith("at ")]
+    trace = "\n".join(lines[frames[0] - 3 : frames[0] + 5]) if frames else ""
+    assert not frames, f"a Java trace on stopping:\n{trace}"
+    assert "Traceback" not in output, output[-5000:]
+
+
+def _wait_for_output(process: subprocess.Popen[bytes], log_path: Path, text: str) -> None:
+    """Until the stream's output holds `text`, bounded."""
+    deadline = time.monotonic() + WAIT_FOR_PAUSE_S
+    while text not in log_path.read_text(errors="replace"):
+        if process.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"no {text!r} in the stream's output:\n{log_path.read_text()[-3000:]}")
+        time.sleep(0.2)
 
 
 def _wait_until_paused(pid: int, log_path: Path) -> None:
