@@ -6,8 +6,9 @@ A continuous stream (1 s trigger, the project's `conf/app.yaml` otherwise) reads
 Three quiet tenants produce 10 records/s each. A fourth produces 10 records/s, then as fast as
 one producer can for `--burst-seconds`, then 10/s again. A quiet record's latency runs from the
 moment it is sent to the moment its (partition, offset) is in `events`: a watcher reads every
-file the table's commits add, as they land. The first `--warm-up-seconds` (start-up) are left
-out; records are put in a phase by when they were sent.
+file the table's commits add, as they land. The phases' clock starts once both producers are
+ready (the stream started before them); the first `--warm-up-seconds` are left out; records are
+put in a phase by when they were sent.
 
 The producers and the watcher run in processes of their own. By default the broker and the
 bursting producer get one CPU to themselves (`--load-cpus`), the stream and the quiet side the
@@ -67,11 +68,13 @@ QUIET_RATE_PER_S = 10
 PHASES = ("before the burst", "during the burst", "after the burst")
 DRAIN_LIMIT_S = 300
 """After the last record is sent, how long the watcher waits for the quiet ones at most."""
+READY_LIMIT_S = 300
+"""How long the producers' processes may take to start (spawn, imports, a broker connection)."""
 
 
 @dataclass
 class Timeline:
-    """When each phase starts, in seconds after the stream started."""
+    """When each phase starts, in seconds after the producers' start (`StartLine`)."""
 
     warm_up_s: float
     before_s: float
@@ -112,6 +115,28 @@ class Probe:
 
     def now_s(self) -> float:
         return time.monotonic() - self.started
+
+
+class StartLine:
+    """The producers' common clock, started once each of their processes is ready: a process
+    that took seconds to spawn on a busy machine would otherwise begin mid-way through the
+    timeline and send nothing in its first phases."""
+
+    def __init__(self, processes: Any) -> None:
+        self._go = processes.Event()
+        self._started = processes.Value("d", 0.0)
+
+    def start(self) -> float:
+        """Start the clock now; its start, a `time.monotonic()` (system-wide on Linux)."""
+        self._started.value = time.monotonic()
+        self._go.set()
+        return float(self._started.value)
+
+    def wait(self) -> float:
+        """In a producer's process: its start, once started; bounded by `READY_LIMIT_S`."""
+        if not self._go.wait(READY_LIMIT_S):
+            raise TimeoutError(f"the producers' clock did not start within {READY_LIMIT_S}s")
+        return float(self._started.value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,18 +231,21 @@ def run(
     deployment. The processes share `time.monotonic()`, which is system-wide on Linux.
     """
     stream = StreamApp(settings, DeltaLake.from_settings(settings.lake)).start(spark)
-    probe = Probe()
     processes = multiprocessing.get_context("spawn")
     results = processes.Queue()
+    start_line = StartLine(processes)
     workers = [
         processes.Process(
-            target=target, args=(settings, probe.started, timeline, results, cpus), name=name
+            target=target, args=(settings, start_line, timeline, results, cpus), name=name
         )
         for name, target in [("noisy", _noisy_process), ("quiet", _quiet_process)]
     ]
     try:
         for worker in workers:
             worker.start()
+        for _ in workers:
+            results.get(timeout=READY_LIMIT_S)  # each says it is ready
+        probe = Probe(started=start_line.start())
         deadline_s = probe.now_s() + timeline.ends_s + DRAIN_LIMIT_S + 120
         for _ in workers:
             name, result = results.get(timeout=max(1.0, deadline_s - probe.now_s()))
@@ -237,36 +265,54 @@ def run(
 
 
 def _noisy_process(
-    settings: AppSettings, started: float, timeline: Timeline, results: Any, cpus: Cpus | None
+    settings: AppSettings,
+    start_line: StartLine,
+    timeline: Timeline,
+    results: Any,
+    cpus: Cpus | None,
 ) -> None:
     if cpus is not None:
         pin(os.getpid(), cpus.load)
-    probe = Probe(started=started)
     event_time = load_registry(settings.conf_dir).sources[SOURCE].event_time
-    _produce_noisy(settings, event_time, probe, timeline)
+    producer = _producer(settings)
+    try:
+        results.put(("ready", None))
+        probe = Probe(started=start_line.wait())
+        _produce_noisy(producer, timeline, event_time, probe)
+    finally:
+        producer.close(timeout=10)
     results.put(("noisy", probe.noisy_sent))
 
 
 def _quiet_process(
-    settings: AppSettings, started: float, timeline: Timeline, results: Any, cpus: Cpus | None
+    settings: AppSettings,
+    start_line: StartLine,
+    timeline: Timeline,
+    results: Any,
+    cpus: Cpus | None,
 ) -> None:
     """Send the quiet records and watch `events` for them, until all are seen or the drain
     limit passes."""
     if cpus is not None:
         pin(os.getpid(), cpus.stream)
-    probe = Probe(started=started)
     event_time = load_registry(settings.conf_dir).sources[SOURCE].event_time
-    stop = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(settings, probe, stop), daemon=True)
-    watcher.start()
+    producer = _producer(settings)
     try:
-        _produce_quiet(settings, event_time, probe, timeline)
-        deadline_s = probe.now_s() + DRAIN_LIMIT_S
-        while probe.now_s() < deadline_s and _unseen(probe):
-            time.sleep(0.5)
+        results.put(("ready", None))
+        probe = Probe(started=start_line.wait())
+        stop = threading.Event()
+        watcher = threading.Thread(target=_watch, args=(settings, probe, stop), daemon=True)
+        watcher.start()
+        try:
+            _produce_quiet(producer, timeline, event_time, probe)
+            deadline_s = probe.now_s() + DRAIN_LIMIT_S
+            while probe.now_s() < deadline_s and _unseen(probe):
+                time.sleep(0.5)
+        finally:
+            stop.set()
+            watcher.join(30)
     finally:
-        stop.set()
-        watcher.join(30)
+        producer.close(timeout=10)
     with probe.lock:
         results.put(("quiet", (dict(probe.sent_s), dict(probe.seen_s))))
 
@@ -292,25 +338,21 @@ def _producer(settings: AppSettings) -> KafkaProducer:
 
 
 def _produce_quiet(
-    settings: AppSettings, event_time: EventTimeSpec, probe: Probe, timeline: Timeline
+    producer: KafkaProducer, timeline: Timeline, event_time: EventTimeSpec, probe: Probe
 ) -> None:
-    producer = _producer(settings)
     number = 0
     next_s = probe.now_s()
-    try:
-        while next_s < timeline.ends_s:
-            for tenant in QUIET:
-                sent_s = probe.now_s()
-                future = producer.send(
-                    TOPIC, key=tenant.encode(), value=_value(tenant, number, event_time)
-                )
-                future.add_callback(_remember(probe, sent_s))
-            number += 1
-            next_s += 1 / QUIET_RATE_PER_S
-            time.sleep(max(0.0, next_s - probe.now_s()))
-        producer.flush(timeout=60)
-    finally:
-        producer.close(timeout=10)
+    while next_s < timeline.ends_s:
+        for tenant in QUIET:
+            sent_s = probe.now_s()
+            future = producer.send(
+                TOPIC, key=tenant.encode(), value=_value(tenant, number, event_time)
+            )
+            future.add_callback(_remember(probe, sent_s))
+        number += 1
+        next_s += 1 / QUIET_RATE_PER_S
+        time.sleep(max(0.0, next_s - probe.now_s()))
+    producer.flush(timeout=60)
 
 
 def _remember(probe: Probe, sent_s: float) -> Callable[[object], None]:
@@ -322,21 +364,17 @@ def _remember(probe: Probe, sent_s: float) -> Callable[[object], None]:
 
 
 def _produce_noisy(
-    settings: AppSettings, event_time: EventTimeSpec, probe: Probe, timeline: Timeline
+    producer: KafkaProducer, timeline: Timeline, event_time: EventTimeSpec, probe: Probe
 ) -> None:
-    producer = _producer(settings)
     next_s = probe.now_s()
-    try:
-        while (now_s := probe.now_s()) < timeline.ends_s:
-            value = _value(NOISY, probe.noisy_sent, event_time)
-            producer.send(timeline.burst_topic, key=NOISY.encode(), value=value)
-            probe.noisy_sent += 1
-            if not timeline.burst_starts_s <= now_s < timeline.burst_ends_s:
-                next_s = max(next_s, now_s) + 1 / QUIET_RATE_PER_S
-                time.sleep(max(0.0, next_s - probe.now_s()))
-        producer.flush(timeout=120)
-    finally:
-        producer.close(timeout=10)
+    while (now_s := probe.now_s()) < timeline.ends_s:
+        value = _value(NOISY, probe.noisy_sent, event_time)
+        producer.send(timeline.burst_topic, key=NOISY.encode(), value=value)
+        probe.noisy_sent += 1
+        if not timeline.burst_starts_s <= now_s < timeline.burst_ends_s:
+            next_s = max(next_s, now_s) + 1 / QUIET_RATE_PER_S
+            time.sleep(max(0.0, next_s - probe.now_s()))
+    producer.flush(timeout=120)
 
 
 def _watch(settings: AppSettings, probe: Probe, stop: threading.Event) -> None:
