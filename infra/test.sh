@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# README command 2: set up, then lint, type-check, run the unit tests on every other supported
-# Python (infra/check_pythons.sh) and every test here (real broker, Spark, Delta).
+# README command 2: set up, then lint, type-check, run the unit tests on the oldest and newest
+# supported Python (infra/check_pythons.sh) and every test here (real broker, Spark, Delta).
 #
 #   infra/test.sh                      everything, the suite on TW_TEST_WORKERS workers (3)
 #   infra/test.sh -m "not integration" the fast loop: unit tests only, about a minute
