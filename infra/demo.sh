@@ -3,5 +3,5 @@
 # until it has caught up, print a per-tenant summary, stop what it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash infra/setup.sh
+bash infra/setup.sh --archive-in-background
 exec .venv/bin/tenant-windows demo "$@"
