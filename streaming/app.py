@@ -450,9 +450,9 @@ def run_stream(
         log.error("the stream failed: %s", failure if cause is None else cause)
         return 1
     finally:
-        quiet_stopping(spark)
-        app.stop()
-        stop_spark(spark)
+        with quiet_stopping(spark):
+            app.stop()
+            stop_spark(spark)
     if app.lost is not None:
         log.error("the stream stopped: %s", app.lost)
         return 1

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 
 from pyspark.sql import SparkSession
@@ -85,21 +87,30 @@ def quiet_failure_logs(spark: SparkSession) -> None:
     _set_spark_log_level(spark, SPARK_FAILURE_LOGGERS, "OFF")
 
 
-def quiet_stopping(spark: SparkSession) -> None:
-    """Before the query stops: what the stop interrupts says nothing (`STOPPING_LOGGERS`).
+@contextmanager
+def quiet_stopping(spark: SparkSession) -> Iterator[None]:
+    """Around the query's and the session's stop: what the stop interrupts says nothing
+    (`STOPPING_LOGGERS`, `CALLBACK_LOGGER`); py4j's logger speaks again after it, for a later
+    session in this process.
 
-    Never raises: the stop that follows (the lease's release above all) must run even if the
-    driver's JVM is gone.
+    Never raises of its own: the stop inside (the lease's release above all) must run even if
+    the driver's JVM is gone.
     """
-    logging.getLogger(CALLBACK_LOGGER).setLevel(logging.CRITICAL)
+    callback_logger = logging.getLogger(CALLBACK_LOGGER)
+    level = callback_logger.level
+    callback_logger.setLevel(logging.CRITICAL)
     try:
         _set_spark_log_level(spark, STOPPING_LOGGERS, "OFF")
     except Exception as error:  # only a quieter stop is at stake
         log.debug("the stop's loggers were not quieted: %s", error)
+    try:
+        yield
+    finally:
+        callback_logger.setLevel(level)
 
 
 def stop_spark(spark: SparkSession) -> None:
-    """Stop the session after its queries stopped (and `quiet_stopping`), without a Java trace.
+    """Stop the session after its queries stopped (inside `quiet_stopping`), without a Java trace.
 
     State store maintenance runs in a background pool of the driver's JVM. Stopped first, it
     cannot race the session's stop: otherwise a snapshot it takes as the RPC environment goes

@@ -1,8 +1,14 @@
-"""What the stream says when its query fails: one line for an outage, everything for a bug."""
+"""What the stream says when its query fails: one line for an outage, everything for a bug;
+and what it keeps quiet while it stops."""
 
 from __future__ import annotations
 
-from streaming.process import outage_cause
+import logging
+from typing import Any, cast
+
+import pytest
+
+from streaming.process import CALLBACK_LOGGER, outage_cause, quiet_stopping
 
 KAFKA_CAUSE = (
     "tw_kafka: fetching end offsets of topic 'events' from bootstrap servers 127.0.0.1:9 kept "
@@ -55,3 +61,17 @@ def test_a_subclass_of_an_outage_keeps_its_own_name() -> None:
 def test_any_other_failure_is_a_bug_and_has_no_one_line_cause() -> None:
     bug = FAILED_QUERY.replace("streaming.kafka.client.KafkaUnavailableError", "KeyError")
     assert outage_cause(bug) is None
+
+
+def test_py4j_errors_are_quiet_while_the_stream_stops_and_heard_again_after(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    callback_logger = logging.getLogger(CALLBACK_LOGGER)
+    without_a_jvm = cast(Any, object())  # its Spark loggers cannot be set: only a debug line
+
+    with caplog.at_level(logging.INFO), quiet_stopping(without_a_jvm):
+        callback_logger.error("an interrupted foreachBatch")
+    callback_logger.error("a later session's failing callback")
+
+    said = [record.getMessage() for record in caplog.records if record.name == CALLBACK_LOGGER]
+    assert said == ["a later session's failing callback"]
