@@ -14,7 +14,11 @@ fi
 stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".[dev]"
+  # Compiled afterwards on every core: pip compiles one file at a time (41 s against 32 s here).
+  # The bytecode is kept because environments that set PYTHONDONTWRITEBYTECODE (this one does)
+  # would otherwise compile pyspark and pandas again in every process.
+  .venv/bin/python -m pip install --quiet --no-compile -e ".[dev]"
+  .venv/bin/python -m compileall -q -j 0 .venv/lib/python*/site-packages >/dev/null
   rm -f .venv/.installed-* && touch "$stamp"
 fi
 if ! command -v java >/dev/null; then

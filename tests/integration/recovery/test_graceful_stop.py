@@ -12,6 +12,8 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -100,16 +102,15 @@ def test_a_stop_past_the_grace_period_interrupts_a_spark_job_without_a_trace(
         kafka, conf_dir, tmp_path, environ={"TW_STREAM__STOP_GRACE": "1s"}
     )
     log_path = tmp_path / "stopped-run.log"
-    with log_path.open("wb") as log:
-        # The state function's Python workers stop: the driver waits in the batch's Spark job.
-        process = start_process(stopped, log, fault=["--pause-at", FaultPoint.STATE_FUNCTION])
-        try:
-            _wait_for_output(process, log_path, f"SIGSTOP at {FaultPoint.STATE_FUNCTION}")
-            process.send_signal(signal.SIGTERM)
-            code = wait_or_kill(process, RUN_TIMEOUT_S)
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
+    # The state function's Python workers stop: the driver waits in the batch's Spark job.
+    fault = ["--pause-at", FaultPoint.STATE_FUNCTION]
+    with (
+        log_path.open("wb") as log,
+        _killed_on_exit(start_process(stopped, log, fault=fault)) as process,
+    ):
+        _wait_for_output(process, log_path, f"SIGSTOP at {FaultPoint.STATE_FUNCTION}")
+        process.send_signal(signal.SIGTERM)
+        code = wait_or_kill(process, RUN_TIMEOUT_S)
     output = log_path.read_text(errors="replace")
 
     assert code == 0, output[-3000:]
@@ -124,18 +125,18 @@ def test_sigterm_of_a_running_stream_exits_0_without_a_java_trace(
 ) -> None:
     pipeline = Pipeline.create(kafka, tmp_path / "running", conf_dir, trigger_interval="500ms")
     log_path = tmp_path / "running.log"
-    with log_path.open("wb") as log:  # the stream's stdout and stderr
-        process = start_process(pipeline, log, MAINTENANCE_OFTEN, available_now=False)
-        try:
-            # More state versions than a snapshot waits for: maintenance writes snapshots.
-            for batch_id in range(STATE_VERSIONS):
-                pipeline.produce([record("acme", "web", T0_MS + batch_id * 1_000)])
-                wait_for_commit_log(pipeline, batch_id, process, WAIT_FOR_PAUSE_S)
-            process.send_signal(signal.SIGTERM)
-            code = wait_or_kill(process, RUN_TIMEOUT_S)
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
+    with (
+        log_path.open("wb") as log,  # the stream's stdout and stderr
+        _killed_on_exit(
+            start_process(pipeline, log, MAINTENANCE_OFTEN, available_now=False)
+        ) as process,
+    ):
+        # More state versions than a snapshot waits for: maintenance writes snapshots.
+        for batch_id in range(STATE_VERSIONS):
+            pipeline.produce([record("acme", "web", T0_MS + batch_id * 1_000)])
+            wait_for_commit_log(pipeline, batch_id, process, WAIT_FOR_PAUSE_S)
+        process.send_signal(signal.SIGTERM)
+        code = wait_or_kill(process, RUN_TIMEOUT_S)
     output = log_path.read_text(errors="replace")
 
     assert code == 0, output[-3000:]
@@ -167,26 +168,21 @@ def _producing_pipeline(
 def _sigterm_while_paused(pipeline: Pipeline, log_path: Path, hold_s: float) -> tuple[int, str]:
     """Run the stream held at each table commit of `PAUSED_BATCH` (`hold_s` each time), send
     SIGTERM at the first hold; the exit code and the output."""
-    with log_path.open("wb") as log:
-        process = start_process(
-            pipeline,
-            log,
-            fault=["--pause-at", f"{FaultPoint.BETWEEN_TABLE_COMMITS}@{PAUSED_BATCH}"],
-        )
-        try:
-            _wait_until_paused(process.pid, log_path)
-            # Delivered when the driver runs again: mid-way through the batch's commits.
-            os.kill(process.pid, signal.SIGTERM)
-            deadline = time.monotonic() + RUN_TIMEOUT_S
-            while process.poll() is None and time.monotonic() < deadline:
-                if process_state(process.pid) == "T":
-                    time.sleep(hold_s)
-                    os.kill(process.pid, signal.SIGCONT)
-                time.sleep(0.2)
-            code = wait_or_kill(process, timeout_s=1)
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
+    fault = ["--pause-at", f"{FaultPoint.BETWEEN_TABLE_COMMITS}@{PAUSED_BATCH}"]
+    with (
+        log_path.open("wb") as log,
+        _killed_on_exit(start_process(pipeline, log, fault=fault)) as process,
+    ):
+        _wait_until_paused(process.pid, log_path)
+        # Delivered when the driver runs again: mid-way through the batch's commits.
+        os.kill(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while process.poll() is None and time.monotonic() < deadline:
+            if process_state(process.pid) == "T":
+                time.sleep(hold_s)
+                os.kill(process.pid, signal.SIGCONT)
+            time.sleep(0.2)
+        code = wait_or_kill(process, timeout_s=1)
     return code, log_path.read_text()
 
 
@@ -197,6 +193,16 @@ def _assert_a_restart_matches_a_clean_run(
     clean = clean_run(kafka, spark, conf_dir, tmp_path / "clean", stopped.topic, BATCH_SIZE)
     assert_same_tables(snapshot(stopped), clean)
     assert_every_record_landed_once(stopped)
+
+
+@contextmanager
+def _killed_on_exit(process: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
+    """`process`, its process group killed on the way out if it still runs (a wait failed)."""
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 def _assert_no_trace(output: str) -> None:
