@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -64,9 +65,24 @@ def wait_or_kill(process: subprocess.Popen[bytes], timeout_s: float) -> int:
     try:
         return process.wait(timeout=timeout_s)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
+        kill_group(process)
+
+
+def kill_group(process: subprocess.Popen[bytes]) -> None:
+    """If `process` still runs: SIGKILL its process group (the driver, its JVM and workers, as
+    `start_process` makes it), and reap it."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+
+
+@contextmanager
+def killed_on_exit(process: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
+    """`process`, its group killed on the way out if it still runs (a wait in the block failed)."""
+    try:
+        yield process
+    finally:
+        kill_group(process)
 
 
 def run_process(

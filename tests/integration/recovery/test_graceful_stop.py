@@ -12,8 +12,6 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +25,19 @@ from streaming.fault_points import FaultPoint
 from tenants.conf_reader import load_registry
 from tests.support.datasets import clean_run, sample_records
 from tests.support.pipeline_harness import Pipeline, record
-from tests.support.stream_process import start_process, wait_for_commit_log, wait_or_kill
+from tests.support.stream_process import (
+    killed_on_exit,
+    start_process,
+    wait_for_commit_log,
+    wait_or_kill,
+)
 from tests.support.table_snapshots import (
     assert_every_record_landed_once,
     assert_same_tables,
     snapshot,
 )
 from tests.support.timestamps import T0_MS
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -106,7 +110,7 @@ def test_a_stop_past_the_grace_period_interrupts_a_spark_job_without_a_trace(
     fault = ["--pause-at", FaultPoint.STATE_FUNCTION]
     with (
         log_path.open("wb") as log,
-        _killed_on_exit(start_process(stopped, log, fault=fault)) as process,
+        killed_on_exit(start_process(stopped, log, fault=fault)) as process,
     ):
         _wait_for_output(process, log_path, f"SIGSTOP at {FaultPoint.STATE_FUNCTION}")
         process.send_signal(signal.SIGTERM)
@@ -127,7 +131,7 @@ def test_sigterm_of_a_running_stream_exits_0_without_a_java_trace(
     log_path = tmp_path / "running.log"
     with (
         log_path.open("wb") as log,  # the stream's stdout and stderr
-        _killed_on_exit(
+        killed_on_exit(
             start_process(pipeline, log, MAINTENANCE_OFTEN, available_now=False)
         ) as process,
     ):
@@ -171,7 +175,7 @@ def _sigterm_while_paused(pipeline: Pipeline, log_path: Path, hold_s: float) -> 
     fault = ["--pause-at", f"{FaultPoint.BETWEEN_TABLE_COMMITS}@{PAUSED_BATCH}"]
     with (
         log_path.open("wb") as log,
-        _killed_on_exit(start_process(pipeline, log, fault=fault)) as process,
+        killed_on_exit(start_process(pipeline, log, fault=fault)) as process,
     ):
         _wait_until_paused(process.pid, log_path)
         # Delivered when the driver runs again: mid-way through the batch's commits.
@@ -195,16 +199,6 @@ def _assert_a_restart_matches_a_clean_run(
     assert_every_record_landed_once(stopped)
 
 
-@contextmanager
-def _killed_on_exit(process: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
-    """`process`, its process group killed on the way out if it still runs (a wait failed)."""
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-
-
 def _assert_no_trace(output: str) -> None:
     lines = output.splitlines()
     frames = [number for number, line in enumerate(lines) if line.lstrip().startswith("at ")]
@@ -214,12 +208,24 @@ def _assert_no_trace(output: str) -> None:
 
 
 def _wait_for_output(process: subprocess.Popen[bytes], log_path: Path, text: str) -> None:
-    """Until the stream's output holds `text`, bounded."""
-    deadline = time.monotonic() + WAIT_FOR_PAUSE_S
-    while text not in log_path.read_text(errors="replace"):
-        if process.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"no {text!r} in the stream's output:\n{log_path.read_text()[-3000:]}")
-        time.sleep(0.2)
+    """Until the stream's output holds `text`, bounded; fails at once if the stream exits."""
+
+    def holds_it() -> bool:
+        output = log_path.read_text(errors="replace")
+        assert text in output, f"no {text!r} in the stream's output:\n{output[-3000:]}"
+        return True
+
+    def running() -> None:
+        assert process.poll() is None, f"the stream exited:\n{log_path.read_text()[-3000:]}"
+
+    wait_until(
+        holds_it,
+        WAIT_FOR_PAUSE_S,
+        repr(text),
+        alive=running,
+        retry_on_assertion=True,
+        interval_s=0.2,
+    )
 
 
 def _wait_until_paused(pid: int, log_path: Path) -> None:

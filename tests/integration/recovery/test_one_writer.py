@@ -29,7 +29,7 @@ from streaming.fault_points import FaultPoint
 from tests.support.datasets import sample_records
 from tests.support.paths import ROOT
 from tests.support.pipeline_harness import Pipeline, record
-from tests.support.stream_process import start_process
+from tests.support.stream_process import killed_on_exit, start_process
 from tests.support.table_snapshots import assert_every_record_landed_once, table_versions
 from tests.support.timestamps import T0_MS
 from tests.support.waiting import wait_until
@@ -50,12 +50,8 @@ def _instance(
             pipeline, log, available_now=available_now, fault=fault, flags=flags
         )
         process.log_path = log_path  # type: ignore[attr-defined]
-        try:
+        with killed_on_exit(process):
             yield process
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)  # its own group: driver and JVM
-                process.wait(timeout=30)
 
 
 def _log(process: Popen[bytes]) -> str:

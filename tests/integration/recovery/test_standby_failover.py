@@ -31,7 +31,7 @@ from streaming.fault_points import FaultPoint
 from tenants.conf_reader import load_registry
 from tests.support.datasets import clean_run, sample_records
 from tests.support.pipeline_harness import Pipeline
-from tests.support.stream_process import start_process, wait_or_kill
+from tests.support.stream_process import kill_group, start_process, wait_or_kill
 from tests.support.table_snapshots import (
     assert_every_record_landed_once,
     assert_same_tables,
@@ -108,9 +108,7 @@ def test_standbys_take_over_from_two_kills_mid_batch_and_the_tables_match_a_clea
         assert code == 0, _output(running)[-3000:]
     finally:
         for process in instances:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=30)
+            kill_group(process)
         for log in logs:
             log.close()
 
