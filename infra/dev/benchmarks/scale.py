@@ -61,6 +61,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming.listener import StreamingQueryProgress
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
@@ -531,7 +532,7 @@ def _measure(stage: str, dataset: _Dataset, start: Callable[[], StreamingQuery])
     )
 
 
-def _phases_ms(progress: list[dict[str, Any]]) -> dict[str, float]:
+def _phases_ms(progress: list[StreamingQueryProgress]) -> dict[str, float]:
     """Per phase of Spark's `durationMs` (`addBatch`: the plan and the sink; `walCommit`,
     `commitOffsets`: the checkpoint's logs; ...), its median over `progress`: where a steady
     batch's time goes."""
