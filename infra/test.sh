@@ -10,9 +10,11 @@ cd "$(dirname "$0")/.."
 bash infra/setup.sh
 export SPARK_LOCAL_IP=127.0.0.1
 # A selected run (arguments for pytest) checks this Python only. The other Pythons' venvs and
-# unit tests run beside the lint and the suite, which leave a core idle much of the time; at a
-# lower priority, so they take that idle time rather than the suite's: the suite is the longer
-# path, and the other Pythons have minutes to spare before it ends.
+# unit tests (about 90 CPU s) run beside the lint and the suite, which keeps both cores busy
+# from its second minute: they cost the suite that CPU wherever they run, and run early, so
+# they are done long before its last tests. `nice` alone does not make them yield: where the
+# kernel groups each session's processes (sched_autogroup), a session competes as a whole, at
+# its group's priority, so this session takes an equal share of the CPU until it ends.
 pythons_log=""
 if [ $# -eq 0 ]; then
   pythons_log="$(mktemp)"
