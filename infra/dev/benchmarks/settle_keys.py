@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from infra.dev.benchmarks.figures_file import write_figures
 from infra.dev.benchmarks.peak_memory import driver_and_jvm, driver_jvm, peak_rss, this_process
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.file_names import BatchFiles
@@ -61,9 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(result)
     finally:
         spark.stop()
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2))
+    write_figures(args.json, results)
     return 0
 
 

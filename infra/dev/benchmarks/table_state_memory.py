@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
+from infra.dev.benchmarks.figures_file import write_figures
 from infra.dev.benchmarks.settle_keys import _union_rows
 from storage.lake.file_stats import split_by_partition
 from storage.lake.tables import EVENTS, rows_for_table, with_layout
@@ -61,9 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             result["bytes_per_file"] = round(result["added_mib"] * 2**20 / args.files)
             results.append(result)
             print(json.dumps(result), flush=True)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2))
+    write_figures(args.json, results)
     return 0
 
 
