@@ -134,7 +134,7 @@ def stage_keys(
     for batch_id in range(batches):
         offsets = np.arange(batch_id * per_batch, (batch_id + 1) * per_batch, dtype=np.int64)
         key_of = offsets % keys
-        union = _union_rows(key_of, offsets)
+        union = synthetic_union_rows(key_of, offsets)
         written: dict[str, list[WrittenFile]] = {spec.name: [] for spec in TABLES}
         for task in range(tasks):
             mine = union.filter(pa.array(np.tile(key_of % tasks == task, 2)))
@@ -149,7 +149,7 @@ def stage_keys(
     return total
 
 
-def _union_rows(key_of: np.ndarray, offsets: np.ndarray) -> pa.Table:
+def synthetic_union_rows(key_of: np.ndarray, offsets: np.ndarray) -> pa.Table:
     """One event and one window pane per offset, of tenant `t<key>` (source `web`)."""
     count = len(offsets)
     tenants = pa.array(np.char.add("t", key_of.astype(str)).tolist())

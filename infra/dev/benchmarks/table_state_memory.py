@@ -27,12 +27,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
 from infra.dev.benchmarks.figures_file import write_figures
-from infra.dev.benchmarks.settle_keys import _union_rows
+from infra.dev.benchmarks.settle_keys import synthetic_union_rows
 from storage.lake.file_stats import split_by_partition
 from storage.lake.tables import EVENTS, rows_for_table, with_layout
 
@@ -81,12 +80,13 @@ def build(table: Path, files: int, kind: str) -> None:
     delta = DeltaTable(str(table))
     for start in range(0, files, COMMIT_FILES):
         keys = np.arange(start, min(files, start + COMMIT_FILES), dtype=np.int64)
+        now_ms = int(time.time() * 1000)
         actions: list[AddAction | RemoveAction] = [
             AddAction(
                 path=f"settled-{start + index:012d}.parquet",
                 size=3_300,
                 partition_values=values,
-                modification_time=int(time.time() * 1000),
+                modification_time=now_ms,
                 data_change=True,
                 stats=_kept_stats(stats, kind),
             )
@@ -101,8 +101,7 @@ def build(table: Path, files: int, kind: str) -> None:
 
 def _settled_partitions(keys: np.ndarray) -> list[tuple[dict[str, str | None], pa.Table, str]]:
     """An event of each key's tenant, settled in its own partition, with its file's stats."""
-    union = _union_rows(keys, keys)
-    rows = rows_for_table(union.filter(pc.equal(union["kind"], "events")), EVENTS, 0)
+    rows = rows_for_table(synthetic_union_rows(keys, keys), EVENTS, 0)
     return split_by_partition(with_layout(rows, EVENTS, settled=True), EVENTS.partition_by)
 
 
