@@ -37,6 +37,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from infra.dev.benchmarks.figures_file import write_figures
 from infra.dev.benchmarks.sample_lake import bench_settings, without_limits, write_tenants_conf
 from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_stack import LocalKafka
@@ -104,8 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps(figures, indent=2))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(figures, indent=2))
+    write_figures(args.json, figures)
     print(f"figures written to {args.json}")
     return 0
 
