@@ -89,6 +89,7 @@ def _group_of(item: pytest.Item) -> str | None:
 # which are short and so fill the end evenly: in collection order, a long module that came
 # late (recovery/, notify/) ran alone on one worker while the others had finished.
 _LONGEST_FIRST = (
+    "tests/integration/recovery/test_crash_recovery.py",
     "tests/integration/operations/test_docs_commands.py",
     "tests/integration/lake/test_seaweedfs_lake.py",
     "tests/integration/notify/test_notify_stream.py",
@@ -96,7 +97,6 @@ _LONGEST_FIRST = (
     "tests/integration/recovery/test_hung_dependencies.py",
     "tests/integration/kafka/test_deferral_stream.py",
     "tests/integration/operations/test_benchmark_smoke.py",
-    "tests/integration/recovery/test_crash_recovery.py",
     "tests/integration/pipeline/test_class_archive.py",
     "tests/integration/cluster/test_cluster.py",
     "tests/integration/recovery/test_one_writer.py",

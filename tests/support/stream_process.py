@@ -1,5 +1,6 @@
 """Run a real `tenant-windows run` as a process of its own: start it, wait for its commits, kill
-it with the SIGKILL fault hook, restart it in the test's Spark session.
+it with the SIGKILL fault hook (once or at several points in turn), restart it in the test's
+Spark session.
 
 Shared by the crash, stop, hang and outage tests on a local lake and on S3.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -100,16 +101,25 @@ def run_process(
 def crash_and_recover(
     pipeline: Pipeline,
     spark: Any,
-    crash_at: str,
-    before_restart: Callable[[Pipeline], None] | None = None,
+    crash_points: Sequence[str],
+    before_restart: Mapping[str, Callable[[Pipeline], None]] | None = None,
 ) -> dict[str, pd.DataFrame]:
-    """Run until the fault hook kills the run at `crash_at`, restart in `spark`, snapshot."""
-    log_path = pipeline.workdir / "crashed-run.log"
-    code = run_process(pipeline, log_path, fault=["--crash-at", crash_at])
-    assert code == -signal.SIGKILL, (
-        f"expected a SIGKILL at {crash_at}, got exit code {code}:\n" + log_path.read_text()[-3000:]
-    )
-    if before_restart is not None:
-        before_restart(pipeline)
+    """Run the stream as a process until the fault hook kills it at the first of `crash_points`,
+    restart it as a process killed at the next one, and so on; then restart it in `spark`, run
+    it to its end and snapshot the tables.
+
+    Each point must be one the restart before it reaches: its batch is the one the crash before
+    cut short, or a later one. `before_restart` maps a point to what to do with the lake after
+    the crash there (look at it, damage it), before the next restart.
+    """
+    for number, crash_at in enumerate(crash_points):
+        log_path = pipeline.workdir / f"crashed-run-{number}.log"
+        code = run_process(pipeline, log_path, fault=["--crash-at", crash_at])
+        assert code == -signal.SIGKILL, (
+            f"expected a SIGKILL at {crash_at} (after crashes at {list(crash_points[:number])}),"
+            f" got exit code {code}:\n" + log_path.read_text()[-3000:]
+        )
+        if before_restart is not None and crash_at in before_restart:
+            before_restart[crash_at](pipeline)
     pipeline.run_available_now(spark)
     return snapshot(pipeline)

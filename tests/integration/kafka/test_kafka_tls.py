@@ -203,7 +203,7 @@ def test_a_crash_mid_read_over_tls_recovers_to_the_plaintext_output(
         pipeline.produce_samples(samples)
         runs[name] = pipeline
     runs["plain"].run_available_now(spark)
-    recovered = crash_and_recover(runs["tls"], spark, f"{FaultPoint.KAFKA_READ}@30")
+    recovered = crash_and_recover(runs["tls"], spark, [f"{FaultPoint.KAFKA_READ}@30"])
     assert_same_tables(
         without_produce_times(recovered), without_produce_times(snapshot(runs["plain"]))
     )

@@ -112,11 +112,12 @@ def test_a_crash_between_table_commits_on_seaweedfs_recovers_to_the_clean_output
         assert 1 in held.values(), held
         assert any(batch is None or batch < 1 for batch in held.values()), held
 
+    crash_at = f"{FaultPoint.BETWEEN_TABLE_COMMITS}@1"
     recovered = crash_and_recover(
         crashed,
         spark,
-        f"{FaultPoint.BETWEEN_TABLE_COMMITS}@1",
-        before_restart=the_crash_left_batch_1_in_some_tables_only,
+        [crash_at],
+        before_restart={crash_at: the_crash_left_batch_1_in_some_tables_only},
     )
 
     assert_same_tables(recovered, clean)
@@ -145,11 +146,12 @@ def test_a_crash_between_a_compactions_table_commits_on_seaweedfs_recovers_to_th
         staged = {spec.name: len(lake.staged_files(spec)) for spec in STAGED_TABLES}
         assert staged[EVENTS.name] == 0 and sum(staged.values()) > 0, staged
 
+    crash_at = f"{FaultPoint.AFTER_COMPACTION_COMMIT}@1"
     recovered = crash_and_recover(
         crashed,
         spark,
-        f"{FaultPoint.AFTER_COMPACTION_COMMIT}@1",
-        before_restart=the_crash_left_a_table_settled_and_the_next_staged,
+        [crash_at],
+        before_restart={crash_at: the_crash_left_a_table_settled_and_the_next_staged},
     )
 
     # Layout columns included: each row settled where the clean run settled it.

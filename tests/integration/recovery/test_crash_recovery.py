@@ -1,7 +1,8 @@
 """Crash anywhere, restart, same output: SIGKILL the stream at named points, then compare.
 
 The crashed run is a real `tenant-windows run --available-now` process killed by the fault
-hook; the restart runs the same query from its checkpoint. Every table must then hold exactly
+hook; a restart that is to crash at the next point is such a process too, and the last restart
+runs the same query from its checkpoint in the test's Spark. Every table must then hold exactly
 the rows of a run without the crash, compared as multisets without wall-clock columns.
 """
 
@@ -60,16 +61,17 @@ MERGE_EVERY_BATCH = {
 }
 
 
-# Session-scoped, so each pytest worker builds its own and the slow tests below spread over
-# the workers (tests/conftest.py keeps a module's tests together only for module fixtures).
-@pytest.fixture(scope="session")
+# Module-scoped: the module's tests then run on one worker (tests/conftest.py), which builds the
+# topic and the clean run once. Session-scoped, each worker that drew one of its tests built them
+# again, and spreading the tests gains nothing on a suite that keeps both cores busy.
+@pytest.fixture(scope="module")
 def dataset(kafka: Any, conf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     """One topic every run reads from the start, so runs differ only by their crash."""
     spec = LoadSpec(count=RECORDS, late_share=0.1, malformed_share=0.05, jitter=30_000, seed=3)
     return produce_dataset(kafka, conf_dir, tmp_path_factory.mktemp("topic"), spec)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def clean_tables(
     kafka: Any, spark: Any, conf_dir: Path, dataset: str, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, pd.DataFrame]:
@@ -85,60 +87,69 @@ def _crash_and_recover(
     conf_dir: Path,
     topic: str,
     workdir: Path,
-    crash_at: str,
-    before_restart: Callable[[Pipeline], None] | None = None,
+    crash_points: list[str],
+    before_restart: dict[str, Callable[[Pipeline], None]] | None = None,
     environ: dict[str, str] = COMPACT_EVERY_BATCH,
 ) -> dict[str, pd.DataFrame]:
     pipeline = replay_pipeline(kafka, conf_dir, workdir, topic, BATCH_SIZE, environ=dict(environ))
-    return crash_and_recover(pipeline, spark, crash_at, before_restart)
+    return crash_and_recover(pipeline, spark, crash_points, before_restart)
 
 
+# Each stream below is killed at every named point of its compaction mode in turn: the restart
+# after one crash is itself killed at the next point, so each point is met by a stream that
+# recovers from the crash before it, and the last restart runs to the end. Points are listed in
+# the order a stream reaches them (Kafka offset 85 is read in batch 1 of either partition).
 # Where a row ends is its key's partition however it got there (settled after every batch, by
-# size in a merge, or from a run at the end), so one clean run is the reference for both.
+# size in a merge, or from a run at the end), so one clean run is the reference for all three.
 @pytest.mark.parametrize(
-    ("crash_at", "environ"),
+    ("crash_points", "environ"),
     [
-        *(
-            pytest.param(point, COMPACT_EVERY_BATCH, id=point)
-            for point in (
+        pytest.param(
+            [
                 f"{FaultPoint.KAFKA_READ}@{BATCH_SIZE // 2 + 10}",
                 f"{FaultPoint.STATE_FUNCTION}@{BATCH_SIZE // 2 + 10}",
                 f"{FaultPoint.BATCH_START}@1",
                 f"{FaultPoint.BETWEEN_TABLE_COMMITS}@1",
-                f"{FaultPoint.AFTER_DELTA_COMMITS}@2",
                 f"{FaultPoint.BEFORE_COMPACTION_COMMIT}@1",
+                f"{FaultPoint.AFTER_DELTA_COMMITS}@2",
                 f"{FaultPoint.AFTER_COMPACTION_COMMIT}@2",
-            )
+            ],
+            COMPACT_EVERY_BATCH,
+            id="settled-after-every-batch",
         ),
-        *(
-            pytest.param(point, SLICED_EVERY_BATCH, id=f"sliced-{point}")
-            for point in (
+        pytest.param(
+            [
                 f"{FaultPoint.BEFORE_COMPACTION_COMMIT}@1",
                 f"{FaultPoint.BETWEEN_SETTLE_SLICES}@1",
                 f"{FaultPoint.BETWEEN_SETTLE_SLICES}@3",
-            )
+            ],
+            SLICED_EVERY_BATCH,
+            id="settled-in-slices",
         ),
-        *(
-            pytest.param(point, MERGE_EVERY_BATCH, id=f"merging-{point}")
-            for point in (
+        pytest.param(
+            [
                 f"{FaultPoint.BEFORE_COMPACTION_COMMIT}@1",
                 f"{FaultPoint.AFTER_COMPACTION_COMMIT}@2",
-            )
+            ],
+            MERGE_EVERY_BATCH,
+            id="merging",
         ),
     ],
 )
-def test_a_crash_at_a_named_point_leaves_the_same_output_after_restart(
+# A crashed process takes half a minute on a busy 2-CPU machine; seven of them, then the restart.
+@pytest.mark.timeout(900)
+def test_crashes_at_each_named_point_in_turn_leave_the_same_output_after_restart(
     kafka: Any,
     spark: Any,
     conf_dir: Path,
     dataset: str,
     clean_tables: dict[str, pd.DataFrame],
     tmp_path: Path,
-    crash_at: str,
+    crash_points: list[str],
     environ: dict[str, str],
 ) -> None:
     recovered = _crash_and_recover(
-        kafka, spark, conf_dir, dataset, tmp_path, crash_at, environ=environ
+        kafka, spark, conf_dir, dataset, tmp_path, crash_points, environ=environ
     )
     assert_same_tables(recovered, clean_tables)
 
@@ -163,8 +174,8 @@ def test_a_half_written_checkpoint_file_is_ignored_on_restart(
         conf_dir,
         dataset,
         tmp_path,
-        f"{FaultPoint.AFTER_DELTA_COMMITS}@1",
-        before_restart=leave_half_written_offsets,
+        [f"{FaultPoint.AFTER_DELTA_COMMITS}@1"],
+        before_restart={f"{FaultPoint.AFTER_DELTA_COMMITS}@1": leave_half_written_offsets},
     )
     assert_same_tables(recovered, clean_tables)
 
@@ -195,7 +206,7 @@ def test_random_crashes_leave_the_same_output_after_restart(
             position = rng.randrange(0, batches)
         crash_at = f"{point}@{position}"
         recovered = _crash_and_recover(
-            kafka, spark, conf_dir, dataset, tmp_path / f"run-{run}", crash_at
+            kafka, spark, conf_dir, dataset, tmp_path / f"run-{run}", [crash_at]
         )
         try:
             assert_same_tables(recovered, clean_tables)
