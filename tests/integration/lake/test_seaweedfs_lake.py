@@ -94,7 +94,7 @@ def committed_batches(pipeline: Pipeline) -> dict[str, int | None]:
     return {spec.name: lake.committed_batch(spec, pipeline.stream_name) for spec in ALL_TABLES}
 
 
-def test_a_crash_between_table_commits_on_seaweedfs_recovers_to_the_clean_output(
+def test_crashes_between_a_batchs_and_a_compactions_table_commits_on_seaweedfs_recover(
     kafka: Any,
     spark: Any,
     conf_dir: Path,
@@ -102,56 +102,36 @@ def test_a_crash_between_table_commits_on_seaweedfs_recovers_to_the_clean_output
     samples: list[SampleRecord],
     tmp_path: Path,
 ) -> None:
-    crashed = s3_pipeline(kafka, tmp_path / "crashed", conf_dir, seaweed, "crash")
+    """Killed between batch 1's table commits, then (the restart) between the commits of the
+    compaction after it: the last restart ends with the tables of a run without a crash."""
+    every_batch = {"TW_STREAM__COMPACT_INTERVAL": "0s"}
+    crashed = s3_pipeline(kafka, tmp_path / "crashed", conf_dir, seaweed, "crash", every_batch)
     crashed.produce_samples(samples)
     # The reference: the same topic, a local lake, no crash.
-    clean = clean_run(kafka, spark, conf_dir, tmp_path / "clean", crashed.topic, BATCH_SIZE)
+    clean = clean_run(
+        kafka, spark, conf_dir, tmp_path / "clean", crashed.topic, BATCH_SIZE, environ=every_batch
+    )
 
     def the_crash_left_batch_1_in_some_tables_only(pipeline: Pipeline) -> None:
         held = committed_batches(pipeline)
         assert 1 in held.values(), held
         assert any(batch is None or batch < 1 for batch in held.values()), held
 
-    crash_at = f"{FaultPoint.BETWEEN_TABLE_COMMITS}@1"
-    recovered = crash_and_recover(
-        crashed,
-        spark,
-        [crash_at],
-        before_restart={crash_at: the_crash_left_batch_1_in_some_tables_only},
-    )
-
-    assert_same_tables(recovered, clean)
-    assert_every_record_landed_once(crashed)
-
-
-def test_a_crash_between_a_compactions_table_commits_on_seaweedfs_recovers_to_the_clean_output(
-    kafka: Any,
-    spark: Any,
-    conf_dir: Path,
-    seaweed: LocalSeaweedFS,
-    samples: list[SampleRecord],
-    tmp_path: Path,
-) -> None:
-    every_batch = {"TW_STREAM__COMPACT_INTERVAL": "0s"}
-    crashed = s3_pipeline(
-        kafka, tmp_path / "crashed", conf_dir, seaweed, "compaction-crash", every_batch
-    )
-    crashed.produce_samples(samples)
-    clean = clean_run(
-        kafka, spark, conf_dir, tmp_path / "clean", crashed.topic, BATCH_SIZE, environ=every_batch
-    )
-
     def the_crash_left_a_table_settled_and_the_next_staged(pipeline: Pipeline) -> None:
         lake = pipeline.lake
         staged = {spec.name: len(lake.staged_files(spec)) for spec in STAGED_TABLES}
         assert staged[EVENTS.name] == 0 and sum(staged.values()) > 0, staged
 
-    crash_at = f"{FaultPoint.AFTER_COMPACTION_COMMIT}@1"
+    between_tables = f"{FaultPoint.BETWEEN_TABLE_COMMITS}@1"
+    after_compaction = f"{FaultPoint.AFTER_COMPACTION_COMMIT}@1"
     recovered = crash_and_recover(
         crashed,
         spark,
-        [crash_at],
-        before_restart={crash_at: the_crash_left_a_table_settled_and_the_next_staged},
+        [between_tables, after_compaction],
+        before_restart={
+            between_tables: the_crash_left_batch_1_in_some_tables_only,
+            after_compaction: the_crash_left_a_table_settled_and_the_next_staged,
+        },
     )
 
     # Layout columns included: each row settled where the clean run settled it.
