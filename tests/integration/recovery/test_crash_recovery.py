@@ -98,7 +98,8 @@ def _crash_and_recover(
 # Each stream below is killed at every named point of its compaction mode in turn: the restart
 # after one crash is itself killed at the next point, so each point is met by a stream that
 # recovers from the crash before it, and the last restart runs to the end. Points are listed in
-# the order a stream reaches them (Kafka offset 85 is read in batch 1 of either partition).
+# the order a stream reaches them (offset 85 of a partition is read in batch 1: a batch's 150
+# records are shared by the two partitions in proportion to their lag, about 300 each).
 # Where a row ends is its key's partition however it got there (settled after every batch, by
 # size in a merge, or from a run at the end), so one clean run is the reference for all three.
 @pytest.mark.parametrize(
