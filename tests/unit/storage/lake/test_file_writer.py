@@ -10,6 +10,7 @@ import random
 import zlib
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,7 @@ from storage.upkeep.compaction_tasks import (
     RUN_ROW_GROUP_ROWS,
     TaskWriter,
     compact_write_tasks,
+    read_staged_files,
     write_merged_files,
     write_settled_files,
     write_slice_runs,
@@ -499,3 +501,51 @@ def test_slices_hold_at_most_their_files_and_cover_every_bucket_once() -> None:
         tenant_bucket(name) for name in ("acme", "globex", "acme", "initech")
     ]
     assert tenant_bucket("acme") == zlib.crc32(b"acme") % SLICE_BUCKETS  # same on any machine
+
+
+def test_staged_files_are_read_in_the_tables_schema_whatever_schema_wrote_them(
+    tmp_path: Path,
+) -> None:
+    started = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
+    rows = pa.table(
+        {
+            "tenant": ["acme", "globex"],
+            "source": ["web", "web"],
+            "window_id": ["w1", "w2"],
+            "window_start": [started, started],
+            "window_end": [started + timedelta(minutes=1)] * 2,
+            "window_date": [started.date()] * 2,
+            "pane_index": [0, 1],
+            "timing": ["on_time", "late"],
+            "is_final": [True, False],
+            "count": [3, 4],
+            "metrics": [[("sum", 1.5)], []],
+            "merged_window_ids": [[], ["w0"]],
+            "watermark": [started, started],
+            "batch_id": [7, 8],
+        },
+        schema=WINDOWS.schema,
+    )
+    folder = tmp_path / WINDOWS.name
+    folder.mkdir()
+    pq.write_table(rows, folder / "current.parquet")
+    # As another version may have written it: narrower integers, milliseconds.
+    older = rows.cast(
+        pa.schema(
+            [
+                field.with_type(pa.int32())
+                if field.name in ("count", "batch_id")
+                else field.with_type(pa.timestamp("ms", tz="UTC"))
+                if field.name == "watermark"
+                else field
+                for field in WINDOWS.schema
+            ]
+        )
+    )
+    pq.write_table(older, folder / "older.parquet")
+
+    read = read_staged_files(str(tmp_path), None, WINDOWS.name)
+    batches = list(read(iter([pa.record_batch({"path": ["current.parquet", "older.parquet"]})])))
+
+    assert all(batch.schema == WINDOWS.schema for batch in batches)
+    assert pa.Table.from_batches(batches).to_pylist() == rows.to_pylist() * 2
