@@ -18,12 +18,11 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from infra.dev.load_generator import LoadSpec
 from infra.dev.local_process import process_state
 from storage.lake.tables import ALL_TABLES
 from streaming.checkpoint.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
 from streaming.fault_points import FaultPoint
-from tests.support.datasets import clean_run, produce_dataset, replay_pipeline
+from tests.support.datasets import FAULT_BATCH_SIZE, FAULT_LOAD, replay_pipeline
 from tests.support.pipeline_harness import Pipeline, record
 from tests.support.stream_process import (
     killed_on_exit,
@@ -41,8 +40,8 @@ from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
-BATCH_SIZE = 150
-RECORDS = 600  # four batches
+BATCH_SIZE = FAULT_BATCH_SIZE
+RECORDS = FAULT_LOAD.count  # four batches
 PAUSED_BATCH = 1
 # This 2-core machine is shared: a batch has taken 40 s here.
 WAIT_FOR_PAUSE_S = 300
@@ -58,21 +57,6 @@ MAINTENANCE_OFTEN = {
 STATE_VERSIONS = 12
 SHORT_GRACE = {"TW_STREAM__STOP_GRACE": "1s"}
 RUN_TIMEOUT_S = 300
-
-
-# Module-scoped: the stopped streams read one topic, and one run without a stop is the reference
-# for each of them (tests/conftest.py keeps the module on one worker, which builds both once).
-@pytest.fixture(scope="module")
-def dataset(kafka: Any, conf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    spec = LoadSpec(count=RECORDS, late_share=0.1, malformed_share=0.05, jitter=30_000, seed=3)
-    return produce_dataset(kafka, conf_dir, tmp_path_factory.mktemp("topic"), spec)
-
-
-@pytest.fixture(scope="module")
-def clean_tables(
-    kafka: Any, spark: Any, conf_dir: Path, dataset: str, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, pd.DataFrame]:
-    return clean_run(kafka, spark, conf_dir, tmp_path_factory.mktemp("clean"), dataset, BATCH_SIZE)
 
 
 def test_sigterm_mid_batch_commits_that_batch_exits_0_and_a_restart_matches_a_clean_run(
