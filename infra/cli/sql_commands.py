@@ -475,6 +475,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _serve_jdbc(args: argparse.Namespace) -> int:
+    import signal
     import threading
 
     from infra.service.jdbc_door import JdbcDoorError, check_loopback, serve_jdbc
@@ -484,6 +485,11 @@ def _serve_jdbc(args: argparse.Namespace) -> int:
     except JdbcDoorError as error:
         print(f"{error}", file=sys.stderr)
         return ExitCode.REFUSED
+    # SIGTERM (`kill`, a service manager's stop) stops the door as Ctrl-C does: the session
+    # stops and the thrift server's scratch folder (its metastore) goes. Killed by the signal's
+    # default action, each stop left the folder behind.
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
     with contextlib.suppress(KeyboardInterrupt):
-        serve_jdbc(settings_from(args), args.host, args.port, args.master, threading.Event())
+        serve_jdbc(settings_from(args), args.host, args.port, args.master, stop)
     return ExitCode.OK

@@ -493,7 +493,9 @@ def test_serve_jdbc_answers_beeline_as_sql_does(
     port = free_port()
     # The operator's door reads every tenant's views from the lake alone: no tenant config.
     lake = ["--lake-root", pipeline.lake.root]
-    environ = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    scratch = tmp_path / "tmp"  # where the door keeps its thrift server's metastore
+    scratch.mkdir()
+    environ = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "TMPDIR": str(scratch)}
     log_path = tmp_path / "serve-jdbc.log"
     with log_path.open("w") as log_file:
         server = subprocess.Popen(
@@ -530,10 +532,14 @@ def test_serve_jdbc_answers_beeline_as_sql_does(
     finally:
         server.terminate()
         try:
-            server.wait(timeout=60)
+            code = server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(timeout=30)
+            raise
+    # SIGTERM stops the door as Ctrl-C does: exit 0, and its scratch folder is gone.
+    assert code == 0, log_path.read_text()[-3000:]
+    assert not list(scratch.glob("tw-serve-jdbc-*")), sorted(scratch.iterdir())
 
 
 def test_serve_jdbc_refuses_an_address_other_than_loopback() -> None:
