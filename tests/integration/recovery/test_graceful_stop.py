@@ -15,14 +15,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 
+from infra.dev.load_generator import LoadSpec
 from infra.dev.local_process import process_state
 from storage.lake.tables import ALL_TABLES
 from streaming.checkpoint.checkpoint_log import COMMITS_DIR, OFFSETS_DIR, CheckpointLog
 from streaming.fault_points import FaultPoint
-from tests.support.datasets import FAULT_BATCH_SIZE, FAULT_LOAD, replay_pipeline
+from tenants.conf_reader import load_registry
+from tests.support.datasets import clean_run, sample_records
 from tests.support.pipeline_harness import Pipeline, record
 from tests.support.stream_process import (
     killed_on_exit,
@@ -40,8 +41,8 @@ from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
-BATCH_SIZE = FAULT_BATCH_SIZE
-RECORDS = FAULT_LOAD.count  # four batches
+BATCH_SIZE = 150
+RECORDS = 600  # four batches
 PAUSED_BATCH = 1
 # This 2-core machine is shared: a batch has taken 40 s here.
 WAIT_FOR_PAUSE_S = 300
@@ -55,19 +56,13 @@ MAINTENANCE_OFTEN = {
     )
 }
 STATE_VERSIONS = 12
-SHORT_GRACE = {"TW_STREAM__STOP_GRACE": "1s"}
 RUN_TIMEOUT_S = 300
 
 
 def test_sigterm_mid_batch_commits_that_batch_exits_0_and_a_restart_matches_a_clean_run(
-    kafka: Any,
-    spark: Any,
-    conf_dir: Path,
-    dataset: str,
-    clean_tables: dict[str, pd.DataFrame],
-    tmp_path: Path,
+    kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
 ) -> None:
-    stopped = replay_pipeline(kafka, conf_dir, tmp_path, dataset, BATCH_SIZE)
+    stopped = _producing_pipeline(kafka, conf_dir, tmp_path)
 
     code, output = _sigterm_while_paused(stopped, tmp_path / "stopped-run.log", hold_s=0)
 
@@ -86,36 +81,30 @@ def test_sigterm_mid_batch_commits_that_batch_exits_0_and_a_restart_matches_a_cl
     assert {spec.name: lake.committed_batch(spec, stopped.stream_name) for spec in ALL_TABLES} == {
         spec.name: committed for spec in ALL_TABLES
     }
-    _assert_a_restart_matches(stopped, spark, clean_tables)
+    _assert_a_restart_matches_a_clean_run(stopped, kafka, spark, conf_dir, tmp_path)
 
 
 def test_a_batch_outlasting_the_grace_period_is_cut_short_and_a_restart_matches_a_clean_run(
-    kafka: Any,
-    spark: Any,
-    conf_dir: Path,
-    dataset: str,
-    clean_tables: dict[str, pd.DataFrame],
-    tmp_path: Path,
+    kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
 ) -> None:
-    stopped = replay_pipeline(kafka, conf_dir, tmp_path, dataset, BATCH_SIZE, environ=SHORT_GRACE)
+    stopped = _producing_pipeline(
+        kafka, conf_dir, tmp_path, environ={"TW_STREAM__STOP_GRACE": "1s"}
+    )
 
     # Each table commit of the batch is held longer than the whole grace period.
     code, output = _sigterm_while_paused(stopped, tmp_path / "stopped-run.log", hold_s=3)
 
     assert code == 0, output[-3000:]
     assert f"batch {PAUSED_BATCH} did not finish within the grace period" in output, output[-3000:]
-    _assert_a_restart_matches(stopped, spark, clean_tables)
+    _assert_a_restart_matches_a_clean_run(stopped, kafka, spark, conf_dir, tmp_path)
 
 
 def test_a_stop_past_the_grace_period_interrupts_a_spark_job_without_a_trace(
-    kafka: Any,
-    spark: Any,
-    conf_dir: Path,
-    dataset: str,
-    clean_tables: dict[str, pd.DataFrame],
-    tmp_path: Path,
+    kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
 ) -> None:
-    stopped = replay_pipeline(kafka, conf_dir, tmp_path, dataset, BATCH_SIZE, environ=SHORT_GRACE)
+    stopped = _producing_pipeline(
+        kafka, conf_dir, tmp_path, environ={"TW_STREAM__STOP_GRACE": "1s"}
+    )
     log_path = tmp_path / "stopped-run.log"
     # The state function's Python workers stop: the driver waits in the batch's Spark job.
     fault = ["--pause-at", FaultPoint.STATE_FUNCTION]
@@ -132,7 +121,7 @@ def test_a_stop_past_the_grace_period_interrupts_a_spark_job_without_a_trace(
     assert "batch 0 did not finish within the grace period" in output, output[-3000:]
     assert "batch 0 had begun as the stream stopped" in output, output[-3000:]
     _assert_no_trace(output)
-    _assert_a_restart_matches(stopped, spark, clean_tables)
+    _assert_a_restart_matches_a_clean_run(stopped, kafka, spark, conf_dir, tmp_path)
 
 
 def test_sigterm_of_a_running_stream_exits_0_without_a_java_trace(
@@ -162,6 +151,24 @@ def test_sigterm_of_a_running_stream_exits_0_without_a_java_trace(
     assert not events.duplicated(["partition", "offset"]).any(), "a record landed twice"
 
 
+def _producing_pipeline(
+    kafka: Any, conf_dir: Path, tmp_path: Path, environ: dict[str, str] | None = None
+) -> Pipeline:
+    registry = load_registry(conf_dir)
+    spec = LoadSpec(count=RECORDS, late_share=0.1, malformed_share=0.05, jitter=30_000, seed=3)
+    samples = sample_records(registry, spec)
+    pipeline = Pipeline.create(
+        kafka,
+        tmp_path / "stopped",
+        conf_dir,
+        partitions=2,
+        max_offsets_per_trigger=BATCH_SIZE,
+        environ=dict(environ or {}),
+    )
+    pipeline.produce_samples(samples)
+    return pipeline
+
+
 def _sigterm_while_paused(pipeline: Pipeline, log_path: Path, hold_s: float) -> tuple[int, str]:
     """Run the stream held at each table commit of `PAUSED_BATCH` (`hold_s` each time), send
     SIGTERM at the first hold; the exit code and the output."""
@@ -183,11 +190,12 @@ def _sigterm_while_paused(pipeline: Pipeline, log_path: Path, hold_s: float) -> 
     return code, log_path.read_text()
 
 
-def _assert_a_restart_matches(
-    stopped: Pipeline, spark: Any, clean_tables: dict[str, pd.DataFrame]
+def _assert_a_restart_matches_a_clean_run(
+    stopped: Pipeline, kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
 ) -> None:
     stopped.run_available_now(spark)
-    assert_same_tables(snapshot(stopped), clean_tables)
+    clean = clean_run(kafka, spark, conf_dir, tmp_path / "clean", stopped.topic, BATCH_SIZE)
+    assert_same_tables(snapshot(stopped), clean)
     assert_every_record_landed_once(stopped)
 
 
