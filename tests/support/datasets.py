@@ -19,8 +19,8 @@ from tests.support.pipeline_harness import Broker, Pipeline
 from tests.support.table_snapshots import snapshot
 
 FAULT_LOAD = LoadSpec(count=600, late_share=0.1, malformed_share=0.05, jitter=30_000, seed=3)
-"""The load the crash and stop tests replay (tests/integration/recovery/conftest.py): some of it
-late, some malformed, keys spread over both partitions."""
+"""The load the crash tests replay (tests/integration/recovery/conftest.py): some of it late,
+some malformed, keys spread over both partitions."""
 FAULT_BATCH_SIZE = 150
 """Records a micro-batch of those tests: `FAULT_LOAD` in four batches."""
 COMPACT_EVERY_BATCH = {"TW_STREAM__COMPACT_INTERVAL": "0s"}

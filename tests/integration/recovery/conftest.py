@@ -1,5 +1,5 @@
-"""What the crash and stop tests' streams read, and the tables they must end with: one topic of
-sample load (`FAULT_LOAD`) and the tables a run without a fault writes from it.
+"""What the crash tests' streams read, and the tables they must end with: one topic of sample
+load (`FAULT_LOAD`) and the tables a run without a fault writes from it.
 
 Module-scoped: a module's tests then run on one worker (tests/conftest.py), which builds both
 once. Session-scoped, each worker that drew one of its tests built them again, and spreading the
