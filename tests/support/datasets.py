@@ -18,15 +18,6 @@ from tenants.registry import TenantRegistry
 from tests.support.pipeline_harness import Broker, Pipeline
 from tests.support.table_snapshots import snapshot
 
-FAULT_LOAD = LoadSpec(count=600, late_share=0.1, malformed_share=0.05, jitter=30_000, seed=3)
-"""The load the crash tests replay (tests/integration/recovery/conftest.py): some of it late,
-some malformed, keys spread over both partitions."""
-FAULT_BATCH_SIZE = 150
-"""Records a micro-batch of those tests: `FAULT_LOAD` in four batches."""
-COMPACT_EVERY_BATCH = {"TW_STREAM__COMPACT_INTERVAL": "0s"}
-"""Staged rows settle after every batch, so every fault meets a compaction too, and the tables
-compared include where each row is (staged or settled)."""
-
 
 def sample_records(registry: TenantRegistry, spec: LoadSpec) -> Iterator[SampleRecord]:
     """`spec`'s records, each source's event time in the format the registry gives it."""

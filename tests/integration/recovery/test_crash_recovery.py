@@ -19,13 +19,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from infra.dev.load_generator import LoadSpec
 from streaming.fault_points import DELIVERY_POINTS, REPROCESS_POINTS, FaultPoint
-from tests.support.datasets import (
-    COMPACT_EVERY_BATCH,
-    FAULT_BATCH_SIZE,
-    FAULT_LOAD,
-    replay_pipeline,
-)
+from tests.support.datasets import clean_run, produce_dataset, replay_pipeline
 from tests.support.pipeline_harness import Pipeline
 from tests.support.stream_process import (
     crash_and_recover,
@@ -38,8 +34,8 @@ from tests.support.table_snapshots import assert_same_tables
 
 pytestmark = pytest.mark.integration
 
-BATCH_SIZE = FAULT_BATCH_SIZE
-RECORDS = FAULT_LOAD.count  # four batches
+BATCH_SIZE = 150
+RECORDS = 600  # four batches
 RANDOM_CRASHES = int(os.environ.get("TENANT_WINDOWS_RANDOM_CRASHES", "3"))
 LAST_DATA_BATCH = RECORDS // BATCH_SIZE - 1
 # Batches the continuous restart runs after the data, without records; they fire timeouts.
@@ -50,6 +46,9 @@ EMPTY_BATCHES = 3
 RESTART_TRIGGER_INTERVAL = "5s"
 RESTART_TIMEOUT_S = 300
 PROGRESS_LOGGER = "tenant_windows.progress"
+# Staged rows settle after every batch, so every crash point meets a compaction too, and the
+# tables compared include where each row is (staged or settled).
+COMPACT_EVERY_BATCH = {"TW_STREAM__COMPACT_INTERVAL": "0s"}
 # Compaction after every batch that settles each table in slices of a few files: a crash
 # between two slices' commits restarts to the same tables as a run that settles in one commit.
 SLICED_EVERY_BATCH = {**COMPACT_EVERY_BATCH, "TW_STREAM__SETTLE_SLICE_FILES": "2"}
@@ -60,6 +59,26 @@ MERGE_EVERY_BATCH = {
     "TW_STREAM__MERGE_INTERVAL": "1ms",
     "TW_STREAM__SETTLE_ROWS": "25",
 }
+
+
+# Module-scoped: the module's tests then run on one worker (tests/conftest.py), which builds the
+# topic and the clean run once. Session-scoped, each worker that drew one of its tests built them
+# again, and spreading the tests gains nothing on a suite that keeps both cores busy.
+@pytest.fixture(scope="module")
+def dataset(kafka: Any, conf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One topic every run reads from the start, so runs differ only by their crash."""
+    spec = LoadSpec(count=RECORDS, late_share=0.1, malformed_share=0.05, jitter=30_000, seed=3)
+    return produce_dataset(kafka, conf_dir, tmp_path_factory.mktemp("topic"), spec)
+
+
+@pytest.fixture(scope="module")
+def clean_tables(
+    kafka: Any, spark: Any, conf_dir: Path, dataset: str, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, pd.DataFrame]:
+    workdir = tmp_path_factory.mktemp("clean")
+    return clean_run(
+        kafka, spark, conf_dir, workdir, dataset, BATCH_SIZE, environ=dict(COMPACT_EVERY_BATCH)
+    )
 
 
 def _crash_and_recover(
@@ -81,6 +100,8 @@ def _crash_and_recover(
 # recovers from the crash before it, and the last restart runs to the end. Points are listed in
 # the order a stream reaches them (offset 85 of a partition is read in batch 1: a batch's 150
 # records are shared by the two partitions in proportion to their lag, about 300 each).
+# Where a row ends is its key's partition however it got there (settled after every batch, by
+# size in a merge, or from a run at the end), so one clean run is the reference for all three.
 @pytest.mark.parametrize(
     ("crash_points", "environ"),
     [
