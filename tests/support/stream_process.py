@@ -98,15 +98,13 @@ def run_process(
         return wait_or_kill(start_process(pipeline, log, environ, fault=fault), timeout_s)
 
 
-def crash_and_recover(
+def crash_in_turn(
     pipeline: Pipeline,
-    spark: Any,
     crash_points: Sequence[str],
     before_restart: Mapping[str, Callable[[Pipeline], None]] | None = None,
-) -> dict[str, pd.DataFrame]:
+) -> None:
     """Run the stream as a process until the fault hook kills it at the first of `crash_points`,
-    restart it as a process killed at the next one, and so on; then restart it in `spark`, run
-    it to its end and snapshot the tables.
+    restart it as a process killed at the next one, and so on.
 
     Each point must be one the restart before it reaches: its batch is the one the crash before
     cut short, or a later one. `before_restart` maps a point to what to do with the lake after
@@ -121,5 +119,16 @@ def crash_and_recover(
         )
         if before_restart is not None and crash_at in before_restart:
             before_restart[crash_at](pipeline)
+
+
+def crash_and_recover(
+    pipeline: Pipeline,
+    spark: Any,
+    crash_points: Sequence[str],
+    before_restart: Mapping[str, Callable[[Pipeline], None]] | None = None,
+) -> dict[str, pd.DataFrame]:
+    """`crash_in_turn`, then restart the stream in `spark`, run it to its end and snapshot the
+    tables."""
+    crash_in_turn(pipeline, crash_points, before_restart)
     pipeline.run_available_now(spark)
     return snapshot(pipeline)

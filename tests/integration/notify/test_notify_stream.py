@@ -9,7 +9,6 @@ and `tenant-windows notify retry` delivers it once it recovers.
 from __future__ import annotations
 
 import json
-import signal
 import threading
 from collections import defaultdict
 from collections.abc import Iterator
@@ -31,7 +30,7 @@ from tenants.conf_reader import load_registry
 from tests.support.datasets import produce_dataset
 from tests.support.pipeline_harness import Pipeline
 from tests.support.sample_conf import copy_conf
-from tests.support.stream_process import run_process
+from tests.support.stream_process import crash_in_turn
 from tests.support.webhook_receiver import Receiver, serve
 
 pytestmark = pytest.mark.integration
@@ -198,10 +197,7 @@ def test_crashes_anywhere_still_announce_each_committed_pane_once_per_key(
     monkeypatch.setenv(ACME_HOOK_VARIABLE, acme_url)
     conf = notify_conf(conf_dir, tmp_path, base_url, run, globex="globex")
     pipeline = make_pipeline(kafka, tmp_path, conf, topic, run)
-    for number, crash_at in enumerate(CRASH_POINTS):
-        log_path = tmp_path / f"crashed-run-{number}.log"
-        code = run_process(pipeline, log_path, fault=["--crash-at", crash_at])
-        assert code == -signal.SIGKILL, f"no crash at {crash_at}:\n" + log_path.read_text()[-3000:]
+    crash_in_turn(pipeline, CRASH_POINTS)
 
     run_and_deliver(pipeline, spark)
 
