@@ -189,10 +189,10 @@ class DeltaLake:
             )
 
     def read_newest(
-        self, spec: TableSpec, columns: list[str], enough: Callable[[pa.Table], bool]
+        self, spec: TableSpec, columns: list[str], enough: Callable[[pa.Table, int], bool]
     ) -> pa.Table:
         """The table's rows from its newest batches back, until `enough` of them are read
-        (`storage.lake.snapshot_reader.read_newest_first`)."""
+        (`storage.lake.snapshot_reader.read_newest_first`, which says what `enough` is told)."""
         with reaching(self.root, self.storage_options, f"reading table {spec.name}"):
             return read_newest_first(
                 self.open(spec), spec.schema, self.storage_options, columns, enough
@@ -240,33 +240,37 @@ class DeltaLake:
         }
 
     def optimize(self, target_file_bytes: int | None = None) -> dict[str, TableMaintenance]:
-        """Compact each table's small files and write a log checkpoint, per table.
+        """Compact each table's small files and write a log checkpoint, per table
+        (`compact_small_files`).
 
         Executors write a file per partition and task each batch, so at thousands of tenants a
-        table gathers thousands of small files; readers then pay per file. Compaction rewrites
-        them into files of about `target_file_bytes` (delta-rs's default when None); the
-        checkpoint keeps opening a table fast as its log grows. Data is unchanged: the commits
-        carry `dataChange = false`, and the stream's own commits retry around them.
+        table gathers thousands of small files; readers then pay per file. The checkpoint keeps
+        opening a table fast as its log grows.
         """
-        done = {}
-        for spec in LAKE_TABLES:
-            with reaching(self.root, self.storage_options, f"optimizing table {spec.name}"):
-                table = self.open(spec)
-                # Staged files are the stream's to settle: merged here, they would settle only
-                # as files of no stream (`storage.upkeep.compaction` still takes them, later).
-                metrics = table.optimize.compact(
-                    partition_filters=(
-                        [(spec.partition_by[0], "!=", STAGED)] if spec.staged else None
-                    ),
-                    target_size=target_file_bytes,
-                )
-            self.checkpoint_log(spec)
-            done[spec.name] = TableMaintenance(
-                files_removed=int(metrics.get("numFilesRemoved", 0)),
-                files_added=int(metrics.get("numFilesAdded", 0)),
-                version=table.version(),
+        return {
+            spec.name: self.compact_small_files(spec, target_file_bytes) for spec in LAKE_TABLES
+        }
+
+    def compact_small_files(
+        self, spec: TableSpec, target_file_bytes: int | None = None
+    ) -> TableMaintenance:
+        """Rewrite `spec`'s small files into files of about `target_file_bytes` (delta-rs's
+        default when None) and checkpoint its log. Data is unchanged: the commit carries
+        `dataChange = false`, and the stream's own commits retry around it."""
+        with reaching(self.root, self.storage_options, f"optimizing table {spec.name}"):
+            table = self.open(spec)
+            # Staged files are the stream's to settle: merged here, they would settle only
+            # as files of no stream (`storage.upkeep.compaction` still takes them, later).
+            metrics = table.optimize.compact(
+                partition_filters=([(spec.partition_by[0], "!=", STAGED)] if spec.staged else None),
+                target_size=target_file_bytes,
             )
-        return done
+        self.checkpoint_log(spec)
+        return TableMaintenance(
+            files_removed=int(metrics.get("numFilesRemoved", 0)),
+            files_added=int(metrics.get("numFilesAdded", 0)),
+            version=table.version(),
+        )
 
     def commit_files(
         self,

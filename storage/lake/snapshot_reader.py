@@ -154,20 +154,27 @@ def read_newest_first(
     schema: pa.Schema,
     storage_options: Mapping[str, str] | None,
     columns: Sequence[str],
-    enough: Callable[[pa.Table], bool],
+    enough: Callable[[pa.Table, int], bool],
     files_per_read: int = 64,
 ) -> pa.Table:
     """The rows of the loaded version's newest files (by their `batch_id` statistics), read a
-    group of files at a time until `enough` says the rows read so far suffice, or all are read.
+    group of files at a time until `enough(rows, unread_batch_id)` says the rows read so far
+    suffice, `unread_batch_id` being the highest `batch_id` a file not read yet may hold; or
+    until all are read.
 
-    For "the latest row per key" in an append-only history: once every key has been seen, older
-    files cannot hold a later row of any of them, so the read stops at the history's recent end.
+    For "the latest row per key" in an append-only history: once each key's newest row read is
+    at least as new as anything left, the read stops at the history's recent end. A packed file
+    (`optimize`, compaction) spans many batches, so having seen a key is not enough: an older
+    row of it may have been read from a packed file while a file left holds a newer one.
     """
     actions = pa.table(table.get_add_actions(flatten=True))
     if actions.num_rows == 0:
         return read_snapshot(table, schema, storage_options, columns, files=[])
-    if "max.batch_id" in actions.column_names:
-        actions = actions.sort_by([("max.batch_id", "descending")])  # no statistics: last
+    if "max.batch_id" not in actions.column_names:
+        return read_snapshot(table, schema, storage_options, columns)
+    # Files without statistics sort last and may hold any batch: no read stops before them.
+    actions = actions.sort_by([("max.batch_id", "descending")])
+    newest = actions["max.batch_id"].to_pylist()
     by_path = {_relative(uri, table.table_uri): uri for uri in table.file_uris()}
     uris = [by_path[unquote(path)] for path in actions["path"].to_pylist()]
     parts = []
@@ -175,7 +182,8 @@ def read_newest_first(
         chunk = uris[first : first + files_per_read]
         parts.append(read_snapshot(table, schema, storage_options, columns, files=chunk))
         rows = pa.concat_tables(parts)
-        if enough(rows):
+        unread = newest[first + files_per_read :]
+        if unread and None not in unread and enough(rows, unread[0]):
             return rows
     return pa.concat_tables(parts)
 

@@ -226,6 +226,9 @@ REPROCESS_PLANS_DIR = "_reprocess"
 (`streaming.repair.reprocess`)."""
 LAKE_TABLES = (*ALL_TABLES, DELIVERIES)
 """Every table under the lake root: what is created, vacuumed and optimized."""
+APPENDED_TABLES = tuple(spec for spec in LAKE_TABLES if not spec.staged)
+"""The tables whose rows go straight to their partitions, a file per batch and task (per
+delivery for `deliveries`), with no stream to settle them: compaction packs their small files."""
 
 
 UNION_ROWS = pa.schema(

@@ -69,6 +69,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -81,7 +82,7 @@ from storage.lake.file_names import (
     write_task_of_staged_file,
 )
 from storage.lake.file_writer import MapInArrow
-from storage.lake.tables import STAGED_TABLES, TableSpec
+from storage.lake.tables import APPENDED_TABLES, STAGED_TABLES, TableSpec
 from storage.lake.written_files import WrittenFile
 from storage.upkeep.compaction_manifests import MANIFEST_DDL, Manifests
 from storage.upkeep.compaction_tasks import (
@@ -89,6 +90,7 @@ from storage.upkeep.compaction_tasks import (
     compact_write_tasks,
     in_spark_task,
     read_staged_files,
+    returning_memory,
     write_merged_files,
     write_settled_files,
     write_slice_runs,
@@ -109,6 +111,11 @@ log = logging.getLogger(__name__)
 SETTLE_ATTEMPTS = 5
 MANIFESTS_FOLDER = "_compaction_manifests"
 """Under the lake's root: the lists of files a compaction's tasks wrote, while it runs."""
+PACK_FILES = 100
+"""An appended table (`APPENDED_TABLES`) is packed by the compaction that finds this many files
+in it: at a 1 s trigger `tenant_status` gains a file or more a second, so unpacked it held
+thousands within the hour, and every reader and the driver's snapshot of the table paid per
+file; a short run never reaches it."""
 
 
 @dataclass(frozen=True)
@@ -189,7 +196,30 @@ class Compaction:
             if result is not None:
                 done.append(result)
                 after_table()
+        self.pack_appended_tables()
         return done
+
+    def pack_appended_tables(self) -> None:
+        """Rewrite each appended table's small files into few, once it holds `PACK_FILES`.
+        Their rows are unchanged, so it needs no fence; a commit that lands first (another
+        stream's packing, a purge) makes it give way to the next compaction."""
+        for spec in APPENDED_TABLES:
+            if len(self.lake.open(spec).file_uris()) >= PACK_FILES:
+                self._pack(spec)
+
+    def _pack(self, spec: TableSpec) -> None:
+        try:
+            packed = self.lake.compact_small_files(spec)
+        except CommitFailedError as error:
+            log.info("packing %s gave way to another commit: %s", spec.name, error)
+            return
+        log.info(
+            "packed %s: %d small files into %d, version %d",
+            spec.name,
+            packed.files_removed,
+            packed.files_added,
+            packed.version,
+        )
 
     def _write_beside(
         self, write: Callable[[TableSpec], _Written | None], spec: TableSpec
@@ -301,14 +331,16 @@ class Compaction:
         the manifests listing what it wrote."""
         by_task = staged_by_write_task(staged)
         if by_task is None:
-            files = self._shuffled(spark, spec, staged, manifests.listing(in_spark_task(writer)))
+            files = self._shuffled(
+                spark, spec, staged, returning_memory(manifests.listing(in_spark_task(writer)))
+            )
         else:
             tasks = min(len(by_task), self.tasks)
             compact = compact_write_tasks(
                 self.lake.root, self.lake.storage_options, spec.name, by_task, tasks, writer
             )
             files = spark.range(tasks, numPartitions=tasks).mapInArrow(
-                manifests.listing(compact), MANIFEST_DDL
+                returning_memory(manifests.listing(compact)), MANIFEST_DDL
             )
         # The file list reaches the driver through one manifest per task, never through the JVM
         # (`Manifests`).

@@ -207,7 +207,7 @@ def key_status_section(
     configured = set(registry().configured_keys())
     note = "trailing_s: newest event time minus the watermark"
     try:
-        latest = _latest_rows(lake, configured)
+        latest = latest_status_rows(lake, configured)
     except TableNotFoundError:
         # Not delta-rs's "Local path ... does not exist": the lake section says what to give.
         latest = latest_per_key(TENANT_STATUS.schema.empty_table())
@@ -218,24 +218,31 @@ def key_status_section(
     return StatusSection(title=KEYS, rows=[rows[key] for key in sorted(rows)], note=note)
 
 
-def _latest_rows(lake: DeltaLake, configured: set[tuple[str, str]]) -> pa.Table:
+def latest_status_rows(lake: DeltaLake, configured: set[tuple[str, str]]) -> pa.Table:
     """The latest `tenant_status` row per key. The table is every key's history: it is read
     from its newest batches back, only until every configured key has a row (a key gets one in
-    the batch it is configured), not all of it. Keys no longer configured are in it if their
-    last row is that recent."""
+    the batch it is configured) no older than any row left unread, not all of it. Keys no
+    longer configured are in it if their last row is that recent."""
 
-    def every_configured_key_seen(rows: pa.Table) -> bool:
-        seen = zip(rows["tenant"].to_pylist(), rows["source"].to_pylist(), strict=True)
-        return configured <= set(seen)
+    def every_configured_key_latest(rows: pa.Table, unread_batch_id: int) -> bool:
+        newest = rows.group_by(["tenant", "source"]).aggregate([("batch_id", "max")])
+        read = dict(
+            zip(
+                zip(newest["tenant"].to_pylist(), newest["source"].to_pylist(), strict=True),
+                newest["batch_id_max"].to_pylist(),
+                strict=True,
+            )
+        )
+        return all(read.get(key, -1) >= unread_batch_id for key in configured)
 
     columns = ["tenant", "source", *_KEY_COLUMNS]
-    return latest_per_key(lake.read_newest(TENANT_STATUS, columns, every_configured_key_seen))
+    return latest_per_key(lake.read_newest(TENANT_STATUS, columns, every_configured_key_latest))
 
 
 def slowest_keys(lake: DeltaLake, registry: TenantRegistry) -> dict[str, tuple[str, int]]:
     """Each tenant's slowest key: its source and watermark (ms), from the keys' latest
     `tenant_status` rows; tenants without a watermark yet are left out."""
-    latest = _latest_rows(lake, set(registry.configured_keys()))
+    latest = latest_status_rows(lake, set(registry.configured_keys()))
     with_watermark = latest.filter(pc.is_valid(latest["watermark"])).sort_by(
         [("tenant", "ascending"), ("watermark", "ascending"), ("source", "ascending")]
     )

@@ -9,13 +9,14 @@ do, only called directly (a compaction's Spark job only moves the same rows betw
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from storage.lake.commits import FencedError
 from storage.lake.delta_lake import DeltaLake
@@ -27,8 +28,9 @@ from storage.lake.table_files import TableFiles
 from storage.lake.tables import EVENTS, STAGED, TENANT_STATUS
 from storage.lake.writer_lease import WriterLease
 from storage.lake.written_files import WrittenFile
+from storage.upkeep.compaction import PACK_FILES, Compaction
 from storage.upkeep.compaction_tasks import read_staged_files, write_settled_files
-from streaming.observe.stream_status import latest_per_key
+from streaming.observe.stream_status import latest_per_key, latest_status_rows
 from streaming.state.configured_status import status_rows
 from streaming.state.union_rows import union_table
 from tenants.settings import StreamSettings
@@ -301,17 +303,97 @@ def test_the_latest_row_per_key_is_read_from_the_newest_batches_only(tmp_path: P
         files = [WrittenFile.from_row(row) for batch in written for row in batch.to_pylist()]
         assert lake.commit_files(TENANT_STATUS, files, "orders", batch_id, epoch)
 
-    def every_key_seen(rows: pa.Table) -> bool:
-        seen = zip(rows["tenant"].to_pylist(), rows["source"].to_pylist(), strict=True)
-        return set(keys) <= set(seen)
-
     columns = TENANT_STATUS.schema.names
     read = read_newest_first(
-        lake.open(TENANT_STATUS), TENANT_STATUS.schema, None, columns, every_key_seen, 2
+        lake.open(TENANT_STATUS), TENANT_STATUS.schema, None, columns, every_key_latest(keys), 2
     )
     assert min(read["batch_id"].to_pylist()) >= 24  # 6 of 30 files, in 3 reads of 2
     everything = lake.read_arrow(TENANT_STATUS, columns=columns)
     assert latest_per_key(read).equals(latest_per_key(everything))
+
+
+def every_key_latest(keys: list[tuple[str, str]]) -> Callable[[pa.Table, int], bool]:
+    """`read_newest_first`'s `enough` for the latest row of each of `keys`."""
+
+    def enough(rows: pa.Table, unread_batch_id: int) -> bool:
+        latest = latest_per_key(rows)
+        newest = dict(
+            zip(
+                zip(latest["tenant"].to_pylist(), latest["source"].to_pylist(), strict=True),
+                latest["batch_id"].to_pylist(),
+                strict=True,
+            )
+        )
+        return all(newest.get(key, -1) >= unread_batch_id for key in keys)
+
+    return enough
+
+
+def _commit_status(lake: DeltaLake, epoch: int, batch_id: int, keys: list[tuple[str, str]]) -> None:
+    target = BatchFiles(lake.root, None, "orders", epoch, batch_id, (TENANT_STATUS.name,))
+    rows = status_rows(keys, T0_MS + batch_id)
+    written = write_task_files(target, lambda: 0)(iter(packed_table(rows).to_batches()))
+    files = [WrittenFile.from_row(row) for batch in written for row in batch.to_pylist()]
+    assert lake.commit_files(TENANT_STATUS, files, "orders", batch_id, epoch)
+
+
+def _status_history(rows: list[tuple[str, str, int]]) -> pa.Table:
+    """`tenant_status` rows of (tenant, source, batch_id), the other columns null."""
+    return pa.Table.from_pylist(
+        [{"tenant": tenant, "source": source, "batch_id": batch} for tenant, source, batch in rows],
+        schema=TENANT_STATUS.schema,
+    )
+
+
+def test_a_key_s_latest_status_row_is_found_when_a_packed_file_spans_many_batches(
+    tmp_path: Path,
+) -> None:
+    lake = _lake(tmp_path)
+    uri = lake.table_uri(TENANT_STATUS)
+    # A packed file read first (its newest batch is 100) holds acme/web's batch 0; the newest
+    # read of 64 files sees every key; acme/web's batch 20 is in the 65th file only.
+    write_deltalake(
+        uri, _status_history([("acme", "web", 0), ("globex", "web", 100)]), mode="append"
+    )
+    for batch in range(37, 100):
+        write_deltalake(uri, _status_history([("initech", "web", batch)]), mode="append")
+    write_deltalake(uri, _status_history([("acme", "web", 20)]), mode="append")
+
+    keys = {("acme", "web"), ("globex", "web"), ("initech", "web")}
+    latest = latest_status_rows(lake, keys)
+
+    newest = dict(zip(latest["tenant"].to_pylist(), latest["batch_id"].to_pylist(), strict=True))
+    assert newest == {"acme": 20, "globex": 100, "initech": 99}
+
+
+def test_compaction_packs_the_status_history_once_it_holds_many_files_and_keeps_every_row(
+    tmp_path: Path,
+) -> None:
+    lake = _lake(tmp_path)
+    epoch = WriterLease.for_stream(lake, StreamSettings(name="orders")).acquire()
+    keys = [("acme", "web"), ("acme", "billing"), ("globex", "web")]
+    compaction = Compaction(lake, "orders", epoch, tasks=1)
+    for batch_id in range(PACK_FILES):
+        compaction.pack_appended_tables()  # fewer files than PACK_FILES: left as they are
+        # Every key until batch 24, then acme/web alone: the others' latest rows get packed.
+        _commit_status(lake, epoch, batch_id, keys if batch_id <= 24 else keys[:1])
+    assert len(lake.open(TENANT_STATUS).file_uris()) == PACK_FILES
+    before = lake.read_arrow(TENANT_STATUS).sort_by(
+        [("batch_id", "ascending"), ("source", "ascending")]
+    )
+
+    compaction.pack_appended_tables()
+    _commit_status(lake, epoch, PACK_FILES, keys[:1])  # the stream goes on appending
+
+    assert len(lake.open(TENANT_STATUS).file_uris()) == 2
+    after = lake.read_arrow(TENANT_STATUS).sort_by(
+        [("batch_id", "ascending"), ("source", "ascending")]
+    )
+    assert after.slice(0, before.num_rows).equals(before)
+    assert after.num_rows == before.num_rows + 1
+    latest = latest_status_rows(lake, set(keys))
+    assert latest.equals(latest_per_key(after))
+    assert latest["batch_id"].to_pylist() == [24, PACK_FILES, 24]  # acme/billing, acme/web, globex
 
 
 def test_one_tenants_files_are_its_partition_and_the_staged_files_that_may_hold_it(
