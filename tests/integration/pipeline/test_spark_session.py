@@ -22,3 +22,16 @@ def test_spark_python_processes_import_the_installed_pyspark_not_its_zip(spark: 
     imported_from = spark.sparkContext.parallelize([0], 1).map(_pyspark_file).collect()
     assert imported_from == [pyspark.__file__]
     assert ".zip" not in imported_from[0]
+
+
+def _arrow_pool(_: object) -> str:
+    import pyarrow as pa
+
+    return pa.default_memory_pool().backend_name
+
+
+def test_python_workers_allocate_arrow_buffers_with_the_system_allocator(spark: Any) -> None:
+    # Workers outlive every task: Arrow's own pool kept each one's largest task's memory for
+    # good (`WORKER_ALLOCATOR_ENV`).
+    pools = spark.sparkContext.parallelize([0, 1], 2).map(_arrow_pool).collect()
+    assert pools == ["system", "system"]
