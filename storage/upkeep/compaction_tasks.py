@@ -27,6 +27,7 @@ from storage.lake.lake_filesystem import filesystem_of
 from storage.lake.tables import ALL_TABLES, with_layout
 from storage.lake.written_files import WrittenFile, written_batch
 from storage.upkeep.settle_slices import slice_digest, tenant_buckets
+from storage.upkeep.worker_memory import returning_what_it_takes
 
 _SPECS = {spec.name: spec for spec in ALL_TABLES}
 RUN_ROW_GROUP_ROWS = 8_192
@@ -94,18 +95,13 @@ def compact_write_tasks(
 
 
 def returning_memory(task: MapInArrow) -> MapInArrow:
-    """`task`, after which its worker returns the memory Arrow freed to the system.
-
-    A compaction task holds thousands of staged files' rows at once, the most a worker ever
-    allocates, and Arrow's pool (mimalloc) keeps freed memory for reuse. A reused worker then
-    kept each compaction's peak for good: in an hour-long stream the workers grew in steps, one
-    per compaction that outgrew the last, while the batches between need a fraction of it."""
+    """`task`, after which its worker gives back what it took (`returning_what_it_takes`): a
+    compaction task holds thousands of staged files' rows at once, the most a worker ever
+    allocates, and Spark reuses the worker for every batch after it."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        try:
+        with returning_what_it_takes():
             yield from task(batches)
-        finally:
-            pa.default_memory_pool().release_unused()
 
     return run
 

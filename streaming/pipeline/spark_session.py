@@ -24,8 +24,7 @@ QUICK_JIT = "-XX:TieredStopAtLevel=1"
 # Spark's Python workers live as long as the stream, and the largest allocations are theirs (a
 # compaction task holds thousands of staged files' rows). Arrow's own pool (mimalloc) kept what
 # a task freed for reuse, so each worker kept its largest task's peak for good; on glibc's
-# allocator a worker returns it (`worker_daemon.return_large_buffers`, and the compaction tasks'
-# `release_unused`). Same speed: 20,776-22,358 records/s steady with mimalloc, 21,636-23,566
+# allocator a worker returns it (`storage.upkeep.worker_memory`). Same speed: 20,776-22,358 records/s steady with mimalloc, 21,636-23,566
 # with the system's (`scale --tenants 10 --stages product`, paired runs).
 WORKER_ALLOCATOR_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system"}
 

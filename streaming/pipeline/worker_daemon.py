@@ -8,8 +8,6 @@ time. Imported here, before the daemon forks, a worker starts with them in memor
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import importlib
 import logging
 import threading
@@ -18,6 +16,8 @@ from collections.abc import Iterator
 import pyarrow as pa
 from pyspark import daemon
 from pyspark.sql import SparkSession
+
+from storage.upkeep.worker_memory import return_large_buffers
 
 PRELOADED = (
     "confluent_kafka",
@@ -35,14 +35,6 @@ PRELOADED = (
 and the file writer, and their pandas and pyarrow."""
 
 log = logging.getLogger(__name__)
-
-# glibc's `mallopt` parameters (malloc.h).
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-LARGE_BUFFER_BYTES = 4 << 20
-"""A worker's buffers this large are mapped on their own and unmapped as they are freed."""
-TRIM_THRESHOLD_BYTES = 64 << 20
-"""Free memory at the heap's top a worker keeps for the next batch instead of returning it."""
 
 
 def start_workers(spark: SparkSession) -> None:
@@ -67,23 +59,6 @@ def start_workers_beside(spark: SparkSession) -> None:
 
 def _same(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     yield from batches
-
-
-def return_large_buffers() -> None:
-    """Make glibc give a worker's large buffers back to the system as they are freed.
-
-    Workers live as long as the stream. glibc raises its mmap threshold to the largest buffer
-    freed so far (up to 32 MiB), after which such buffers come from the heap, and a heap keeps
-    what its largest task (a compaction's) left there: each worker grew by a compaction's peak,
-    again and again, for hours. A fixed threshold keeps large buffers out of the heap; the trim
-    threshold keeps the batches' smaller ones from being returned and asked for again every
-    batch. Nothing to do under another C library."""
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    if libc is None or not hasattr(libc, "mallopt"):
-        return
-    libc.mallopt(_M_MMAP_THRESHOLD, LARGE_BUFFER_BYTES)
-    libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
 
 
 if __name__ == "__main__":
