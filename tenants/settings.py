@@ -323,7 +323,8 @@ class StreamSettings(_Frozen):
             "a new interval of this length (at most `compact_interval`) and runs beside the "
             "batches that follow. It merges the batches' staged files into one run per write "
             "task and settles the keys worth a file, so a query reads a few staged files, not "
-            "one per batch and task."
+            "one per batch and task; it also packs `tenant_status`, `quarantine` and "
+            "`deliveries` once one holds 100 files."
         ),
     )
     settle_rows: int = Field(
