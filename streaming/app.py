@@ -56,7 +56,7 @@ from streaming.observe.stream_metrics import StreamMetrics
 from streaming.pipeline import worker_daemon
 from streaming.pipeline.batch_sink import MicroBatchSink
 from streaming.pipeline.compaction_schedule import CompactionSchedule, scheduler_conf
-from streaming.pipeline.spark_session import build_spark
+from streaming.pipeline.spark_session import build_spark, spark_environment
 from streaming.pipeline.stream_plan import start_query, windowed_stream
 from streaming.process import (
     StopSignals,
@@ -407,7 +407,9 @@ def run_stream(
     """
     # The JVM and the session start (2-3 s) while the config, the checkpoint and the lake are
     # checked and the stream claimed, which need no Spark. A start refused there does not wait
-    # for the session: the process ends, and its JVM with it.
+    # for the session: the process ends, and its JVM with it. The environment is set first,
+    # while no other thread reads it.
+    spark_environment(master)
     session = WorkThread(lambda: _timed_session(settings, master, spark_conf), "spark-session")
     app = StreamApp(settings, fault_hook=fault_hook, on_batch=on_batch)
     if standby:

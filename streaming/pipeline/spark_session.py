@@ -24,8 +24,9 @@ QUICK_JIT = "-XX:TieredStopAtLevel=1"
 # Spark's Python workers live as long as the stream, and the largest allocations are theirs (a
 # compaction task holds thousands of staged files' rows). Arrow's own pool (mimalloc) kept what
 # a task freed for reuse, so each worker kept its largest task's peak for good; on glibc's
-# allocator a worker returns it (`storage.upkeep.worker_memory`). Same speed: 20,776-22,358 records/s steady with mimalloc, 21,636-23,566
-# with the system's (`scale --tenants 10 --stages product`, paired runs).
+# allocator a worker returns it (`storage.upkeep.worker_memory`). Same speed: 20,776-22,358
+# records/s steady with mimalloc, 21,636-23,566 with the system's (`scale --tenants 10
+# --stages product`, paired runs).
 WORKER_ALLOCATOR_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system"}
 
 
@@ -43,18 +44,8 @@ def build_spark(
     cluster master (`spark://`, `k8s://`, `yarn`) the executors run their node's `python3`, or
     `PYSPARK_PYTHON` if set, and what they import is shipped through `extra_conf`.
     """
-    if master is None and not _under_spark_submit():
-        master = "local[2]"
-    if master is None or is_local_master(master):
-        # Local Python workers would otherwise start another interpreter, one that lacks
-        # pyarrow. Under spark-submit the launcher sets it (`infra/cluster/submit.sh`).
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    elif "PYSPARK_PYTHON" not in os.environ:
-        _run_python_workers_as_python3()
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    # PySpark's own pandas serializer trips a pandas FutureWarning on every group; it says
-    # nothing about this project's data and drowns real warnings in the workers' stderr.
-    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
+    master = session_master(master)
+    spark_environment(master)
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
@@ -90,10 +81,7 @@ def build_spark(
         "spark.ui.retainedTasks": "10000",
     }
     if master is not None:
-        # A JVM this process starts binds to the machine's first interface otherwise. A driver
-        # that executors on other machines must reach is started with SPARK_LOCAL_IP set to
-        # its routable address; under spark-submit the launcher's settings decide.
-        local_ip = os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+        local_ip = os.environ["SPARK_LOCAL_IP"]  # `spark_environment` says why
         conf["spark.driver.host"] = local_ip
         conf["spark.driver.bindAddress"] = local_ip
     if master is not None and is_local_master(master):
@@ -101,9 +89,6 @@ def build_spark(
         # this process's JVM: a cluster's executors may not have the project when their daemon
         # starts.
         conf["spark.python.daemon.module"] = "streaming.pipeline.worker_daemon"
-    for name, value in WORKER_ALLOCATOR_ENV.items():
-        # Read as a process starts: this process's JVM and its workers inherit them.
-        os.environ.setdefault(name, value)
     if master is None or not is_local_master(master):
         # Executors elsewhere do not inherit this process's environment.
         for name in ("PYTHONWARNINGS", *WORKER_ALLOCATOR_ENV):
@@ -115,6 +100,41 @@ def build_spark(
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def session_master(master: str | None) -> str | None:
+    """`master`, or `local[2]` when none is given outside spark-submit (None: spark-submit's)."""
+    if master is None and not _under_spark_submit():
+        return "local[2]"
+    return master
+
+
+def spark_environment(master: str | None) -> None:
+    """Set what the session's JVM and Python workers start with, where the user has not.
+
+    Call it before starting threads: a thread that changes the environment while another
+    reads it (delta-rs's, a Kafka client's) can crash the process, a `putenv` beside a `getenv`
+    (a stream's start once died so, SIGSEGV in `strlen`). Once set, a second call changes
+    nothing."""
+    master = session_master(master)
+    if master is None or is_local_master(master):
+        # Local Python workers would otherwise start another interpreter, one that lacks
+        # pyarrow. Under spark-submit the launcher sets it (`infra/cluster/submit.sh`).
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    elif "PYSPARK_PYTHON" not in os.environ:
+        _run_python_workers_as_python3()
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # PySpark's own pandas serializer trips a pandas FutureWarning on every group; it says
+    # nothing about this project's data and drowns real warnings in the workers' stderr.
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
+    if master is not None:
+        # A JVM this process starts binds to the machine's first interface otherwise. A driver
+        # that executors on other machines must reach is started with SPARK_LOCAL_IP set to
+        # its routable address; under spark-submit the launcher's settings decide.
+        os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+    for name, value in WORKER_ALLOCATOR_ENV.items():
+        # Read as a process starts: this process's JVM and its workers inherit them.
+        os.environ.setdefault(name, value)
 
 
 def is_local_master(master: str) -> bool:
