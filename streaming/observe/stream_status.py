@@ -223,8 +223,15 @@ def latest_status_rows(lake: DeltaLake, configured: set[tuple[str, str]]) -> pa.
     from its newest batches back, only until every configured key has a row (a key gets one in
     the batch it is configured) no older than any row left unread, not all of it. Keys no
     longer configured are in it if their last row is that recent."""
+    columns = ["tenant", "source", *_KEY_COLUMNS]
+    return latest_per_key(lake.read_newest(TENANT_STATUS, columns, latest_of_each(configured)))
 
-    def every_configured_key_latest(rows: pa.Table, unread_batch_id: int) -> bool:
+
+def latest_of_each(keys: set[tuple[str, str]]) -> Callable[[pa.Table, int], bool]:
+    """`read_newest_first`'s `enough` for the latest row of each of `keys`: each has a row read
+    no older than `unread_batch_id`, the newest batch a file left unread may hold."""
+
+    def enough(rows: pa.Table, unread_batch_id: int) -> bool:
         newest = rows.group_by(["tenant", "source"]).aggregate([("batch_id", "max")])
         read = dict(
             zip(
@@ -233,10 +240,9 @@ def latest_status_rows(lake: DeltaLake, configured: set[tuple[str, str]]) -> pa.
                 strict=True,
             )
         )
-        return all(read.get(key, -1) >= unread_batch_id for key in configured)
+        return all(read.get(key, -1) >= unread_batch_id for key in keys)
 
-    columns = ["tenant", "source", *_KEY_COLUMNS]
-    return latest_per_key(lake.read_newest(TENANT_STATUS, columns, every_configured_key_latest))
+    return enough
 
 
 def slowest_keys(lake: DeltaLake, registry: TenantRegistry) -> dict[str, tuple[str, int]]:

@@ -9,7 +9,6 @@ do, only called directly (a compaction's Spark job only moves the same rows betw
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -30,7 +29,7 @@ from storage.lake.writer_lease import WriterLease
 from storage.lake.written_files import WrittenFile
 from storage.upkeep.compaction import PACK_FILES, Compaction
 from storage.upkeep.compaction_tasks import read_staged_files, write_settled_files
-from streaming.observe.stream_status import latest_per_key, latest_status_rows
+from streaming.observe.stream_status import latest_of_each, latest_per_key, latest_status_rows
 from streaming.state.configured_status import status_rows
 from streaming.state.union_rows import union_table
 from tenants.settings import StreamSettings
@@ -305,28 +304,11 @@ def test_the_latest_row_per_key_is_read_from_the_newest_batches_only(tmp_path: P
 
     columns = TENANT_STATUS.schema.names
     read = read_newest_first(
-        lake.open(TENANT_STATUS), TENANT_STATUS.schema, None, columns, every_key_latest(keys), 2
+        lake.open(TENANT_STATUS), TENANT_STATUS.schema, None, columns, latest_of_each(set(keys)), 2
     )
     assert min(read["batch_id"].to_pylist()) >= 24  # 6 of 30 files, in 3 reads of 2
     everything = lake.read_arrow(TENANT_STATUS, columns=columns)
     assert latest_per_key(read).equals(latest_per_key(everything))
-
-
-def every_key_latest(keys: list[tuple[str, str]]) -> Callable[[pa.Table, int], bool]:
-    """`read_newest_first`'s `enough` for the latest row of each of `keys`."""
-
-    def enough(rows: pa.Table, unread_batch_id: int) -> bool:
-        latest = latest_per_key(rows)
-        newest = dict(
-            zip(
-                zip(latest["tenant"].to_pylist(), latest["source"].to_pylist(), strict=True),
-                latest["batch_id"].to_pylist(),
-                strict=True,
-            )
-        )
-        return all(newest.get(key, -1) >= unread_batch_id for key in keys)
-
-    return enough
 
 
 def _commit_status(lake: DeltaLake, epoch: int, batch_id: int, keys: list[tuple[str, str]]) -> None:
