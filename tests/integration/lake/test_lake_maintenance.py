@@ -289,18 +289,21 @@ def test_batches_settling_optimize_and_vacuum_at_once_lose_and_duplicate_nothing
     assert not any(path.startswith(f"layout_tenant={STAGED}/") for path in _paths(lake))
 
 
+def _commit_status(lake: DeltaLake, epoch: int, batch_id: int, keys: list[tuple[str, str]]) -> None:
+    target = BatchFiles(lake.root, None, "orders", epoch, batch_id, (TENANT_STATUS.name,))
+    rows = status_rows(keys, T0_MS + batch_id)
+    written = write_task_files(target, lambda: 0)(iter(packed_table(rows).to_batches()))
+    files = [WrittenFile.from_row(row) for batch in written for row in batch.to_pylist()]
+    assert lake.commit_files(TENANT_STATUS, files, "orders", batch_id, epoch)
+
+
 def test_the_latest_row_per_key_is_read_from_the_newest_batches_only(tmp_path: Path) -> None:
     lake = _lake(tmp_path)
     epoch = WriterLease.for_stream(lake, StreamSettings(name="orders")).acquire()
     keys = [("acme", "web"), ("acme", "billing"), ("globex", "web")]
     for batch_id in range(30):
         # Every key until batch 24; then only acme/web has records.
-        active = keys if batch_id <= 24 else keys[:1]
-        target = BatchFiles(lake.root, None, "orders", epoch, batch_id, (TENANT_STATUS.name,))
-        rows = status_rows(active, T0_MS + batch_id)
-        written = write_task_files(target, lambda: 0)(iter(packed_table(rows).to_batches()))
-        files = [WrittenFile.from_row(row) for batch in written for row in batch.to_pylist()]
-        assert lake.commit_files(TENANT_STATUS, files, "orders", batch_id, epoch)
+        _commit_status(lake, epoch, batch_id, keys if batch_id <= 24 else keys[:1])
 
     columns = TENANT_STATUS.schema.names
     read = read_newest_first(
@@ -309,14 +312,6 @@ def test_the_latest_row_per_key_is_read_from_the_newest_batches_only(tmp_path: P
     assert min(read["batch_id"].to_pylist()) >= 24  # 6 of 30 files, in 3 reads of 2
     everything = lake.read_arrow(TENANT_STATUS, columns=columns)
     assert latest_per_key(read).equals(latest_per_key(everything))
-
-
-def _commit_status(lake: DeltaLake, epoch: int, batch_id: int, keys: list[tuple[str, str]]) -> None:
-    target = BatchFiles(lake.root, None, "orders", epoch, batch_id, (TENANT_STATUS.name,))
-    rows = status_rows(keys, T0_MS + batch_id)
-    written = write_task_files(target, lambda: 0)(iter(packed_table(rows).to_batches()))
-    files = [WrittenFile.from_row(row) for batch in written for row in batch.to_pylist()]
-    assert lake.commit_files(TENANT_STATUS, files, "orders", batch_id, epoch)
 
 
 def _status_history(rows: list[tuple[str, str, int]]) -> pa.Table:
