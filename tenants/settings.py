@@ -197,6 +197,17 @@ class LakeSettings(_Frozen):
             "`tenant-windows retain` deletes older ones. Unset: kept until purged."
         ),
     )
+    vacuum_retention_ms: NonNegativeDurationMs = Field(
+        default=604_800_000,
+        alias="vacuum_retention",
+        description=(
+            "How long a file an older table version needs is kept after a commit removed it "
+            "(compaction removes staged files every `merge_interval`): time travel reaches this "
+            "far back, and a query that opened an older version must end within it. The "
+            "stream's vacuum (`stream.vacuum_interval`) and `tenant-windows vacuum` then "
+            "delete it. Rounded up to whole hours; `0s` only where no reader can lag."
+        ),
+    )
 
 
 class StreamSettings(_Frozen):
@@ -325,6 +336,16 @@ class StreamSettings(_Frozen):
             "task and settles the keys worth a file, so a query reads a few staged files, not "
             "one per batch and task; it also packs `tenant_status`, `quarantine` and "
             "`deliveries` once one holds 100 files."
+        ),
+    )
+    vacuum_interval_ms: NonNegativeDurationMs = Field(
+        default=3_600_000,
+        alias="vacuum_interval",
+        description=(
+            "How often the stream deletes the files older table versions needed once "
+            "`lake.vacuum_retention` has passed: after the first compaction in each new "
+            "interval of this length, from the log alone, without listing the lake. `0s`: "
+            "never (then only `tenant-windows vacuum` deletes them)."
         ),
     )
     settle_rows: int = Field(

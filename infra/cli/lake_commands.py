@@ -30,7 +30,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     add_settings_flags(vacuum, LAKE_ROOT)
     vacuum.add_argument(
-        "--retention", default="7d", help="keep files referenced by versions this recent"
+        "--retention",
+        default=None,
+        help="keep files referenced by versions this recent (default: lake.vacuum_retention)",
     )
     vacuum.add_argument("--dry-run", action="store_true", help="list the files, delete nothing")
     vacuum.set_defaults(handler=_vacuum)
@@ -66,9 +68,12 @@ def _vacuum(args: argparse.Namespace) -> int:
     from storage.lake.delta_lake import DeltaLake
 
     settings = settings_from(args)
-    removed = DeltaLake.from_settings(settings.lake).vacuum(
-        parse_duration_ms(args.retention), args.dry_run
+    retention_ms = (
+        settings.lake.vacuum_retention_ms
+        if args.retention is None
+        else parse_duration_ms(args.retention)
     )
+    removed = DeltaLake.from_settings(settings.lake).vacuum(retention_ms, args.dry_run)
     verb = "would delete" if args.dry_run else "deleted"
     for table, files in removed.items():
         print(f"{table}: {verb} {len(files)} files")

@@ -220,12 +220,15 @@ class DeltaLake:
         gives the table at its newest version (default: opened anew)."""
         return (open_table or self.open)(spec).transaction_version(app_id)
 
-    def vacuum(self, retention_ms: int, dry_run: bool) -> dict[str, list[str]]:
+    def vacuum(
+        self, retention_ms: int, dry_run: bool, unreferenced: bool = True
+    ) -> dict[str, list[str]]:
         """Delete files no table version within `retention_ms` references, per table.
 
-        That covers the files a crashed attempt wrote but never committed, and the files of
-        old versions; committed data of the current version is never touched. delta-rs counts
-        retention in hours, so it is rounded up to whole hours.
+        That covers the files of old versions (a commit removed them) and, with `unreferenced`,
+        the files a crashed attempt wrote but never committed, which only a listing of every
+        table's folder finds; committed data of the current version is never touched.
+        delta-rs counts retention in hours, so it is rounded up to whole hours.
         """
         return {
             spec.name: self.open(spec).vacuum(
@@ -234,7 +237,7 @@ class DeltaLake:
                 # The retention check refuses less than a week; the operator chose the window.
                 enforce_retention_duration=False,
                 # Also files no commit ever referenced, not only those removed by a commit.
-                full=True,
+                full=unreferenced,
             )
             for spec in LAKE_TABLES
         }

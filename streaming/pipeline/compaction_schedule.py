@@ -12,6 +12,10 @@ for 15-20 s. At most one runs at a time: a batch that finds one still running le
 to a later batch. A compaction's crash safety is its commits' (`storage.upkeep.compaction`):
 one cut short commits nothing, and the next instance finds its staged files owed.
 
+The stream's vacuum (`storage.upkeep.vacuum_schedule`) runs in the same thread, after the first
+compaction of each `stream.vacuum_interval`: both remove files, and one at a time keeps the
+cores the batches leave for one of them.
+
 An `--available-now` run (`between_batches`) compacts in `foreachBatch`, between its batches,
 on every core: a bounded run gains nothing from the overlap, and each compaction then takes
 exactly what the batches before it staged, so a crash at a named point leaves the same tables
@@ -28,6 +32,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from storage.upkeep.compaction import Compaction, TableCompaction
+from storage.upkeep.vacuum_schedule import VacuumSchedule
 from storage.upkeep.work_thread import WorkThread
 from streaming.checkpoint.checkpoint_log import CheckpointLog
 from streaming.fault_points import NO_FAULTS, FaultHook, FaultPoint
@@ -94,7 +99,11 @@ class CompactionSchedule:
     fault_hook: FaultHook = NO_FAULTS
     between_batches: bool = False
     """Compact in `foreachBatch`, before the next batch starts (`--available-now`)."""
+    vacuum: VacuumSchedule | None = None
+    """Run after a compaction, in its thread, when due (`storage.upkeep.vacuum_schedule`)."""
     _last_started_ms: int | None = field(default=None, init=False)
+    _last_vacuum_ms: int | None = field(default=None, init=False)
+    """The last vacuum, or this instance's first batch."""
     _running: _Running | None = field(default=None, init=False)
     _stopping: threading.Event = field(default_factory=threading.Event, init=False)
 
@@ -107,6 +116,8 @@ class CompactionSchedule:
         now_ms = self.checkpoint_log.batch_timestamp_ms(batch_id)
         if now_ms is None:  # a running batch's offsets entry is there, unless it is torn
             return
+        if self._last_vacuum_ms is None:
+            self._last_vacuum_ms = now_ms
         interval_ms = self.compaction.policy.pass_interval_ms
         # An instance's first batch compacts only if one is owed; listing the lake to know is
         # left to the compaction's thread, off the first batch's path.
@@ -117,6 +128,7 @@ class CompactionSchedule:
         if self.between_batches:
             if not if_owed or self.compaction.owed(now_ms):
                 self._compact(self.compaction, spark, batch_id, now_ms)
+                self._vacuum_if_due(now_ms)
             return
         self._running = _Running(
             batch_id,
@@ -168,7 +180,15 @@ class CompactionSchedule:
         context = spark.sparkContext
         context.setLocalProperty("spark.scheduler.pool", COMPACTION_POOL)
         context.setJobGroup(self._job_group(batch_id), f"compaction after batch {batch_id}", True)
-        return self._compact(beside_batches(self.compaction, spark), spark, batch_id, now_ms)
+        done = self._compact(beside_batches(self.compaction, spark), spark, batch_id, now_ms)
+        self._vacuum_if_due(now_ms)
+        return done
+
+    def _vacuum_if_due(self, now_ms: int) -> None:
+        if self.vacuum is None or self._last_vacuum_ms is None or self._stopping.is_set():
+            return
+        if self.vacuum.run_if_due(now_ms, self._last_vacuum_ms):
+            self._last_vacuum_ms = now_ms
 
     def _job_group(self, batch_id: int) -> str:
         return f"{self.compaction.stream}/compaction/{batch_id}"

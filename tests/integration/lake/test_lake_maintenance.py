@@ -29,6 +29,7 @@ from storage.lake.writer_lease import WriterLease
 from storage.lake.written_files import WrittenFile
 from storage.upkeep.compaction import PACK_FILES, Compaction
 from storage.upkeep.compaction_tasks import read_staged_files, write_settled_files
+from storage.upkeep.vacuum_schedule import VacuumSchedule
 from streaming.observe.stream_status import latest_of_each, latest_per_key, latest_status_rows
 from streaming.state.configured_status import status_rows
 from streaming.state.union_rows import union_table
@@ -400,3 +401,39 @@ def test_one_tenants_files_are_its_partition_and_the_staged_files_that_may_hold_
     assert (
         len(TableFiles.of_table(table).files_of("t20")) == 1
     )  # no staged file's statistics cover it
+
+
+def test_the_stream_s_vacuum_deletes_only_files_older_versions_needed_once_due(
+    tmp_path: Path,
+) -> None:
+    lake = _lake(tmp_path)
+    epoch = WriterLease.for_stream(lake, StreamSettings(name="orders")).acquire()
+    keys = [("acme", "web"), ("globex", "web")]
+    for batch_id in range(PACK_FILES):
+        _commit_status(lake, epoch, batch_id, keys)
+    Compaction(lake, "orders", epoch, tasks=1).pack_appended_tables()
+    before = lake.read_arrow(TENANT_STATUS)
+    folder = Path(lake.table_uri(TENANT_STATUS))
+    # A batch in flight: written, not yet committed. Only `tenant-windows vacuum` may take it.
+    in_flight = folder / "in-flight.parquet"
+    pq.write_table(before.slice(0, 1), in_flight)
+    data_files = lambda: {  # noqa: E731
+        path.name for path in folder.rglob("*.parquet") if "_delta_log" not in path.parts
+    }
+    assert len(data_files()) == PACK_FILES + 2  # the packed file, and the in-flight one
+
+    hour_ms = 3_600_000
+    kept_an_hour = VacuumSchedule(lake, retention_ms=hour_ms, interval_ms=hour_ms)
+    assert kept_an_hour.run_if_due(now_ms=T0_MS + hour_ms, last_ms=T0_MS)
+    assert len(data_files()) == PACK_FILES + 2  # removed a moment ago: kept
+
+    right_away = VacuumSchedule(lake, retention_ms=0, interval_ms=hour_ms)
+    assert not right_away.run_if_due(now_ms=T0_MS + hour_ms - 1, last_ms=T0_MS)  # same hour
+    assert len(data_files()) == PACK_FILES + 2
+    assert right_away.run_if_due(now_ms=T0_MS + hour_ms, last_ms=T0_MS)
+
+    current = {Path(uri).name for uri in lake.open(TENANT_STATUS).file_uris()}
+    assert data_files() == current | {in_flight.name}
+    assert lake.read_arrow(TENANT_STATUS).sort_by("batch_id").equals(before.sort_by("batch_id"))
+    never = VacuumSchedule(lake, retention_ms=0, interval_ms=0)
+    assert not never.run_if_due(now_ms=T0_MS + 10 * hour_ms, last_ms=T0_MS)

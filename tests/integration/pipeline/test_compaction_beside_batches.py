@@ -4,7 +4,9 @@ compaction_schedule`), on the real query, broker and Delta tables:
 - while a compaction is held before its commit, new records still become readable, batch after
   batch, and once it commits every record is in exactly one row;
 - a stream killed during a compaction that runs beside its batches restarts and settles every
-  row, each exactly once.
+  row, each exactly once;
+- the stream's vacuum, after its compactions, deletes what older versions needed while batches
+  and compactions go on, and every record is still in exactly one row.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import pytest
 
 from infra.dev.load_generator import LoadSpec
-from storage.lake.tables import ALL_TABLES
+from storage.lake.tables import ALL_TABLES, EVENTS
 from streaming.app import StreamApp
 from streaming.fault_points import FaultPoint, NoFaults
 from tests.support.datasets import sample_records
@@ -54,13 +56,15 @@ class HoldCompaction:
             time.sleep(0.05)
 
 
-def _continuous(kafka: Any, workdir: Path, conf_dir: Path, compact_interval: str) -> Pipeline:
+def _continuous(
+    kafka: Any, workdir: Path, conf_dir: Path, compact_interval: str, **environ: str
+) -> Pipeline:
     return Pipeline.create(
         kafka,
         workdir,
         conf_dir,
         trigger_interval="500ms",
-        environ={"TW_STREAM__COMPACT_INTERVAL": compact_interval},
+        environ={"TW_STREAM__COMPACT_INTERVAL": compact_interval, **environ},
     )
 
 
@@ -141,4 +145,41 @@ def test_a_stream_killed_during_a_compaction_beside_its_batches_restarts_and_set
         )
     finally:
         stream.stop()
+    assert_every_record_landed_once(pipeline)
+
+
+def test_the_stream_vacuums_beside_its_batches_and_every_record_lands_once(
+    kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
+) -> None:
+    pipeline = _continuous(
+        kafka,
+        tmp_path,
+        conf_dir,
+        compact_interval="0s",  # every batch's staged files are removed by the next compaction
+        TW_STREAM__VACUUM_INTERVAL="1s",
+        TW_LAKE__VACUUM_RETENTION="0s",
+    )
+    records = _records(pipeline, 120, seed=5)
+    vacuums = lambda: [  # noqa: E731
+        entry
+        for entry in pipeline.lake.open(EVENTS).history()
+        if entry["operation"] == "VACUUM END"
+    ]
+    stream = StreamApp(pipeline.settings, pipeline.lake).start(spark)
+    try:
+        for part in range(4):  # several batches, each compacted, with vacuums between
+            pipeline.produce_samples(records[part * 30 : (part + 1) * 30])
+            time.sleep(1)
+        # Only the log is read while the stream runs: with no retention, a reader of an older
+        # version may find its files gone, which is what `vacuum_retention` is for.
+        wait_until(
+            lambda: len(vacuums()) >= 2 and not pipeline.lake.staged_files(EVENTS),
+            120,
+            "vacuums beside the batches, and every row settled",
+            alive=lambda: assert_no_query_error(stream),
+        )
+    finally:
+        stream.stop()
+    deleted = sum(int(entry["operationMetrics"]["numDeletedFiles"]) for entry in vacuums())
+    assert deleted > 0
     assert_every_record_landed_once(pipeline)
