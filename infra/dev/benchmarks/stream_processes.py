@@ -23,6 +23,21 @@ JCMD_TIMEOUT_S = 30
 _HEAP_USED = re.compile(r"garbage-first heap\s+total (\d+)K, used (\d+)K")
 
 
+SPAWNING = "spawning"
+"""A JVM's child between its start and its `exec`: Java starts a command (Hadoop's `chmod` and
+`readlink` on a local checkpoint, several a second) in a child that shares the JVM's memory
+until it runs the command, so its PSS is the JVM's whole, counted a second time. One minute's
+look in an hour-long run caught one and saw the JVM's memory doubled."""
+
+
+def _same_command_as_parent(pid: int, arguments: list[bytes]) -> bool:
+    try:
+        parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        return Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0") == arguments
+    except (OSError, IndexError):
+        return False
+
+
 def kind_of(pid: int, root: int) -> str:
     """`driver`, `jvm`, the Python module a Spark worker runs (e.g. `worker`,
     `plan_data_source_read`), or another program's name (the launcher's `bash`, the shell
@@ -36,7 +51,7 @@ def kind_of(pid: int, root: int) -> str:
     words = [word.decode(errors="replace") for word in arguments if word]
     program = Path(words[0]).name if words else "gone"
     if program == "java":
-        return "jvm"
+        return SPAWNING if _same_command_as_parent(pid, arguments) else "jvm"
     if not program.startswith("python"):
         return program
     # `python -m pyspark.daemon pyspark.sql.worker.X`, `python -m streaming...worker_daemon
@@ -111,11 +126,12 @@ def _thread_kind(name: str) -> str:
 
 
 def pss_mib_by_kind(root: int) -> dict[str, float]:
-    """The tree's memory (PSS) by kind of process, MiB."""
+    """The tree's memory (PSS) by kind of process, MiB; a JVM's child before its `exec` is the
+    JVM's own memory (`SPAWNING`), so it is left out."""
     totals: dict[str, float] = defaultdict(float)
     for pid in [root, *descendants(root)]:
         kind = kind_of(pid, root)
-        if kind != "gone":
+        if kind not in ("gone", SPAWNING):
             totals[kind] += pss_mib(pid)
     return {kind: round(mib, 1) for kind, mib in sorted(totals.items())}
 

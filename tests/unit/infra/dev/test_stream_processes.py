@@ -12,7 +12,13 @@ from typing import Any
 
 import pytest
 
-from infra.dev.benchmarks.stream_processes import ProcessTree, folder_files, kind_of
+from infra.dev.benchmarks.stream_processes import (
+    SPAWNING,
+    ProcessTree,
+    folder_files,
+    kind_of,
+    pss_mib_by_kind,
+)
 from infra.dev.local_process import descendants
 
 # A parent that starts a Python worker by module, as Spark starts its daemons, and a program
@@ -50,6 +56,38 @@ def test_kinds_are_named_by_program_or_python_module_and_cpu_is_counted_by_kind(
         parent.kill()
         parent.wait()
     assert kind_of(parent.pid, root=1) == "gone"
+
+
+# A `java` whose child has not yet run its command: the child still has the parent's command line.
+SPAWNING_JVM = """
+import os, sys, time
+if os.fork() == 0:
+    time.sleep(30)
+    os._exit(0)
+print("forked", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_jvm_s_child_before_its_exec_is_not_counted_as_a_second_jvm(tmp_path: Path) -> None:
+    java = tmp_path / "java"
+    java.symlink_to(sys.executable)
+    root = subprocess.Popen(["sleep", "30"])
+    jvm = subprocess.Popen([str(java), "-c", SPAWNING_JVM], stdout=subprocess.PIPE)
+    try:
+        assert jvm.stdout is not None
+        assert jvm.stdout.readline() == b"forked\n"
+        (child,) = descendants(jvm.pid)
+        assert kind_of(jvm.pid, root.pid) == "jvm"
+        assert kind_of(child, root.pid) == SPAWNING
+        assert set(pss_mib_by_kind(jvm.pid)) == {"driver"}  # the child is left out
+    finally:
+        for pid in descendants(jvm.pid):  # only what this test started
+            os.kill(pid, signal.SIGKILL)
+        jvm.kill()
+        jvm.wait()
+        root.kill()
+        root.wait()
 
 
 def test_folder_files_counts_files_and_bytes(tmp_path: Path) -> None:
