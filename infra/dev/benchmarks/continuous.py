@@ -38,6 +38,7 @@ import json
 import math
 import multiprocessing
 import os
+import queue
 import re
 import shutil
 import statistics
@@ -45,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -80,6 +82,10 @@ SOURCE = "billing"
 START_LIMIT_S = 180.0
 """A start that has not committed a batch by then failed."""
 DRAIN_LIMIT_S = 120
+TICK_S = 0.01
+"""The producer sends what is due every tick."""
+LINGER_MS = 5
+"""A tick's records share a request; a record's freshness includes at most this wait."""
 """After the measured records, how long the watcher waits for the last of them at most."""
 WATCH_INTERVAL_S = 0.05
 PANE_COLUMNS = ["tenant", "window_end", "is_final"]
@@ -294,10 +300,12 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
     stream = StreamProcess(command, workdir / "stream.log", args.start_limit)
     instances = [stream]
     processes = multiprocessing.get_context("spawn")
-    sent = processes.Manager().dict()
+    stamps = _Stamps(processes.Queue())
     stop_producing = processes.Event()
     producer = processes.Process(
-        target=_produce, args=(settings, tenants, args.rate, sent, stop_producing), daemon=True
+        target=_produce,
+        args=(settings, tenants, args.rate, stamps.queue, stop_producing),
+        daemon=True,
     )
     lake = DeltaLake.from_settings(settings.lake)
     watcher = _Watcher(lake.table_uri(EVENTS), ["partition", "offset"], _record_keys)
@@ -323,8 +331,10 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
                 memory_per_minute.append(minutes[-1].get("pss_mib", 0))
                 print(f"minute {len(minutes) - 1}: {minutes[-1]}", flush=True)
                 next_sample += 60
+            stamps.take()
             time.sleep(min(1.0, max(0.0, measure_until - now)))
-        measured = _sent_between(dict(sent), measured_from, measure_until)
+        stamps.take(wait_s=2 * (LINGER_MS / 1000 + 1))  # the last second's stamps
+        measured = stamps.between(measured_from, measure_until)
         last_seen = watcher.wait_for(measured, DRAIN_LIMIT_S)
         memory_per_minute.append(round(stream.memory_mib()))
         for restart in range(args.restarts):
@@ -343,6 +353,7 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
         for instance in instances:
             instance.stop()  # SIGTERM, as an operator stops it; a stopped one is left alone
         stop_producing.set()
+        stamps.take(wait_s=30)  # until its last report: a full queue holds its exit back
         producer.join(30)
         if producer.is_alive():
             producer.kill()
@@ -410,46 +421,87 @@ def _produce(
     settings: AppSettings,
     tenants: list[str],
     rate: int,
-    sent: Any,
+    stamps_out: Any,
     stop: Any,
 ) -> None:
-    """Send `rate` records a second until `stop`; note when each was sent, by (partition,
-    offset). Bounded by the stop event and a day's sends."""
+    """Send `rate` records a second until `stop`, in ticks of `TICK_S`; put on `stamps_out`,
+    about once a second, when each was sent, by (partition, offset). Bounded by the stop event
+    and a day's sends.
+
+    It shares the cores with the stream it loads, so it spends little: a tick's records go in
+    one request (`LINGER_MS`), not one request each, and the stamps travel in a few messages a
+    second, not one call a record. At 500 records/s, one request a record and a shared
+    dictionary's call a second took about 0.6 of one of the machine's two cores, and copying
+    that dictionary of millions of stamps at the end took the cores for minutes, while the
+    last records' freshness was being measured."""
     event_time = load_registry(settings.conf_dir).sources[SOURCE].event_time
     producer = kafka_python_producer(
-        settings.kafka.bootstrap_servers, KafkaSecurity.of(settings.kafka), acks=1, linger_ms=0
+        settings.kafka.bootstrap_servers,
+        KafkaSecurity.of(settings.kafka),
+        acks=1,
+        linger_ms=LINGER_MS,
     )
-    stamps: dict[tuple[int, int], float] = {}
-    next_s = time.monotonic()
+    # Appended by the producer's I/O thread as the broker acknowledges; taken from the left.
+    stamps: deque[tuple[int, int, float]] = deque()
+    started_s = time.monotonic()
+    sent = 0
+    flushed_s = started_s
     try:
-        for number in range(rate * 86_400):
+        for _ in range(math.ceil(86_400 / TICK_S)):
             if stop.is_set():
                 break
-            tenant = tenants[number % len(tenants)]
-            record: dict[str, object] = {"tenant": tenant, "source": SOURCE, "amount": number}
-            set_event_time(record, event_time, int(time.time() * 1000))
-            sent_s = time.monotonic()
-            future = producer.send(TOPIC, key=tenant.encode(), value=json.dumps(record).encode())
-            future.add_callback(
-                lambda metadata, sent_s=sent_s: stamps.__setitem__(
-                    (metadata.partition, metadata.offset), sent_s
+            now_s = time.monotonic()
+            due = min(int((now_s - started_s) * rate), rate * 86_400)
+            for number in range(sent, due):
+                tenant = tenants[number % len(tenants)]
+                record: dict[str, object] = {"tenant": tenant, "source": SOURCE, "amount": number}
+                set_event_time(record, event_time, int(time.time() * 1000))
+                sent_s = time.monotonic()
+                future = producer.send(
+                    TOPIC, key=tenant.encode(), value=json.dumps(record).encode()
                 )
-            )
-            if number % rate == 0 and stamps:
-                sent.update(stamps)
-                stamps.clear()
-            next_s += 1 / rate
-            time.sleep(max(0.0, next_s - time.monotonic()))
+                future.add_callback(
+                    lambda metadata, sent_s=sent_s: stamps.append(
+                        (metadata.partition, metadata.offset, sent_s)
+                    )
+                )
+            sent = due
+            if now_s - flushed_s >= 1 and stamps:
+                stamps_out.put([stamps.popleft() for _ in range(len(stamps))])
+                flushed_s = now_s
+            time.sleep(max(0.0, now_s + TICK_S - time.monotonic()))
         producer.flush(timeout=30)
-        sent.update(stamps)
+        stamps_out.put([stamps.popleft() for _ in range(len(stamps))])
     finally:
         producer.close(timeout=10)
+        stamps_out.put(None)
 
 
-def _sent_between(
-    sent: dict[tuple[int, int], float], first_s: float, last_s: float
-) -> dict[tuple[int, int], float]:
-    return {key: sent_s for key, sent_s in sent.items() if first_s <= sent_s < last_s}
+class _Stamps:
+    """When each record was sent, by (partition, offset), as the producer reports them."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+        self.sent_s: dict[tuple[int, int], float] = {}
+        self.producer_done = False
+
+    def take(self, wait_s: float = 0.0) -> None:
+        """Take what the producer has reported; wait up to `wait_s` for its last report."""
+        deadline = time.monotonic() + wait_s
+        while not self.producer_done:
+            try:
+                batch = self.queue.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                if time.monotonic() >= deadline:
+                    return
+                continue
+            if batch is None:
+                self.producer_done = True
+                return
+            self.sent_s.update(((partition, offset), s) for partition, offset, s in batch)
+
+    def between(self, first_s: float, last_s: float) -> dict[tuple[int, int], float]:
+        return {key: sent_s for key, sent_s in self.sent_s.items() if first_s <= sent_s < last_s}
 
 
 class _Watcher:
