@@ -68,7 +68,7 @@ from infra.dev.benchmarks.stream_processes import (
 )
 from infra.dev.benchmarks.table_watch import added_files
 from infra.dev.load_generator import set_event_time
-from infra.dev.local_process import LocalProcess, descendants, pss_mib
+from infra.dev.local_process import LocalProcess
 from infra.dev.local_stack import LocalKafka
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.file_names import written_by_a_batch
@@ -82,11 +82,11 @@ SOURCE = "billing"
 START_LIMIT_S = 180.0
 """A start that has not committed a batch by then failed."""
 DRAIN_LIMIT_S = 120
+"""After the measured records, how long the watcher waits for the last of them at most."""
 TICK_S = 0.01
 """The producer sends what is due every tick."""
 LINGER_MS = 5
 """A tick's records share a request; a record's freshness includes at most this wait."""
-"""After the measured records, how long the watcher waits for the last of them at most."""
 WATCH_INTERVAL_S = 0.05
 PANE_COLUMNS = ["tenant", "window_end", "is_final"]
 # The stream's lines that mark a start's phases, in order (`streaming.app.run_stream`,
@@ -181,7 +181,7 @@ class StreamProcess(LocalProcess):
         """The memory of the stream's process tree: the driver, its JVM and Python workers."""
         if self.pid is None:
             return 0.0
-        return sum(pss_mib(pid) for pid in [self.pid, *descendants(self.pid)])
+        return sum(pss_mib_by_kind(self.pid).values())
 
     def minute(self, checkpoint: Path, lake_root: Path, lake: DeltaLake) -> dict[str, Any]:
         """This minute's memory, by kind of process and in the JVM's heap after a full
@@ -480,8 +480,8 @@ def _produce(
 class _Stamps:
     """When each record was sent, by (partition, offset), as the producer reports them."""
 
-    def __init__(self, queue: Any) -> None:
-        self.queue = queue
+    def __init__(self, reports: Any) -> None:
+        self.queue = reports
         self.sent_s: dict[tuple[int, int], float] = {}
         self.producer_done = False
 
