@@ -40,7 +40,7 @@ from storage.lake.s3_options import LakeUnavailableError
 from storage.lake.writer_lease import StreamLeaseHeldError, WriterLease
 from storage.upkeep.compaction import Compaction
 from storage.upkeep.settle_policy import SettlePolicy
-from storage.upkeep.vacuum_schedule import VacuumSchedule
+from storage.upkeep.stream_vacuum import StreamVacuum
 from storage.upkeep.work_thread import WorkThread
 from streaming.checkpoint.checkpoint_identity import (
     StreamIdentity,
@@ -322,7 +322,7 @@ class StreamApp:
             self.checkpoint_log,
             self.fault_hook,
             between_batches=available_now,
-            vacuum=VacuumSchedule(
+            vacuum=StreamVacuum(
                 self.lake,
                 retention_ms=settings.lake.vacuum_retention_ms,
                 interval_ms=settings.stream.vacuum_interval_ms,

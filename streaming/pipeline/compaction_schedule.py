@@ -12,7 +12,7 @@ for 15-20 s. At most one runs at a time: a batch that finds one still running le
 to a later batch. A compaction's crash safety is its commits' (`storage.upkeep.compaction`):
 one cut short commits nothing, and the next instance finds its staged files owed.
 
-The stream's vacuum (`storage.upkeep.vacuum_schedule`) runs in the same thread, after the first
+The stream's vacuum (`storage.upkeep.stream_vacuum`) runs in the same thread, after the first
 compaction of each `stream.vacuum_interval`: both remove files, and one at a time keeps the
 cores the batches leave for one of them.
 
@@ -32,7 +32,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from storage.upkeep.compaction import Compaction, TableCompaction
-from storage.upkeep.vacuum_schedule import VacuumSchedule
+from storage.upkeep.stream_vacuum import StreamVacuum
 from storage.upkeep.work_thread import WorkThread
 from streaming.checkpoint.checkpoint_log import CheckpointLog
 from streaming.fault_points import NO_FAULTS, FaultHook, FaultPoint
@@ -51,6 +51,13 @@ def compaction_due(now_ms: int, last_ms: int | None, interval_ms: int) -> bool:
     if interval_ms == 0 or last_ms is None:
         return True
     return now_ms // interval_ms > last_ms // interval_ms
+
+
+def vacuum_due(now_ms: int, last_ms: int, interval_ms: int) -> bool:
+    """Whether a compaction at `now_ms` is followed by the stream's vacuum, the last one (or the
+    instance's first batch) having been at `last_ms`: compaction's rule, but an interval of 0
+    means never."""
+    return interval_ms > 0 and compaction_due(now_ms, last_ms, interval_ms)
 
 
 def beside_batches(compaction: Compaction, spark: SparkSession) -> Compaction:
@@ -99,8 +106,8 @@ class CompactionSchedule:
     fault_hook: FaultHook = NO_FAULTS
     between_batches: bool = False
     """Compact in `foreachBatch`, before the next batch starts (`--available-now`)."""
-    vacuum: VacuumSchedule | None = None
-    """Run after a compaction, in its thread, when due (`storage.upkeep.vacuum_schedule`)."""
+    vacuum: StreamVacuum | None = None
+    """Run after a compaction, in its thread, when due (`vacuum_due`)."""
     _last_started_ms: int | None = field(default=None, init=False)
     _last_vacuum_ms: int | None = field(default=None, init=False)
     """The last vacuum, or this instance's first batch."""
@@ -185,9 +192,11 @@ class CompactionSchedule:
         return done
 
     def _vacuum_if_due(self, now_ms: int) -> None:
-        if self.vacuum is None or self._last_vacuum_ms is None or self._stopping.is_set():
+        vacuum, last_ms = self.vacuum, self._last_vacuum_ms
+        if vacuum is None or last_ms is None or self._stopping.is_set():
             return
-        if self.vacuum.run_if_due(now_ms, self._last_vacuum_ms):
+        if vacuum_due(now_ms, last_ms, vacuum.interval_ms):
+            vacuum.run()
             self._last_vacuum_ms = now_ms
 
     def _job_group(self, batch_id: int) -> str:

@@ -29,7 +29,7 @@ from storage.lake.writer_lease import WriterLease
 from storage.lake.written_files import WrittenFile
 from storage.upkeep.compaction import PACK_FILES, Compaction
 from storage.upkeep.compaction_tasks import read_staged_files, write_settled_files
-from storage.upkeep.vacuum_schedule import VacuumSchedule
+from storage.upkeep.stream_vacuum import StreamVacuum
 from streaming.observe.stream_status import latest_of_each, latest_per_key, latest_status_rows
 from streaming.state.configured_status import status_rows
 from streaming.state.union_rows import union_table
@@ -403,7 +403,7 @@ def test_one_tenants_files_are_its_partition_and_the_staged_files_that_may_hold_
     )  # no staged file's statistics cover it
 
 
-def test_the_stream_s_vacuum_deletes_only_files_older_versions_needed_once_due(
+def test_the_stream_s_vacuum_deletes_only_files_older_versions_needed_past_retention(
     tmp_path: Path,
 ) -> None:
     lake = _lake(tmp_path)
@@ -423,17 +423,10 @@ def test_the_stream_s_vacuum_deletes_only_files_older_versions_needed_once_due(
     assert len(data_files()) == PACK_FILES + 2  # the packed file, and the in-flight one
 
     hour_ms = 3_600_000
-    kept_an_hour = VacuumSchedule(lake, retention_ms=hour_ms, interval_ms=hour_ms)
-    assert kept_an_hour.run_if_due(now_ms=T0_MS + hour_ms, last_ms=T0_MS)
+    StreamVacuum(lake, retention_ms=hour_ms, interval_ms=hour_ms).run()
     assert len(data_files()) == PACK_FILES + 2  # removed a moment ago: kept
 
-    right_away = VacuumSchedule(lake, retention_ms=0, interval_ms=hour_ms)
-    assert not right_away.run_if_due(now_ms=T0_MS + hour_ms - 1, last_ms=T0_MS)  # same hour
-    assert len(data_files()) == PACK_FILES + 2
-    assert right_away.run_if_due(now_ms=T0_MS + hour_ms, last_ms=T0_MS)
-
+    StreamVacuum(lake, retention_ms=0, interval_ms=hour_ms).run()
     current = {Path(uri).name for uri in lake.open(TENANT_STATUS).file_uris()}
     assert data_files() == current | {in_flight.name}
     assert lake.read_arrow(TENANT_STATUS).sort_by("batch_id").equals(before.sort_by("batch_id"))
-    never = VacuumSchedule(lake, retention_ms=0, interval_ms=0)
-    assert not never.run_if_due(now_ms=T0_MS + 10 * hour_ms, last_ms=T0_MS)

@@ -1,5 +1,5 @@
-"""When a stream starts a compaction (`compaction_due`), and the scheduler pools that keep a
-compaction's tasks from holding its batches up (`scheduler_conf`)."""
+"""When a stream starts a compaction (`compaction_due`) and its vacuum (`vacuum_due`), and the
+scheduler pools that keep a compaction's tasks from holding its batches up (`scheduler_conf`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from streaming.pipeline.compaction_schedule import (
     COMPACTION_POOL,
     compaction_due,
     scheduler_conf,
+    vacuum_due,
 )
 
 MINUTE_MS = 60_000
@@ -28,6 +29,14 @@ def test_a_compaction_is_due_once_per_interval_whenever_the_batches_cross_into_i
 
 def test_with_no_interval_every_batch_starts_one() -> None:
     assert compaction_due(NOW_MS, NOW_MS, 0)
+
+
+def test_a_vacuum_follows_the_first_compaction_of_each_interval_and_none_with_no_interval() -> None:
+    hour_ms = 60 * MINUTE_MS
+    hour_start_ms = NOW_MS - NOW_MS % hour_ms
+    assert not vacuum_due(hour_start_ms + hour_ms - 1, hour_start_ms, hour_ms)  # the same hour
+    assert vacuum_due(hour_start_ms + hour_ms, hour_start_ms, hour_ms)
+    assert not vacuum_due(hour_start_ms + 10 * hour_ms, hour_start_ms, 0)
 
 
 def test_the_batches_pool_comes_first_and_compaction_gets_its_own(tmp_path: Path) -> None:

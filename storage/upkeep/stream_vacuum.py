@@ -3,8 +3,8 @@ has passed since a commit removed them.
 
 Every compaction and packing removes files from a table's current version, and a long-running
 stream removes thousands an hour: without a vacuum, the lake's files grow as long as the stream
-runs. The stream vacuums after the first compaction of each `stream.vacuum_interval` (aligned to
-the epoch, like compaction), in the compaction's thread.
+runs. When it runs (after the first compaction of each `stream.vacuum_interval`) is the
+compaction schedule's to say (`streaming.pipeline.compaction_schedule`).
 
 It deletes only files a commit removed (delta-rs's "lite" vacuum, which reads the log): never a
 file a batch in flight has written and not yet committed, whatever the retention, and it needs no
@@ -26,30 +26,21 @@ from storage.lake.delta_lake import DeltaLake
 log = logging.getLogger(__name__)
 
 
-def vacuum_due(now_ms: int, last_ms: int, interval_ms: int) -> bool:
-    """Whether a compaction at `now_ms` vacuums, the last vacuum (or the stream's start) having
-    been at `last_ms`: `now_ms` is in a later interval of `interval_ms`, aligned to the epoch."""
-    return now_ms // interval_ms > last_ms // interval_ms
-
-
 @dataclass(frozen=True)
-class VacuumSchedule:
+class StreamVacuum:
     lake: DeltaLake
     retention_ms: int
     interval_ms: int
-    """0: the stream never vacuums."""
+    """How often the stream runs it; 0: never."""
 
-    def run_if_due(self, now_ms: int, last_ms: int) -> bool:
-        """Vacuum every table if due at `now_ms` (`vacuum_due`); whether it was due."""
-        if self.interval_ms == 0 or not vacuum_due(now_ms, last_ms, self.interval_ms):
-            return False
+    def run(self) -> None:
+        """Delete, in every table, the files commits removed more than `retention_ms` ago."""
         try:
             deleted = self.lake.vacuum(self.retention_ms, dry_run=False, unreferenced=False)
         except Exception as error:  # the output does not depend on it: the next interval retries
             log.warning("the vacuum failed; the next interval tries again: %s", error)
-            return True
+            return
         log.info(
             "vacuumed the files older versions needed: %s",
             ", ".join(f"{table} {len(files)}" for table, files in deleted.items()),
         )
-        return True
