@@ -39,6 +39,11 @@ def process_state(pid: int) -> str:
     return _stat_after_name(Path(f"/proc/{pid}/stat"))[0]
 
 
+def parent_pid(pid: int) -> int:
+    """The PID of `pid`'s parent; OSError if `pid` is gone."""
+    return int(_stat_after_name(Path(f"/proc/{pid}/stat"))[1])
+
+
 def cpu_seconds(pid: int) -> float:
     """CPU time of `pid` and of the children it has reaped, user and system, in seconds."""
     fields = _stat_after_name(Path(f"/proc/{pid}/stat"))
@@ -95,7 +100,7 @@ def descendants(pid: int) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            parent = int(_stat_after_name(entry / "stat")[1])
+            parent = parent_pid(int(entry.name))
         except OSError:
             continue
         children.setdefault(parent, []).append(int(entry.name))

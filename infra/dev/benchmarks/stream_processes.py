@@ -17,7 +17,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.dev.local_process import cpu_seconds, descendants, pss_mib, thread_cpu_seconds
+from infra.dev.local_process import (
+    cpu_seconds,
+    descendants,
+    parent_pid,
+    pss_mib,
+    thread_cpu_seconds,
+)
 
 JCMD_TIMEOUT_S = 30
 _HEAP_USED = re.compile(r"garbage-first heap\s+total (\d+)K, used (\d+)K")
@@ -32,9 +38,8 @@ look in an hour-long run caught one and saw the JVM's memory doubled."""
 
 def _same_command_as_parent(pid: int, arguments: list[bytes]) -> bool:
     try:
-        parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
-        return Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0") == arguments
-    except (OSError, IndexError):
+        return Path(f"/proc/{parent_pid(pid)}/cmdline").read_bytes().split(b"\0") == arguments
+    except OSError:
         return False
 
 
