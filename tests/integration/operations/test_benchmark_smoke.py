@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from infra.dev.benchmarks import continuous, noisy_neighbour
+from infra.dev.benchmarks import continuous, noisy_neighbour, settle_keys
 from infra.dev.benchmarks.scale import parse_args, run, steady_ratios
 
 pytestmark = pytest.mark.integration
@@ -52,6 +52,22 @@ def test_every_stage_reads_every_record_and_reports_its_figures(
     assert product.extra["compaction_files"] >= 40
     # The warm service's answer just after the compaction was timed, and was the same rows.
     assert product.extra["one_tenant_served_compacted_s"] > 0
+
+
+def test_the_settle_benchmark_settles_every_row_once_and_reports_what_each_process_spent(
+    spark: Any, tmp_path: Path
+) -> None:
+    keys = 120
+    args = settle_keys.parse_args(["--keys", str(keys), "--slice-files", "50"])
+    result = settle_keys.settle_once(spark, tmp_path, keys, args)
+
+    assert result["settled_files"] == 2 * keys
+    for table in result["tables"].values():
+        assert table["files"] == keys and table["staged_files"] == 0, result
+        assert table["rows"] == result["records"] == 2 * keys, result
+        assert table["commits"] > 2, result  # in slices: the runs, then each slice's files
+    # The workers write the settled files, the driver commits them: each spent CPU on it.
+    assert result["settle_cpu_s"]["workers"] > 0 and result["settle_cpu_s"]["driver"] > 0, result
 
 
 def test_the_noisy_neighbour_probe_sees_every_quiet_record_of_every_phase(

@@ -10,7 +10,7 @@ import random
 import zlib
 from collections.abc import Iterator
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +95,23 @@ def _assert_stats_describe_their_file(root: Path, files: list[WrittenFile]) -> N
             values = content[column].to_pylist()
             assert stats["minValues"][column] == min(values), (file.path, column)
             assert stats["maxValues"][column] == max(values), (file.path, column)
+        # Dates and timestamps as Delta writes them: ISO-8601, timestamps in UTC to the
+        # millisecond; a reader that skips files by them compares these strings' instants.
+        for column in ("window_start", "window_end", "window_date"):
+            if column not in content.column_names:
+                continue
+            values = content[column].to_pylist()
+            assert stats["minValues"][column] == _delta_text(min(values)), (file.path, column)
+            assert stats["maxValues"][column] == _delta_text(max(values)), (file.path, column)
+        for field in content.schema:
+            if not pa.types.is_nested(field.type):
+                assert stats["nullCount"][field.name] == content[field.name].null_count
+
+
+def _delta_text(value: date | datetime) -> str:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return value.isoformat()
 
 
 def test_a_task_writes_one_staged_file_per_table_whatever_the_tenant_count(tmp_path: Path) -> None:
