@@ -7,9 +7,10 @@ For each key count it writes a lake as a run's batches leave it: `--batches` mic
 committing one staged file per write task (`--tasks`) to `events` and `windows`, every key
 (one source per tenant) with `--records-per-key` events spread over the batches and one window
 pane per event. Then it settles everything, as the end of `run --available-now` does
-(`Compaction.run` with no timestamp), and prints: its time, the CPU seconds the driver, its JVM
-and the Python workers spent in it, the files and commits it added, and the peak resident
-memory of the driver (this Python process plus its JVM) during the settle, sampled every 0.2 s.
+(`Compaction.run` with no timestamp), and prints: its time, the CPU seconds each kind of process
+spent in it (the driver, its JVM, the Python workers: `stream_processes.ProcessTree`), the
+files and commits it added, and the peak resident memory of the driver (this Python process
+plus its JVM) during the settle, sampled every 0.2 s.
 It checks that each table holds each row once after the settle.
 
 The lake goes under `TMPDIR`: `TMPDIR=/dev/shm` leaves the disk's own cost per file (its
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -35,14 +37,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from infra.dev.benchmarks.figures_file import write_figures
-from infra.dev.benchmarks.peak_memory import (
-    driver_and_jvm,
-    driver_jvm,
-    peak_rss,
-    python_workers,
-    this_process,
-)
-from infra.dev.benchmarks.process_cpu import cpu_used
+from infra.dev.benchmarks.peak_memory import driver_and_jvm, driver_jvm, peak_rss, this_process
+from infra.dev.benchmarks.stream_processes import ProcessTree
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.file_names import BatchFiles
 from storage.lake.file_writer import write_batch_rows
@@ -101,11 +97,12 @@ def settle_once(spark: Any, workdir: Path, keys: int, args: argparse.Namespace) 
         options["slice_files"] = args.slice_files
     compaction = Compaction(lake, STREAM, epoch, tasks=args.tasks, **options)
     processes = {"python": this_process, "jvm": driver_jvm, "both": driver_and_jvm}
-    cpu_groups = {"driver": this_process, "jvm": driver_jvm, "workers": python_workers}
-    with peak_rss(processes) as peaks, cpu_used(cpu_groups) as cpu_s:
+    processes_cpu = ProcessTree(os.getpid(), count_from_now=True)
+    with peak_rss(processes) as peaks:
         started = time.monotonic()
         done = compaction.run(spark, version=args.batches - 1)
         settle_s = time.monotonic() - started
+    processes_cpu.look(settle_s)
     tables = {}
     for spec in TABLES:
         table = lake.open(spec)
@@ -127,7 +124,7 @@ def settle_once(spark: Any, workdir: Path, keys: int, args: argparse.Namespace) 
         "records": records,
         "stage_s": round(staged_s, 1),
         "settle_s": round(settle_s, 1),
-        "settle_cpu_s": {name: round(seconds, 1) for name, seconds in cpu_s.items()},
+        "settle_cpu_s": processes_cpu.cpu_s_by_kind(),
         "settled_files": sum(table.settled_files for table in done),
         "tables": tables,
         "driver_python_peak_mib": round(peaks["python"]),

@@ -67,7 +67,7 @@ def test_the_settle_benchmark_settles_every_row_once_and_reports_what_each_proce
         assert table["rows"] == result["records"] == 2 * keys, result
         assert table["commits"] > 2, result  # in slices: the runs, then each slice's files
     # The workers write the settled files, the driver commits them: each spent CPU on it.
-    assert result["settle_cpu_s"]["workers"] > 0 and result["settle_cpu_s"]["driver"] > 0, result
+    assert result["settle_cpu_s"]["worker"] > 0 and result["settle_cpu_s"]["driver"] > 0, result
 
 
 def test_the_noisy_neighbour_probe_sees_every_quiet_record_of_every_phase(
