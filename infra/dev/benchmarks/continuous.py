@@ -304,7 +304,7 @@ def run(bootstrap_servers: str, workdir: Path, args: argparse.Namespace) -> dict
     stop_producing = processes.Event()
     producer = processes.Process(
         target=_produce,
-        args=(settings, tenants, args.rate, stamps.queue, stop_producing),
+        args=(settings, tenants, args.rate, stamps.reports, stop_producing),
         daemon=True,
     )
     lake = DeltaLake.from_settings(settings.lake)
@@ -481,7 +481,7 @@ class _Stamps:
     """When each record was sent, by (partition, offset), as the producer reports them."""
 
     def __init__(self, reports: Any) -> None:
-        self.queue = reports
+        self.reports = reports
         self.sent_s: dict[tuple[int, int], float] = {}
         self.producer_done = False
 
@@ -490,7 +490,7 @@ class _Stamps:
         deadline = time.monotonic() + wait_s
         while not self.producer_done:
             try:
-                batch = self.queue.get(timeout=max(0.01, deadline - time.monotonic()))
+                batch = self.reports.get(timeout=max(0.01, deadline - time.monotonic()))
             except queue.Empty:
                 if time.monotonic() >= deadline:
                     return
