@@ -88,8 +88,11 @@ class TenantLimits:
         registry = self._current()
         if not registry.knows_tenant(tenant):
             return {}
-        resolved = (registry.resolve(tenant, source) for source in registry.source_ids(tenant))
-        return {found.source: found.rules for found in resolved if found is not None}
+        return {
+            source: found.rules
+            for source in registry.source_ids(tenant)
+            if (found := registry.resolve(tenant, source)) is not None
+        }
 
     def _current(self) -> TenantRegistry:
         with self._lock:

@@ -89,7 +89,7 @@ def parse_value(
     resolved = route_key(tenant, source, registry)
     if isinstance(resolved, Rejected):
         return resolved
-    return accept_record(record, resolved)
+    return accept_record(record, tenant, source, resolved)
 
 
 def route_key(tenant: str, source: str, registry: TenantRegistry) -> ResolvedSource | Rejected:
@@ -109,9 +109,10 @@ def route_key(tenant: str, source: str, registry: TenantRegistry) -> ResolvedSou
     return resolved
 
 
-def accept_record(record: dict[str, object], resolved: ResolvedSource) -> Accepted | Rejected:
+def accept_record(
+    record: dict[str, object], tenant: str, source: str, resolved: ResolvedSource
+) -> Accepted | Rejected:
     """A decoded record of a configured key: its event time and metric inputs, or why not."""
-    tenant, source = resolved.tenant, resolved.source
     event_time = extract_event_time(record, resolved.event_time)
     if isinstance(event_time, Rejected):
         return Rejected(event_time.reason, event_time.error, tenant, source)
