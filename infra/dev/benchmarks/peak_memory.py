@@ -13,18 +13,23 @@ from infra.dev.local_process import descendants, rss_mib
 
 _SAMPLE_EVERY_S = 0.2
 
+ProcessGroup = Callable[[list[int]], list[int]]
+"""A group's PIDs among this run's processes (this one, then its descendants)."""
+
 
 @contextmanager
-def peak_rss(groups: Mapping[str, Callable[[], list[int]]]) -> Iterator[dict[str, float]]:
+def peak_rss(groups: Mapping[str, ProcessGroup]) -> Iterator[dict[str, float]]:
     """Per group, the peak of its processes' summed RSS in MiB, sampled every 0.2 s until the
-    block ends. A group's processes are asked for at every sample: workers come and go."""
+    block ends. The groups are found again at every sample (workers come and go), from one
+    walk of /proc: a walk per group took a tenth of a core from the run it measured."""
     peaks = dict.fromkeys(groups, 0.0)
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.wait(_SAMPLE_EVERY_S):  # ends with the block
-            for name, processes in groups.items():
-                peaks[name] = max(peaks[name], sum(map(rss_mib, processes())))
+            run = [os.getpid(), *descendants(os.getpid())]
+            for name, members in groups.items():
+                peaks[name] = max(peaks[name], sum(map(rss_mib, members(run))))
 
     sampler = threading.Thread(target=sample, name="rss-sampler", daemon=True)
     sampler.start()
@@ -35,22 +40,22 @@ def peak_rss(groups: Mapping[str, Callable[[], list[int]]]) -> Iterator[dict[str
         sampler.join()
 
 
-def this_process() -> list[int]:
-    return [os.getpid()]
+def this_process(run: list[int]) -> list[int]:
+    return run[:1]
 
 
-def driver_jvm() -> list[int]:
+def driver_jvm(run: list[int]) -> list[int]:
     """The JVM this process started (in local mode the driver's, with the executors in it)."""
-    return [pid for pid in descendants(os.getpid()) if _program(pid).endswith(b"java")]
+    return [pid for pid in run[1:] if _program(pid).endswith(b"java")]
 
 
-def driver_and_jvm() -> list[int]:
-    return [*this_process(), *driver_jvm()]
+def driver_and_jvm(run: list[int]) -> list[int]:
+    return [*this_process(run), *driver_jvm(run)]
 
 
-def python_workers() -> list[int]:
-    """This run's Python workers: the descendants of this process (through the JVM)."""
-    return [pid for pid in descendants(os.getpid()) if _is_python_worker(pid)]
+def python_workers(run: list[int]) -> list[int]:
+    """This run's Python workers: descendants of this process (through the JVM)."""
+    return [pid for pid in run[1:] if _is_python_worker(pid)]
 
 
 def _program(pid: int) -> bytes:

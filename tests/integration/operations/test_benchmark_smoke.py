@@ -52,6 +52,8 @@ def test_every_stage_reads_every_record_and_reports_its_figures(
     assert product.extra["compaction_files"] >= 40
     # The warm service's answer just after the compaction was timed, and was the same rows.
     assert product.extra["one_tenant_served_compacted_s"] > 0
+    # Each group of the run's processes was found and sampled while the settle ran.
+    assert all(mib > 0 for mib in product.extra["settle_peak_mib"].values()), product.extra
 
 
 def test_the_settle_benchmark_settles_every_row_once_and_reports_what_each_process_spent(
