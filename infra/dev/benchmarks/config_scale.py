@@ -55,6 +55,7 @@ from typing import TypeVar
 from infra.dev.local_process import rss_mib
 from tenants.conf_reader import load_registry
 from tenants.config_store import ConfigSnapshots, ConfigWatcher
+from tenants.registry import TenantRegistry
 from tenants.tenant_lists import RULE_SETS_FILE, TENANT_LISTS_DIR
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -265,6 +266,13 @@ def _read_in_a_fresh_process(count: int, snapshots: ConfigSnapshots) -> None:
             per_key,
             f"{per_key.wall_s * 1e6:.2f} µs per key, of {RESOLVE_SAMPLE}",
         )
+    every_key = figures["every_key"]
+    row(
+        "resolve: every key",
+        Took(*figures["route_every_key"]),
+        f"{figures['route_bytes_per_key']:.0f} B per key kept (tracemalloc), {every_key} keys",
+    )
+    row("gc: full collection", Took(*figures["full_collection"]), f"after routing {every_key} keys")
 
 
 def _read_snapshot_in_this_process(root: str) -> dict[str, object]:
@@ -282,13 +290,28 @@ def _read_snapshot_in_this_process(root: str) -> dict[str, object]:
     found, resolve_first = _timed(resolve_all)
     _, resolve_again = _timed(resolve_all)
     assert found > 0
+    rss = rss_mib(os.getpid())
+    every_key, routes_allocated, routing_all = _allocated(lambda: _route_every_key(registry))
+    # PySpark's worker runs a full collection after every task: what the routes cost it.
+    _, collection = _timed(gc.collect)
     return {
         "first_task": astuple(first_task),
         "next_task": astuple(next_task),
         "resolve_first": astuple(resolve_first.per(len(keys))),
         "resolve_again": astuple(resolve_again.per(len(keys))),
-        "rss_mib": rss_mib(os.getpid()),
+        "rss_mib": rss,
+        "every_key": every_key,
+        "route_bytes_per_key": routes_allocated / every_key,
+        "route_every_key": astuple(routing_all.per(every_key)),
+        "full_collection": astuple(collection),
     }
+
+
+def _route_every_key(registry: TenantRegistry) -> int:
+    """Routes every configured key with key strings of its own, as a worker that has seen each
+    key in some batch holds them; the number of keys."""
+    keys = [(t.encode().decode(), s.encode().decode()) for t, s in registry.configured_keys()]
+    return sum(registry.resolve(tenant, source) is not None for tenant, source in keys)
 
 
 def _write_conf(conf: Path, count: int, rng: random.Random) -> list[str]:
