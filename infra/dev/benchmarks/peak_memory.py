@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from infra.dev.benchmarks.stream_processes import kind_of
 from infra.dev.local_process import descendants, rss_mib
 
 _SAMPLE_EVERY_S = 0.2
@@ -45,8 +46,10 @@ def this_process(run: list[int]) -> list[int]:
 
 
 def driver_jvm(run: list[int]) -> list[int]:
-    """The JVM this process started (in local mode the driver's, with the executors in it)."""
-    return [pid for pid in run[1:] if _program(pid).endswith(b"java")]
+    """The JVM this process started (in local mode the driver's, with the executors in it); not
+    a child it forked to run a command, which until its `exec` is the JVM again
+    (`stream_processes.SPAWNING`)."""
+    return [pid for pid in run[1:] if kind_of(pid, run[0]) == "jvm"]
 
 
 def driver_and_jvm(run: list[int]) -> list[int]:
@@ -56,13 +59,6 @@ def driver_and_jvm(run: list[int]) -> list[int]:
 def python_workers(run: list[int]) -> list[int]:
     """This run's Python workers: descendants of this process (through the JVM)."""
     return [pid for pid in run[1:] if _is_python_worker(pid)]
-
-
-def _program(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
-    except OSError:
-        return b""
 
 
 def _is_python_worker(pid: int) -> bool:

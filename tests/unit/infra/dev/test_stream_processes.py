@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from infra.dev.benchmarks.peak_memory import driver_jvm
 from infra.dev.benchmarks.stream_processes import (
     SPAWNING,
     ProcessTree,
@@ -81,6 +82,8 @@ def test_a_jvm_s_child_before_its_exec_is_not_counted_as_a_second_jvm(tmp_path: 
         assert kind_of(jvm.pid, root.pid) == "jvm"
         assert kind_of(child, root.pid) == SPAWNING
         assert set(pss_mib_by_kind(jvm.pid)) == {"driver"}  # the child is left out
+        # The peak-memory sampler's JVM group leaves it out too.
+        assert driver_jvm([root.pid, jvm.pid, child]) == [jvm.pid]
     finally:
         for pid in descendants(jvm.pid):  # only what this test started
             os.kill(pid, signal.SIGKILL)
