@@ -60,6 +60,7 @@ from streaming.pipeline.compaction_schedule import CompactionSchedule, scheduler
 from streaming.pipeline.spark_session import build_spark, spark_environment
 from streaming.pipeline.stream_plan import start_query, windowed_stream
 from streaming.process import (
+    STATE_STORE_STOP_CONF,
     StopSignals,
     outage_cause,
     quiet_failure_logs,
@@ -472,15 +473,16 @@ def stream_session(
     master: str | None = None,
     spark_conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
-    """The session a stream runs in: its scheduler pools, and a JIT that stops at C1
-    (`spark_session.QUICK_JIT` says why)."""
+    """The session a stream runs in: its scheduler pools, a JIT that stops at C1
+    (`spark_session.QUICK_JIT` says why), and a state store that stops within seconds
+    (`process.STATE_STORE_STOP_CONF`)."""
     # Spark reads the scheduler pools' file when the session starts: it need not outlive it.
     with tempfile.TemporaryDirectory(prefix="tw-run-") as pools_dir:
         return build_spark(
             settings.stream.name,
             master,
             settings.stream.shuffle_partitions,
-            {**scheduler_conf(Path(pools_dir)), **(spark_conf or {})},
+            {**scheduler_conf(Path(pools_dir)), **STATE_STORE_STOP_CONF, **(spark_conf or {})},
             quick_jit=True,
         )
 

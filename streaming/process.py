@@ -47,6 +47,14 @@ STOPPING_LOGGERS = (
 # Spark takes for the stop it is; the error itself reaches Spark either way, and a batch that
 # fails for any other reason as the stream stops is told by `StreamApp.stop`.
 CALLBACK_LOGGER = "py4j.clientserver"
+# How long the stop waits for state store maintenance in flight (`stop_spark`), then for it to
+# give in to an interrupt: 300 s and 60 s by default. Maintenance cut short costs nothing (the
+# next start runs it again); an interrupted one may print a Java trace, so the first wait is
+# long enough for a snapshot to finish.
+STATE_STORE_STOP_CONF = {
+    "spark.sql.streaming.stateStore.maintenanceShutdownTimeout": "10s",
+    "spark.sql.streaming.stateStore.maintenanceForceShutdownTimeout": "1s",
+}
 
 
 class StopSignals:
@@ -116,12 +124,22 @@ def stop_spark(spark: SparkSession) -> None:
     cannot race the session's stop: otherwise a snapshot it takes as the RPC environment goes
     away fails and logs a 27-line trace (`RpcEnvStoppedException`). A maintenance skipped at
     exit costs nothing: the next start runs it again.
+
+    The pool is stopped before the state store, not by it: Spark's `StateStore.stop()` holds the
+    providers' lock while it waits for the pool, and maintenance in flight waits for that lock,
+    so a stop that landed as maintenance ran waited out both of the pool's timeouts
+    (`STATE_STORE_STOP_CONF`; a SIGTERM once took over 300 s so), then printed the interrupted
+    task's trace.
     """
     jvm = spark.sparkContext._jvm
     assert jvm is not None  # a classic session: the driver's JVM is at hand
+    # Scala's `object StateStore`.
+    state_store = jvm.org.apache.spark.sql.execution.streaming.state.StateStore
     try:
-        # Scala's `object StateStore`: stops maintenance and unloads every provider.
-        jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stop()
+        # Waits for the maintenance in flight, which may take the providers' lock meanwhile.
+        state_store.stopMaintenanceTaskWithoutLock()
+        # Unloads every provider; no maintenance is left to wait for.
+        state_store.stop()
     except Exception as error:  # only a quieter exit is at stake
         log.debug("state store maintenance not stopped before the session: %s", error)
     spark.stop()

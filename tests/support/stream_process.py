@@ -17,6 +17,7 @@ from typing import IO, Any
 
 import pandas as pd
 
+from infra.dev.local_process import descendants
 from tests.support.paths import ROOT
 from tests.support.pipeline_harness import Pipeline
 from tests.support.table_snapshots import snapshot
@@ -62,11 +63,42 @@ def start_process(
 
 
 def wait_or_kill(process: subprocess.Popen[bytes], timeout_s: float) -> int:
-    """The exit code; past `timeout_s` the process group is killed and TimeoutExpired raised."""
+    """The exit code; past `timeout_s` the process group is killed and TimeoutExpired raised,
+    with the threads of its JVMs that wait on or hold a lock (`lock_holding_java_threads`)."""
     try:
         return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired as timeout:
+        timeout.add_note(lock_holding_java_threads(process))
+        raise
     finally:
         kill_group(process)
+
+
+def lock_holding_java_threads(process: subprocess.Popen[bytes]) -> str:
+    """The stacks of the threads that hold or wait for a monitor in each JVM `process` started:
+    what a hung stop is stuck on (the whole dump is thousands of lines)."""
+    found = []
+    for pid in descendants(process.pid):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() != "java":
+                continue
+            # The JDK's own jstack, beside the java binary that runs the JVM.
+            jstack = Path(os.readlink(f"/proc/{pid}/exe")).with_name("jstack")
+        except OSError:
+            continue  # it ended meanwhile
+        if not jstack.exists():
+            found.append(f"JVM {pid}: no jstack beside {jstack.parent}/java")
+            continue
+        dump = subprocess.run(
+            [jstack, str(pid)], capture_output=True, text=True, timeout=60, check=False
+        ).stdout
+        threads = [
+            thread
+            for thread in dump.split("\n\n")
+            if "- locked" in thread or "waiting to lock" in thread
+        ]
+        found.append(f"JVM {pid}, threads holding or waiting for a lock:\n" + "\n\n".join(threads))
+    return "\n".join(found) or "no JVM in the process group"
 
 
 def kill_group(process: subprocess.Popen[bytes]) -> None:
