@@ -5,6 +5,7 @@ Stats let readers skip files. Column-wise throughout: no Python per row.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import date
 from typing import Any
 
@@ -18,6 +19,13 @@ import pyarrow.compute as pc
 # they let a reader skip the files (settled, or staged) that hold no row of a tenant.
 _STATS_TYPES = (pa.types.is_integer, pa.types.is_timestamp, pa.types.is_date)
 _ID_COLUMNS = ("tenant", "source")
+SETTLED_FILE_STATS = ("tenant", "source", "batch_id")
+"""The only statistics of a settled file: its partition already says its tenant, source and
+date, so time ranges within it skip little, and every process that opens a table holds every
+file's statistics (delta-rs keeps them all): at a file per tenant and source, a million files.
+`tenant` and `source` keep skipping exact for a reader that filters on them rather than on the
+layout columns, and `batch_id` is what the notifier and newest-first reads skip by
+(`snapshot_reader`). Staged files and runs, which hold many tenants, keep them all."""
 
 
 def sorted_rows(rows: pa.Table, columns: tuple[str, ...]) -> pa.Table:
@@ -42,15 +50,16 @@ def run_starts(rows: pa.Table, columns: tuple[str, ...]) -> np.ndarray:
 
 
 def split_by_partition(
-    rows: pa.Table, partition_by: tuple[str, ...]
+    rows: pa.Table, partition_by: tuple[str, ...], stats_columns: Collection[str] | None = None
 ) -> list[tuple[dict[str, str | None], pa.Table, str]]:
-    """(partition values, that partition's rows, their Delta stats) for each partition.
+    """(partition values, that partition's rows, their Delta stats) for each partition; the
+    stats of `stats_columns` only, if given (e.g. `SETTLED_FILE_STATS`).
 
     Each partition's rows must be next to each other, so that a partition is a zero-copy slice;
     they are sorted only when they are not (a table's `sort_by` and a staged file's single
     partition already are). One grouped aggregation gives every partition's stats at once.
     """
-    stats = _partition_stats(rows, partition_by)
+    stats = _partition_stats(rows, partition_by, stats_columns)
     if not partition_by:
         return [({}, rows, stats[()])]
     starts = run_starts(rows, partition_by)
@@ -67,7 +76,9 @@ def split_by_partition(
     return splits
 
 
-def _partition_stats(rows: pa.Table, partition_by: tuple[str, ...]) -> dict[tuple[Any, ...], str]:
+def _partition_stats(
+    rows: pa.Table, partition_by: tuple[str, ...], stats_columns: Collection[str] | None
+) -> dict[tuple[Any, ...], str]:
     """Each partition's Delta stats (JSON), by its partition values.
 
     Column-wise up to the JSON itself: at a file per key a settle writes a file of a few rows per
@@ -75,6 +86,9 @@ def _partition_stats(rows: pa.Table, partition_by: tuple[str, ...]) -> dict[tupl
     formatted one at a time) cost three times what this does."""
     ranged = _ranged_columns(rows.schema, partition_by)
     counted = _null_counted_columns(rows.schema, partition_by)
+    if stats_columns is not None:
+        ranged = [column for column in ranged if column in stats_columns]
+        counted = [column for column in counted if column in stats_columns]
     aggregated = rows.group_by(list(partition_by), use_threads=False).aggregate(
         [
             ([], "count_all"),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
@@ -27,7 +27,12 @@ import pyarrow.parquet as pq
 from pyarrow import fs
 
 from storage.lake.file_names import BatchFiles, SettledFiles
-from storage.lake.file_stats import run_starts, sorted_rows, split_by_partition
+from storage.lake.file_stats import (
+    SETTLED_FILE_STATS,
+    run_starts,
+    sorted_rows,
+    split_by_partition,
+)
 from storage.lake.lake_filesystem import filesystem_of, lake_endpoint, make_folder
 from storage.lake.packed_rows import unpacked
 from storage.lake.tables import ALL_TABLES, TableSpec, rows_for_table, with_layout
@@ -114,7 +119,16 @@ def write_settled(target: SettledFiles, rows: pa.Table, doing: str) -> list[Writ
         rows = sorted_rows(rows, spec.sort_by)
     filesystem, base = filesystem_of(target.root, target.storage_options)
     laid_out = with_layout(rows, spec, settled=True)
-    return write_partitions(filesystem, base, spec, laid_out, target.file_name, doing, target)
+    return write_partitions(
+        filesystem,
+        base,
+        spec,
+        laid_out,
+        target.file_name,
+        doing,
+        target,
+        stats_columns=SETTLED_FILE_STATS,
+    )
 
 
 def write_partitions(
@@ -126,9 +140,11 @@ def write_partitions(
     doing: str,
     target: BatchFiles | SettledFiles,
     row_group_rows: int | None = None,
+    stats_columns: Collection[str] | None = None,
 ) -> list[WrittenFile]:
     """One file per partition of `rows` (in `spec.storage_schema`), named by `file_name` of the
-    partition's folder; `row_group_rows` bounds its row groups (None: pyarrow's default)."""
+    partition's folder; `row_group_rows` bounds its row groups (None: pyarrow's default), and
+    its statistics are those of `stats_columns` (None: every column's that has some)."""
 
     def write(split: tuple[dict[str, str | None], pa.Table, str]) -> WrittenFile:
         return _write_file(filesystem, base, spec, file_name, doing, target, row_group_rows, *split)
@@ -138,7 +154,7 @@ def write_partitions(
     with ThreadPoolExecutor(max_workers=threads) as pool:
         each = pool.map if threads > 1 else map
         for chunk in _partition_chunks(rows, spec.partition_by):
-            written += each(write, split_by_partition(chunk, spec.partition_by))
+            written += each(write, split_by_partition(chunk, spec.partition_by, stats_columns))
     return written
 
 

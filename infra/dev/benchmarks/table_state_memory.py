@@ -8,8 +8,9 @@ holds every file of that version with its statistics. This builds an `events` ta
 `--files` settled files, one tenant each, whose `add` actions carry the statistics the product
 writes for a settled file (`file_stats`, from rows made as `settle_keys` makes them); the files
 themselves are never written. Then, in a fresh process for each, it opens the table and reports
-the resident memory that added, per file: with the product's statistics, with only `tenant` and
-`source` (what the product's own readers use to skip files), and with a row count only.
+the resident memory that added, per file: with the product's statistics
+(`file_stats.SETTLED_FILE_STATS`), with every column's (what a settled file carried before), and
+with a row count only.
 
 Figures of one run on one machine, comparable with each other only.
 """
@@ -32,11 +33,11 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from infra.dev.benchmarks.figures_file import write_figures
 from infra.dev.benchmarks.settle_keys import synthetic_union_rows
-from storage.lake.file_stats import split_by_partition
+from storage.lake.file_stats import SETTLED_FILE_STATS, split_by_partition
 from storage.lake.tables import EVENTS, rows_for_table, with_layout
 
 MODULE = "infra.dev.benchmarks.table_state_memory"
-STATS_KINDS = ("product", "tenant_source", "none")
+STATS_KINDS = ("product", "every_column", "none")
 COMMIT_FILES = 50_000
 """`add` actions a commit carries while the table is built."""
 
@@ -88,9 +89,9 @@ def build(table: Path, files: int, kind: str) -> None:
                 partition_values=values,
                 modification_time=now_ms,
                 data_change=True,
-                stats=_kept_stats(stats, kind),
+                stats=stats,
             )
-            for index, (values, _rows, stats) in enumerate(_settled_partitions(keys))
+            for index, (values, _rows, stats) in enumerate(_settled_partitions(keys, kind))
         ]
         delta.create_write_transaction(
             actions, mode="append", schema=schema, partition_by=list(EVENTS.partition_by)
@@ -99,27 +100,14 @@ def build(table: Path, files: int, kind: str) -> None:
     delta.create_checkpoint()
 
 
-def _settled_partitions(keys: np.ndarray) -> list[tuple[dict[str, str | None], pa.Table, str]]:
-    """An event of each key's tenant, settled in its own partition, with its file's stats."""
+def _settled_partitions(
+    keys: np.ndarray, kind: str
+) -> list[tuple[dict[str, str | None], pa.Table, str]]:
+    """An event of each key's tenant, settled in its own partition, with `kind` statistics."""
     rows = rows_for_table(synthetic_union_rows(keys, keys), EVENTS, 0)
-    return split_by_partition(with_layout(rows, EVENTS, settled=True), EVENTS.partition_by)
-
-
-def _kept_stats(stats: str, kind: str) -> str:
-    if kind == "product":
-        return stats
-    parsed = json.loads(stats)
-    if kind == "none":
-        return json.dumps({"numRecords": parsed["numRecords"]})
-    ids = ("tenant", "source")
-    return json.dumps(
-        {
-            "numRecords": parsed["numRecords"],
-            **{
-                part: {column: parsed[part][column] for column in ids if column in parsed[part]}
-                for part in ("minValues", "maxValues", "nullCount")
-            },
-        }
+    stats_columns = {"product": SETTLED_FILE_STATS, "every_column": None, "none": ()}[kind]
+    return split_by_partition(
+        with_layout(rows, EVENTS, settled=True), EVENTS.partition_by, stats_columns
     )
 
 

@@ -31,7 +31,7 @@ from storage.lake.file_names import (
     stream_of_staged_file,
     write_task_of_staged_file,
 )
-from storage.lake.file_stats import split_by_partition
+from storage.lake.file_stats import SETTLED_FILE_STATS, split_by_partition
 from storage.lake.file_writer import PLAIN_FILE_ROWS, write_task_files
 from storage.lake.packed_rows import packed_table
 from storage.lake.tables import (
@@ -95,25 +95,31 @@ def _pane_rows(count: int, seed: int) -> pa.Table:
 
 
 def _assert_stats_describe_their_file(root: Path, files: list[WrittenFile]) -> None:
+    """Each file's statistics are true of its content; a settled file's are those of
+    `SETTLED_FILE_STATS` only, a staged file's (or a run's) are every column's."""
     for file in files:
         content = pq.read_table(root / file.table_name / file.path)
         stats = json.loads(file.stats)
         assert stats["numRecords"] == content.num_rows == file.num_records
-        for column in ("tenant", "source", "pane_index", "count"):
+        if file.partition_values["layout_tenant"] == STAGED:
+            described = {f.name for f in content.schema if not pa.types.is_nested(f.type)}
+        else:
+            described = set(SETTLED_FILE_STATS)
+        assert set(stats["nullCount"]) == described - set(file.partition_values), file.path
+        for column in {"tenant", "source", "pane_index", "count", "batch_id"} & described:
             values = content[column].to_pylist()
             assert stats["minValues"][column] == min(values), (file.path, column)
             assert stats["maxValues"][column] == max(values), (file.path, column)
         # Dates and timestamps as Delta writes them: ISO-8601, timestamps in UTC to the
         # millisecond; a reader that skips files by them compares these strings' instants.
-        for column in ("window_start", "window_end", "window_date"):
+        for column in {"window_start", "window_end", "window_date"} & described:
             if column not in content.column_names:
                 continue
             values = content[column].to_pylist()
             assert stats["minValues"][column] == _delta_text(min(values)), (file.path, column)
             assert stats["maxValues"][column] == _delta_text(max(values)), (file.path, column)
-        for field in content.schema:
-            if not pa.types.is_nested(field.type):
-                assert stats["nullCount"][field.name] == content[field.name].null_count
+        for column in set(stats["nullCount"]):
+            assert stats["nullCount"][column] == content[column].null_count, (file.path, column)
 
 
 def _delta_text(value: date | datetime) -> str:
@@ -221,6 +227,7 @@ def test_a_task_with_many_partitions_writes_them_a_chunk_at_a_time_to_the_same_f
             target.file_name,
             "a test",
             target,
+            stats_columns=SETTLED_FILE_STATS,
         )
         assert len({file.path for file in files}) == len(files) > 7 * 20
         _assert_stats_describe_their_file(tmp_path / name, files)
