@@ -17,6 +17,7 @@ from typing import IO, Any
 
 import pandas as pd
 
+from infra.dev.benchmarks.stream_processes import kind_of
 from infra.dev.local_process import descendants
 from tests.support.paths import ROOT
 from tests.support.pipeline_harness import Pipeline
@@ -79,9 +80,9 @@ def lock_holding_java_threads(process: subprocess.Popen[bytes]) -> str:
     what a hung stop is stuck on (the whole dump is thousands of lines)."""
     found = []
     for pid in descendants(process.pid):
+        if kind_of(pid, process.pid) != "jvm":
+            continue
         try:
-            if Path(f"/proc/{pid}/comm").read_text().strip() != "java":
-                continue
             # The JDK's own jstack, beside the java binary that runs the JVM.
             jstack = Path(os.readlink(f"/proc/{pid}/exe")).with_name("jstack")
         except OSError:
