@@ -21,9 +21,12 @@ from deltalake.schema import Field as DeltaField
 from deltalake.transaction import AddAction, RemoveAction
 
 from storage.lake.commits import check_fence, commit_without_conflict, conditional
+from storage.lake.delta_log import DeltaLog
 from storage.lake.file_names import run_oldest_ms, stream_of_staged_file
 from storage.lake.file_stats import partition_text
 from storage.lake.lake_filesystem import filesystem_of
+from storage.lake.log_checkpoint import write_checkpoint
+from storage.lake.log_commits import Swap, commit_swap
 from storage.lake.s3_options import reaching, storage_options
 from storage.lake.snapshot_reader import (
     current_paths,
@@ -351,12 +354,50 @@ class DeltaLake:
         return committed
 
     def checkpoint_log(self, spec: TableSpec, open_table: TableOpener | None = None) -> None:
-        """Write a checkpoint of the table's log at its current version. A crash before it
-        costs only reading speed: the log stays whole without it. `open_table` gives a table
-        the caller holds already, brought up to date: a table of a million files opened a
-        second time held its whole state twice (default: opened here)."""
+        """Write a checkpoint of the table's log at its newest version. A crash before it
+        costs only reading speed: the log stays whole without it.
+
+        Written a batch of actions at a time from the newest checkpoint and the commits after it
+        (`log_checkpoint`), so its memory does not grow with the table's files; where that
+        writer declines, by delta-rs from the table `open_table` gives (default: opened here;
+        a table the caller holds already saves holding a million files' state twice)."""
+        delta_log = self.log(spec)
         with reaching(self.root, self.storage_options, f"checkpointing table {spec.name}"):
+            last = delta_log.last_checkpoint()
+            if last is not None:
+                newest = delta_log.newest_version_after(int(last["version"]))
+                if write_checkpoint(delta_log, newest):
+                    return
             (open_table or self.open)(spec).create_checkpoint()
+
+    def log(self, spec: TableSpec) -> DeltaLog:
+        return DeltaLog(self.table_uri(spec), self.storage_options)
+
+    def settle_on_log(
+        self,
+        spec: TableSpec,
+        checked_version: int,
+        removed: list[LakeFile],
+        settled: list[WrittenFile],
+        app_id: str,
+        compaction_version: int,
+        writer_epoch: int,
+        before_commit: Callable[[], None] = lambda: None,
+    ) -> int | None:
+        """`settle`, checked against the commits after `checked_version` (a version holding
+        `removed`, fenced with `writer_epoch`) instead of a loaded snapshot
+        (`log_commits.commit_swap`): what a sliced settle's commits cost stays one slice's
+        files, whatever the table holds. Returns the version committed; None, committing
+        nothing, if one of `removed` is gone or the table's metadata changed since."""
+        swap = Swap(
+            removed=removed,
+            added=settled,
+            app_id=app_id,
+            writer_epoch=writer_epoch,
+            transaction=(compaction_app_id(app_id), compaction_version),
+        )
+        with reaching(self.root, self.storage_options, f"settling a slice of {spec.name}"):
+            return commit_swap(self.log(spec), checked_version, swap, before_commit)
 
     def replace_files(
         self,
@@ -386,17 +427,13 @@ class DeltaLake:
         ]
         actions += add_actions(added, data_change)
 
-        def all_still_there(table: DeltaTable) -> bool:
-            present = _present_paths(table, spec, removed)
-            return all(unquote(file.path) in present for file in removed)
-
         return self._fenced_commit(
             spec,
             actions,
             transaction,
             fence,
             f"replacing {len(removed)} files of table {spec.name}",
-            all_still_there,
+            lambda table: holds_all(table, spec, removed),
             before_commit,
             open_table,
         )
@@ -486,6 +523,12 @@ class DeltaLake:
             if stream is None or stream_of_staged_file(row["path"]) in (stream, None)
         ]
         return sorted(files, key=lambda file: file.path)
+
+
+def holds_all(table: DeltaTable, spec: TableSpec, files: list[LakeFile]) -> bool:
+    """Whether the table's loaded version holds every one of `files`."""
+    present = _present_paths(table, spec, files)
+    return all(unquote(file.path) in present for file in files)
 
 
 def _present_paths(table: DeltaTable, spec: TableSpec, files: list[LakeFile]) -> set[str]:

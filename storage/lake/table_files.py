@@ -16,7 +16,7 @@ partition) makes `advanced` return None: the caller loads the version from delta
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -25,11 +25,10 @@ from urllib.parse import unquote
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from storage.lake.lake_filesystem import filesystem_of
+from storage.lake.delta_log import DeltaLog
 from storage.lake.snapshot_reader import partition_columns, tenant_file_actions
 from storage.lake.tables import LAYOUT_PREFIX, STAGED
 
@@ -122,18 +121,13 @@ class TableFiles:
         table of a million tenants with its statistics. None where this reader cannot (no
         checkpoint, a multi-part or V2 one, deletion vectors, a later commit it cannot follow):
         the caller loads the version with delta-rs (`of_table`)."""
-        filesystem, table_path = filesystem_of(table_uri, storage_options)
-        log_dir = f"{table_path.rstrip('/')}/_delta_log"
-        try:
-            with filesystem.open_input_stream(f"{log_dir}/_last_checkpoint") as stream:
-                last = orjson.loads(stream.read())
-        except (FileNotFoundError, OSError, orjson.JSONDecodeError):
-            return None
-        if last.get("parts") or last.get("v2Checkpoint") or "version" not in last:
+        delta_log = DeltaLog(table_uri, storage_options)
+        last = delta_log.last_checkpoint()
+        if last is None or last.get("parts") or last.get("v2Checkpoint"):
             return None
         version = int(last["version"])
         checkpoint = pq.ParquetFile(
-            f"{log_dir}/{version:020d}.checkpoint.parquet", filesystem=filesystem
+            delta_log.checkpoint_file(version), filesystem=delta_log.filesystem
         )
         adds = _checkpoint_adds(checkpoint)
         if adds is None:
@@ -190,18 +184,16 @@ class TableFiles:
         `MAX_COMMITS_PER_ADVANCE`; self when there are none); None when a commit cannot be
         followed (see the module's doc). A commit is read a line (an action) at a time: a
         compaction's swap at a million keys is a 1.5 GB commit."""
-        filesystem, table_path = filesystem_of(self.table_uri, storage_options)
-        log_dir = f"{table_path.rstrip('/')}/_delta_log"
+        delta_log = DeltaLog(self.table_uri, storage_options)
         index = _Index(self.table_uri, self.only_tenant, self.by_tenant, self.shared)
         version = self.version
         for _ in range(MAX_COMMITS_PER_ADVANCE):
-            path = f"{log_dir}/{version + 1:020d}.json"
-            if filesystem.get_file_info(path).type == pafs.FileType.NotFound:
+            actions = delta_log.actions(version + 1)
+            if actions is None:
                 break
-            with filesystem.open_input_stream(path) as stream:
-                for line in _lines(stream):
-                    if not self._apply(orjson.loads(line), index):
-                        return None
+            for action in actions:
+                if not self._apply(action, index):
+                    return None
             version += 1
         if version == self.version:
             return self
@@ -311,16 +303,6 @@ def _staged_stats(
     adds = pc.drop_null(checkpoint.read(columns=["add.stats"]).column("add"))
     texts = pc.struct_field(adds, "stats")
     return {row: _tenant_stats({"stats": texts[row].as_py()}) for row in rows}
-
-
-def _lines(stream: pa.NativeFile, chunk_bytes: int = 1 << 22) -> Iterator[bytes]:
-    """The stream's non-empty lines, read `chunk_bytes` at a time."""
-    pending = b""
-    while chunk := stream.read(chunk_bytes):
-        *complete, pending = (pending + chunk).split(b"\n")
-        yield from (line for line in complete if line.strip())
-    if pending.strip():
-        yield pending
 
 
 def _tenant(action: Mapping[str, Any], tenant_column: str | None) -> str | None:

@@ -73,7 +73,7 @@ from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from storage.lake.delta_lake import DeltaLake, LakeFile, TableOpener
+from storage.lake.delta_lake import DeltaLake, LakeFile, TableOpener, holds_all
 from storage.lake.file_names import (
     MergeFiles,
     SettledFiles,
@@ -82,6 +82,7 @@ from storage.lake.file_names import (
     write_task_of_staged_file,
 )
 from storage.lake.file_writer import MapInArrow
+from storage.lake.log_commits import writes_plain_files
 from storage.lake.tables import APPENDED_TABLES, STAGED_TABLES, TableSpec
 from storage.lake.written_files import WrittenFile
 from storage.upkeep.compaction_manifests import MANIFEST_DDL, Manifests
@@ -545,8 +546,10 @@ class _Written:
             runs_of.setdefault(index, []).append(
                 LakeFile(path=run.path, size=run.size, partition_values=run.partition_values)
             )
-        table = _kept_table(compaction.lake)
-        if not swap.commit(swap.staged, self.runs, hooks, None, table):
+        checked = self._swap_staged_for_runs(
+            [file for runs in runs_of.values() for file in runs], hooks
+        )
+        if checked is None:
             return None
         log.info(
             "compacting %s: %d staged files cut into %d runs for %d slices of tenants",
@@ -568,7 +571,17 @@ class _Written:
                 continue
             if settled_files:
                 hooks.between_slices()
-            if not swap.commit(removed, written, hooks, None, table):
+            checked = compaction.lake.settle_on_log(
+                spec,
+                checked,
+                removed,
+                written,
+                compaction.stream,
+                swap.version,
+                compaction.writer_epoch,
+                hooks.before_commit,
+            )
+            if checked is None:
                 return None
             settled_files += len(written)
             records += sum(file.num_records for file in written)
@@ -581,8 +594,33 @@ class _Written:
             )
         checkpoint_at = compaction.log_checkpoint_files
         if checkpoint_at is not None and settled_files + len(swap.staged) >= checkpoint_at:
-            compaction.lake.checkpoint_log(spec, table)
+            compaction.lake.checkpoint_log(spec)
         return _Swapped(settled_files, 0, records, len(slices))
+
+    def _swap_staged_for_runs(self, runs: list[LakeFile], hooks: _Hooks) -> int | None:
+        """Commit the staged files' swap for the `runs` through delta-rs, on the table as it
+        is; returns a version after it that holds every run (the fence checked by the commit),
+        from which the slices commit on the log alone (`DeltaLake.settle_on_log`). None: the
+        staged files, or then the runs, were taken meanwhile.
+
+        The table's loaded state goes when this returns. The log gets a checkpoint now if it has
+        none: the one the slices end with is then written from it a batch at a time
+        (`DeltaLake.checkpoint_log`), never from a snapshot of every settled file."""
+        swap = self.swap
+        compaction, spec = swap.compaction, swap.spec
+        table = _kept_table(compaction.lake)
+        if not writes_plain_files(table(spec)):
+            raise RuntimeError(
+                f"compacting {spec.name}: the table requires writer features this release does "
+                f"not write ({table(spec).protocol()}), so a settle of this many files cannot "
+                "commit to it in slices"
+            )
+        if not swap.commit(swap.staged, self.runs, hooks, None, table):
+            return None
+        if compaction.lake.log(spec).last_checkpoint() is None:
+            compaction.lake.checkpoint_log(spec, table)
+        current = table(spec)
+        return current.version() if holds_all(current, spec, runs) else None
 
 
 def _discard(pending: WorkThread[_Written | None]) -> None:

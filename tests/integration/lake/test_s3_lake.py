@@ -11,13 +11,18 @@ from typing import Any
 import boto3
 import pyarrow as pa
 import pytest
+from deltalake import DeltaTable, write_deltalake
 
 from infra.cli.main import main
-from storage.lake.delta_lake import DeltaLake
+from storage.lake.delta_lake import DeltaLake, LakeFile
+from storage.lake.delta_log import DeltaLog
 from storage.lake.file_names import SettledFiles
 from storage.lake.file_writer import write_settled
+from storage.lake.log_checkpoint import write_checkpoint
+from storage.lake.log_commits import Swap, commit_swap
 from storage.lake.s3_options import storage_options
 from storage.lake.tables import EVENTS
+from storage.lake.written_files import WrittenFile
 from tenants.registry import ConfigError
 from tenants.settings import load_settings
 from tests.support.pipeline_harness import Pipeline, record
@@ -142,3 +147,58 @@ def test_a_settled_file_on_s3_is_one_put_and_no_folder_markers(s3_endpoint: str)
         body = client.get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read()
         # A multipart upload's ETag is "<digest>-<parts>"; one PutObject's is the body's MD5.
         assert item["ETag"].strip('"') == hashlib.md5(body).hexdigest()
+
+
+def test_commits_and_a_checkpoint_written_on_the_log_read_back_through_delta_rs_on_s3(
+    s3_endpoint: str,
+) -> None:
+    """A sliced settle commits on the log's tail and checkpoints a batch at a time: on S3 a
+    version is still taken once (a conditional PUT), and delta-rs reads the result."""
+    options = {
+        "AWS_ENDPOINT_URL": s3_endpoint,
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_REGION": "us-east-1",
+        "AWS_ALLOW_HTTP": "true",
+    }
+    uri = "s3://lake/on-the-log/events"
+    rows = pa.table({"tenant": ["acme", "zeta"], "value": [1, 2]})
+    write_deltalake(uri, rows, partition_by=["tenant"], storage_options=options)
+    DeltaTable(uri, storage_options=options).create_checkpoint()
+    acme, zeta = sorted(
+        pa.table(DeltaTable(uri, storage_options=options).get_add_actions()).to_pylist(),
+        key=lambda row: str(row["path"]),
+    )
+    delta_log = DeltaLog(uri, options)
+    settled = WrittenFile(
+        table_name="events",
+        path="tenant=acme/settled.parquet",
+        size=7,
+        partition_values={"tenant": "acme"},
+        modification_time=1,
+        stats='{"numRecords":1}',
+        num_records=1,
+    )
+    removed = [LakeFile(acme["path"], acme["size_bytes"], {"tenant": "acme"})]
+
+    def another_writer_takes_version_1() -> None:
+        if not delta_log.has_commit(1):
+            assert delta_log.try_commit(1, [{"commitInfo": {"timestamp": 1}}])
+            assert not delta_log.try_commit(1, [{"commitInfo": {"timestamp": 2}}])
+
+    swap = Swap(removed, [settled], "s", 0, ("s/compaction", 1))
+    version = commit_swap(delta_log, 0, swap, another_writer_takes_version_1)
+
+    assert version == 2
+    assert write_checkpoint(delta_log, 2)
+    table = DeltaTable(uri, storage_options=options)
+    assert sorted(table.file_uris()) == sorted(
+        [f"{uri}/{zeta['path']}", f"{uri}/tenant=acme/settled.parquet"]
+    )
+    assert table.transaction_version("s/compaction") == 1
+    assert delta_log.last_checkpoint() == {
+        "version": 2,
+        "size": 6,  # protocol, metadata, the transaction, two files and one tombstone
+        "sizeInBytes": delta_log.filesystem.get_file_info(delta_log.checkpoint_file(2)).size,
+        "numOfAddFiles": 2,
+    }

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from storage.lake.table_files import TableFiles, _lines
+from storage.lake.table_files import TableFiles
 from storage.lake.tables import STAGED
 
 _TENANTS = ("acme", "a b/c%", "b", "zeta", "mid")
@@ -135,13 +135,6 @@ def test_a_remove_that_does_not_name_its_partition_is_left_to_a_fresh_load(
     remove = {"remove": {"path": path, "deletionTimestamp": 1, "dataChange": True}}
     (tmp_path / "events" / "_delta_log" / f"{1:020d}.json").write_text(json.dumps(remove) + "\n")
     assert files.advanced(None) is None
-
-
-def test_a_commit_is_read_a_line_at_a_time_whatever_the_chunks() -> None:
-    text = b'{"a": 1}\n\n{"b": 22}\n{"c": 333}'
-    for chunk_bytes in (1, 3, 7, 1 << 20):
-        lines = list(_lines(pa.BufferReader(text), chunk_bytes))
-        assert lines == [b'{"a": 1}', b'{"b": 22}', b'{"c": 333}'], chunk_bytes
 
 
 _SCHEMA = pa.schema(

@@ -1,0 +1,254 @@
+"""A checkpoint of a table's log, written a batch of actions at a time.
+
+delta-rs writes a checkpoint from a loaded snapshot: every file's `add` in memory at once, and at
+a million files a table it held gigabytes while doing it. A checkpoint is the newest checkpoint
+with the commits after it applied, and both can be read in pieces: the commits after it are read
+newest first, so the first action met on a path is its last (a live file or a tombstone), and
+the older checkpoint's rows are then copied batch by batch, minus what those commits replaced.
+The memory this takes is a batch of rows and the set of paths those commits touched.
+
+It writes the classic single-file checkpoint, in the schema of the checkpoint it starts from
+(delta-rs's, which Spark reads too). It declines (returns False; the caller has delta-rs write
+the checkpoint) where that is not enough: no earlier checkpoint, a multi-part or V2 one, or
+actions it would have to understand (deletion vectors, domain metadata).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from storage.lake.delta_log import Action, DeltaLog
+
+BATCH_ROWS = 50_000
+"""Rows read from the older checkpoint, or gathered from the commits, before each write."""
+DEFAULT_TOMBSTONE_RETENTION_MS = 7 * 24 * 3_600_000
+"""Delta's default `delta.deletedFileRetentionDuration`: tombstones older are dropped."""
+_UNIT_MS = {
+    "millisecond": 1,
+    "second": 1_000,
+    "minute": 60_000,
+    "hour": 3_600_000,
+    "day": 86_400_000,
+    "week": 7 * 86_400_000,
+}
+
+
+class _DeclinedError(Exception):
+    """The log holds something this writer does not apply."""
+
+
+def write_checkpoint(delta_log: DeltaLog, version: int) -> bool:
+    """Write the checkpoint of `version` and point `_last_checkpoint` at it; False, writing
+    nothing, where this writer declines (see the module's doc)."""
+    last = delta_log.last_checkpoint()
+    if last is None or last.get("parts") or last.get("v2Checkpoint"):
+        return False
+    base_version = int(last["version"])
+    if base_version >= version:
+        return base_version == version
+    base = pq.ParquetFile(delta_log.checkpoint_file(base_version), filesystem=delta_log.filesystem)
+    schema = base.schema_arrow
+    if "checkpointMetadata" in schema.names or _any_valid(base, "sidecar"):
+        return False
+    # The retention the older checkpoint's metadata sets: a change of it since applies from
+    # the next checkpoint on.
+    cutoff_ms = int(time.time() * 1000) - _tombstone_retention_ms(_metadata(base))
+    tail = _Tail(delta_log, base_version + 1, version)
+    path = delta_log.checkpoint_file(version)
+    try:
+        with _Writer(delta_log, path, schema, cutoff_ms) as writer:
+            for rows in tail.rows():
+                writer.write(pa.Table.from_pylist([_shaped(row, schema) for row in rows], schema))
+            for batch in base.iter_batches(batch_size=BATCH_ROWS):
+                writer.write(pa.Table.from_batches([tail.unreplaced(batch)], schema))
+    except _DeclinedError:
+        return False
+    delta_log.write_file(
+        "_last_checkpoint",
+        orjson.dumps(
+            {
+                "version": version,
+                "size": writer.actions,
+                "sizeInBytes": delta_log.filesystem.get_file_info(path).size,
+                "numOfAddFiles": writer.adds,
+            }
+        ),
+    )
+    return True
+
+
+@dataclass
+class _Tail:
+    """The commits after the older checkpoint, read newest first: the first action met on a
+    path is its last word (a live file, or a tombstone), and so on for transaction ids,
+    metadata and protocol."""
+
+    delta_log: DeltaLog
+    first: int
+    last: int
+    touched: set[str] = field(default_factory=set)
+    """Every path an action of these commits names (decoded): the older checkpoint's row of
+    such a path is replaced."""
+    app_ids: set[str] = field(default_factory=set)
+    replaced: set[str] = field(default_factory=set)
+    """`metaData` and `protocol`, where these commits hold a newer one."""
+
+    def rows(self) -> Iterator[list[Action]]:
+        """The commits' surviving actions, `BATCH_ROWS` at a time. Fills `touched`, `app_ids`
+        and `replaced` as it goes: `unreplaced` is for after."""
+        rows: list[Action] = []
+        for version in range(self.last, self.first - 1, -1):
+            actions = self.delta_log.actions(version)
+            if actions is None:
+                raise RuntimeError(f"{self.delta_log.table_uri}: commit {version} is missing")
+            for action in actions:
+                row = self._surviving(action)
+                if row is not None:
+                    rows.append(row)
+                if len(rows) >= BATCH_ROWS:
+                    yield rows
+                    rows = []
+        if rows:
+            yield rows
+
+    def _surviving(self, action: Action) -> Action | None:
+        if "domainMetadata" in action or "checkpointMetadata" in action:
+            raise _DeclinedError
+        for kind in ("add", "remove"):
+            if (file_action := action.get(kind)) is not None:
+                if file_action.get("deletionVector"):
+                    raise _DeclinedError
+                path = unquote(file_action["path"])
+                if path in self.touched:
+                    return None
+                self.touched.add(path)
+                return {kind: file_action}
+        if (txn := action.get("txn")) is not None:
+            if txn["appId"] in self.app_ids:
+                return None
+            self.app_ids.add(txn["appId"])
+            return {"txn": txn}
+        for kind in ("metaData", "protocol"):
+            if kind in action and kind not in self.replaced:
+                self.replaced.add(kind)
+                return {kind: action[kind]}
+        return None
+
+    def unreplaced(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """The older checkpoint's rows these commits did not replace."""
+        keep = pc.invert(pc.fill_null(self._path_touched(batch), False))
+        if self.app_ids:
+            app_id = pc.struct_field(batch.column("txn"), "appId")
+            touched_app = pc.fill_null(pc.is_in(app_id, pa.array(self.app_ids, pa.string())), False)
+            keep = pc.and_(keep, pc.invert(touched_app))
+        for kind in self.replaced:
+            keep = pc.and_(keep, pc.is_null(batch.column(kind)))
+        return batch.filter(keep)
+
+    def _path_touched(self, batch: pa.RecordBatch) -> pa.Array:
+        paths = pc.coalesce(
+            pc.struct_field(batch.column("add"), "path"),
+            pc.struct_field(batch.column("remove"), "path"),
+        )
+        if pc.any(pc.fill_null(pc.match_substring(paths, "%"), False)).as_py():
+            paths = pa.array(
+                [None if path is None else unquote(path) for path in paths.to_pylist()],
+                pa.string(),
+            )
+        return pc.is_in(paths, pa.array(self.touched, pa.string()))
+
+
+class _Writer:
+    """The checkpoint file, written beside under a name no reader takes for a checkpoint and
+    moved into place once whole (on S3, a copy: the object appears whole or not at all).
+    Tombstones deleted before `cutoff_ms` are left out."""
+
+    def __init__(self, delta_log: DeltaLog, path: str, schema: pa.Schema, cutoff_ms: int) -> None:
+        self._delta_log = delta_log
+        self._path = path
+        folder, _, name = path.rpartition("/")
+        self._written = f"{folder}/.{name}.{uuid.uuid4().hex}.tmp"
+        self._sink = delta_log.filesystem.open_output_stream(self._written)
+        self._parquet = pq.ParquetWriter(self._sink, schema)
+        self._cutoff_ms = cutoff_ms
+        self.actions = 0
+        self.adds = 0
+
+    def write(self, table: pa.Table) -> None:
+        deleted_ms = pc.struct_field(table.column("remove"), "deletionTimestamp")
+        expired = pc.fill_null(pc.less(deleted_ms, self._cutoff_ms), False)
+        table = table.filter(pc.invert(expired))
+        if table.num_rows == 0:
+            return
+        self.actions += table.num_rows
+        self.adds += table.num_rows - table.column("add").null_count
+        self._parquet.write_table(table)
+
+    def __enter__(self) -> _Writer:
+        return self
+
+    def __exit__(self, error_type: object, error: object, traceback: object) -> None:
+        self._parquet.close()
+        self._sink.close()
+        if error_type is not None:
+            self._delta_log.filesystem.delete_file(self._written)
+            return
+        self._delta_log.filesystem.move(self._written, self._path)
+
+
+def _shaped(row: Action, schema: pa.Schema) -> dict[str, Any]:
+    """A log action as a checkpoint row of `schema`: maps as key-value pairs, fields the
+    checkpoint has no column for left out."""
+    return {name: _value(value, schema.field(name).type) for name, value in row.items()}
+
+
+def _value(value: Any, value_type: pa.DataType) -> Any:
+    if value is None:
+        return None
+    if isinstance(value_type, pa.StructType):
+        names = {value_type.field(index).name: index for index in range(value_type.num_fields)}
+        return {
+            key: _value(item, value_type.field(names[key]).type)
+            for key, item in value.items()
+            if key in names
+        }
+    if isinstance(value_type, pa.MapType):
+        return [(key, _value(item, value_type.item_type)) for key, item in value.items()]
+    if isinstance(value_type, pa.ListType):
+        return [_value(item, value_type.value_type) for item in value]
+    return value
+
+
+def _any_valid(checkpoint: pq.ParquetFile, column: str) -> bool:
+    if column not in checkpoint.schema_arrow.names:
+        return False
+    values = checkpoint.read(columns=[column]).column(column)
+    return bool(values.null_count < len(values))
+
+
+def _metadata(checkpoint: pq.ParquetFile) -> Action | None:
+    values = checkpoint.read(columns=["metaData"]).column("metaData").drop_null()
+    return values[0].as_py() if len(values) else None
+
+
+def _tombstone_retention_ms(metadata: Action | None) -> int:
+    """`delta.deletedFileRetentionDuration` ("interval 7 days") in ms, or Delta's default."""
+    configuration = (metadata or {}).get("configuration") or {}
+    if isinstance(configuration, list):  # a checkpoint's map reads as pairs
+        configuration = dict(configuration)
+    text = configuration.get("delta.deletedFileRetentionDuration")
+    match = re.fullmatch(r"\s*interval\s+(\d+)\s+(\w+?)s?\s*", text or "", re.IGNORECASE)
+    if match is None or match.group(2).lower() not in _UNIT_MS:
+        return DEFAULT_TOMBSTONE_RETENTION_MS
+    return int(match.group(1)) * _UNIT_MS[match.group(2).lower()]

@@ -1,0 +1,181 @@
+"""A fenced swap of files committed on the log's tail: checked against the commits after a version
+the writer already checked, never against a loaded snapshot.
+
+A sliced settle (`storage.upkeep.settle_slices`) commits one slice after another to a table that
+gains a file per tenant with each: through delta-rs, every commit loaded the table's whole file
+list, and at a million tenants the driver held gigabytes. Each slice only needs to know what
+happened since the version it last saw: whether a newer writer fenced the table
+(`commits.check_fence`), whether one of the files it removes is gone, and whether the table's
+metadata or protocol changed (then it stops and the settle lists its files again). Those are in
+the commits after that version, a few each, read here; the commit itself is written with the
+version's put-if-absent (`delta_log.DeltaLog.try_commit`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import unquote
+
+from deltalake import DeltaTable
+
+from storage.lake.commits import COMMIT_ATTEMPTS, FencedError, fence_app_id
+from storage.lake.delta_log import (
+    PLAIN_WRITER_FEATURES,
+    PLAIN_WRITER_VERSION,
+    Action,
+    DeltaLog,
+    log_path,
+)
+from storage.lake.written_files import WrittenFile
+
+log = logging.getLogger(__name__)
+
+ENGINE = "tenant-windows"
+COMMIT_ID = "tenantWindowsCommitId"
+"""A `commitInfo` field naming one commit attempt: a PUT whose reply was lost and whose retry
+found the version taken can tell its own commit from another writer's."""
+
+
+class RemovedFile(Protocol):
+    """A file of the table a swap removes (`delta_lake.LakeFile`)."""
+
+    @property
+    def path(self) -> str:
+        """Relative to the table, as the file system names it."""
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def partition_values(self) -> dict[str, str | None]: ...
+
+
+@dataclass(frozen=True)
+class Swap:
+    """Remove `removed` and add `added` in one commit with `dataChange = false` (the same rows)."""
+
+    removed: Sequence[RemovedFile]
+    added: Sequence[WrittenFile]
+    app_id: str
+    """The stream: its fence (`<app_id>/writer_epoch`) must hold `writer_epoch`."""
+    writer_epoch: int
+    transaction: tuple[str, int]
+    """The Delta transaction id (app id, version) the commit carries."""
+
+
+def writes_plain_files(table: DeltaTable) -> bool:
+    """Whether the table's protocol lets a writer that knows only files commit to it."""
+    protocol = table.protocol()
+    if protocol.min_writer_version <= PLAIN_WRITER_VERSION:
+        return True
+    return set(protocol.writer_features or ()) <= PLAIN_WRITER_FEATURES
+
+
+def commit_swap(
+    delta_log: DeltaLog,
+    checked_version: int,
+    swap: Swap,
+    before_commit: Callable[[], None] = lambda: None,
+) -> int | None:
+    """Commit `swap` after `checked_version`, a version at which every file it removes was in
+    the table and the fence held `swap.writer_epoch`. Returns the version committed, or None if
+    a commit since removed one of those files or changed the table's metadata or protocol
+    (nothing committed: the caller lists its files again). Raises `FencedError` if a newer
+    writer fenced the table. `before_commit` runs before each attempt's write."""
+    removed_paths = {unquote(file.path) for file in swap.removed}
+    fence = fence_app_id(swap.app_id)
+    commit_id = uuid.uuid4().hex
+    version = checked_version
+    for _ in range(COMMIT_ATTEMPTS):
+        while (actions := delta_log.actions(version + 1)) is not None:
+            if not _still_valid(actions, removed_paths, fence, swap.writer_epoch):
+                return None
+            version += 1
+        before_commit()
+        if delta_log.try_commit(version + 1, _swap_actions(swap, commit_id)):
+            return version + 1
+        log.info("%s: version %d was taken; checking its commit", delta_log.table_uri, version + 1)
+        mine = delta_log.actions(version + 1)
+        if mine is not None and _is_commit(mine, commit_id):
+            # The write landed and only its reply was lost: a retry found the name taken.
+            return version + 1
+    raise RuntimeError(
+        f"{delta_log.table_uri}: other commits took every version for {COMMIT_ATTEMPTS} attempts"
+    )
+
+
+def _still_valid(
+    actions: Iterable[Action], removed_paths: set[str], fence: str, epoch: int
+) -> bool:
+    """Whether a commit after the checked version leaves the swap valid; raises FencedError
+    if it fenced the table for a newer writer."""
+    for action in actions:
+        if (txn := action.get("txn")) is not None and txn.get("appId") == fence:
+            if int(txn["version"]) != epoch:
+                raise FencedError(
+                    f"table fenced by writer epoch {txn['version']} while this instance, epoch "
+                    f"{epoch}, was committing: a newer instance took the stream over"
+                )
+        elif "metaData" in action or "protocol" in action or _removes(action, removed_paths):
+            return False
+    return True
+
+
+def _removes(action: Action, paths: set[str]) -> bool:
+    removed = action.get("remove")
+    return removed is not None and unquote(removed["path"]) in paths
+
+
+def _is_commit(actions: Iterable[Action], commit_id: str) -> bool:
+    for action in actions:
+        info = action.get("commitInfo")
+        return info is not None and info.get(COMMIT_ID) == commit_id
+    return False
+
+
+def _swap_actions(swap: Swap, commit_id: str) -> list[Action]:
+    now_ms = int(time.time() * 1000)
+    app_id, version = swap.transaction
+    return [
+        {
+            "commitInfo": {
+                "timestamp": now_ms,
+                "operation": "WRITE",
+                "operationParameters": {"mode": "Append"},
+                "engineInfo": ENGINE,
+                COMMIT_ID: commit_id,
+            }
+        },
+        {"txn": {"appId": app_id, "version": version, "lastUpdated": now_ms}},
+        *(
+            {
+                "remove": {
+                    "path": log_path(file.path),
+                    "deletionTimestamp": now_ms,
+                    "dataChange": False,
+                    "extendedFileMetadata": True,
+                    "partitionValues": file.partition_values,
+                    "size": file.size,
+                }
+            }
+            for file in swap.removed
+        ),
+        *(
+            {
+                "add": {
+                    "path": log_path(file.path),
+                    "partitionValues": file.partition_values,
+                    "size": file.size,
+                    "modificationTime": file.modification_time,
+                    "dataChange": False,
+                    "stats": file.stats,
+                }
+            }
+            for file in swap.added
+        ),
+    ]
