@@ -1,6 +1,7 @@
 """Conditional Delta commits: check a snapshot, then commit only if nothing landed after it.
 
-The writer lease and every data commit share these two primitives. A commit made with
+The writer lease and the batches' commits share these two primitives (a compaction's swaps
+are checked on the log instead: `log_commits`). A commit made with
 `conditional()` has no commit retry, so any commit that landed after the snapshot it was
 checked against (another instance's fence, a racing claim) makes it fail; `commit_without_
 conflict` then runs the whole attempt again, checks included.
@@ -36,9 +37,14 @@ def fence_app_id(stream: str) -> str:
 def check_fence(table: DeltaTable, stream: str, epoch: int) -> None:
     """Raise unless `table`'s snapshot is fenced with exactly `epoch`."""
     fenced_with = table.transaction_version(fence_app_id(stream))
+    check_fence_epoch(fenced_with, table.table_uri, stream, epoch)
+
+
+def check_fence_epoch(fenced_with: int | None, table_uri: str, stream: str, epoch: int) -> None:
+    """Raise unless a table (at `table_uri`) fenced with `fenced_with` is fenced with `epoch`."""
     if fenced_with != epoch:
         raise FencedError(
-            f"stream {stream!r}: {table.table_uri} is fenced by writer epoch {fenced_with}, this "
+            f"stream {stream!r}: {table_uri} is fenced by writer epoch {fenced_with}, this "
             f"instance holds epoch {epoch}; a newer instance took the stream over, so this one "
             "stops without writing"
         )

@@ -20,13 +20,20 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.schema import Field as DeltaField
 from deltalake.transaction import AddAction, RemoveAction
 
-from storage.lake.commits import check_fence, commit_without_conflict, conditional
-from storage.lake.delta_log import DeltaLog
+from storage.lake.commits import (
+    check_fence,
+    check_fence_epoch,
+    commit_without_conflict,
+    conditional,
+    fence_app_id,
+)
+from storage.lake.delta_log import PLAIN_WRITER_FEATURES, PLAIN_WRITER_VERSION, DeltaLog
 from storage.lake.file_names import run_oldest_ms, stream_of_staged_file
 from storage.lake.file_stats import partition_text
 from storage.lake.lake_filesystem import filesystem_of
 from storage.lake.log_checkpoint import write_checkpoint
-from storage.lake.log_commits import Swap, commit_swap
+from storage.lake.log_commits import Swap, commit_swap, writes_plain_files
+from storage.lake.log_snapshot import partition_snapshot
 from storage.lake.s3_options import reaching, storage_options
 from storage.lake.snapshot_reader import (
     current_paths,
@@ -322,45 +329,57 @@ class DeltaLake:
         writer_epoch: int,
         before_commit: Callable[[], None] = lambda: None,
         log_checkpoint_files: int | None = None,
-        open_table: TableOpener | None = None,
-    ) -> bool:
+        listing: StagedListing | None = None,
+    ) -> int | None:
         """Replace `staged` files by the `settled` ones holding the same rows, in one commit
         (contract §5: at every version each row is visible exactly once), with the transaction id
         (`<app_id>/compaction`, `compaction_version`) and `dataChange = false`: readers that
-        follow the table see no new data.
+        follow the table see no new data. Returns the version committed.
 
-        Fenced like a batch's commit. Returns False, committing nothing, if one of the staged
-        files is gone from the table (another compaction or an `optimize` took it): the caller
-        lists the staged files again.
+        Checked against `listing` (the staged files as listed, default: listed now) and the
+        commits after it, on the log (`log_commits.commit_swap`), never a loaded snapshot: a
+        table of a file per tenant costs a commit nothing more. Fenced like a batch's commit:
+        `FencedError` if the listed version or a later commit holds a newer writer's fence.
+        Returns None, committing nothing, if one of the staged files is gone (another
+        compaction or an `optimize` took it): the caller lists the staged files again.
 
         A commit of at least `log_checkpoint_files` actions is followed by a checkpoint of the
         log: at many tenants a compaction adds a file per tenant, and until a checkpoint every
-        reader that opens the table replays each of those actions from JSON. `open_table` as
-        for `replace_files`.
+        reader that opens the table replays each of those actions from JSON.
         """
-        committed = self.replace_files(
+        listed = listing or self.staged_listing(spec, app_id)
+        check_fence_epoch(listed.fence_epoch, self.table_uri(spec), app_id, writer_epoch)
+        if not listed.plain_writer:
+            raise RuntimeError(
+                f"table {spec.name} requires writer features this release does not write; "
+                "the stream cannot settle its rows"
+            )
+        present = {file.path for file in listed.files}
+        if any(unquote(file.path) not in present for file in staged):
+            return None
+        version = self.settle_on_log(
             spec,
+            listed.version,
             staged,
             settled,
-            Transaction(app_id=compaction_app_id(app_id), version=compaction_version),
-            fence=(app_id, writer_epoch),
-            data_change=False,
-            before_commit=before_commit,
-            open_table=open_table,
+            app_id,
+            compaction_version,
+            writer_epoch,
+            before_commit,
         )
         swapped = len(staged) + len(settled)
-        if committed and log_checkpoint_files is not None and swapped >= log_checkpoint_files:
+        checkpoint_at = log_checkpoint_files
+        if version is not None and checkpoint_at is not None and swapped >= checkpoint_at:
             self.checkpoint_log(spec)
-        return committed
+        return version
 
-    def checkpoint_log(self, spec: TableSpec, open_table: TableOpener | None = None) -> None:
+    def checkpoint_log(self, spec: TableSpec) -> None:
         """Write a checkpoint of the table's log at its newest version. A crash before it
         costs only reading speed: the log stays whole without it.
 
         Written a batch of actions at a time from the newest checkpoint and the commits after it
         (`log_checkpoint`), so its memory does not grow with the table's files; where that
-        writer declines, by delta-rs from the table `open_table` gives (default: opened here;
-        a table the caller holds already saves holding a million files' state twice)."""
+        writer declines, by delta-rs."""
         delta_log = self.log(spec)
         with reaching(self.root, self.storage_options, f"checkpointing table {spec.name}"):
             last = delta_log.last_checkpoint()
@@ -368,7 +387,7 @@ class DeltaLake:
                 newest = delta_log.newest_version_after(int(last["version"]))
                 if write_checkpoint(delta_log, newest):
                     return
-            (open_table or self.open)(spec).create_checkpoint()
+            self.open(spec).create_checkpoint()
 
     def log(self, spec: TableSpec) -> DeltaLog:
         return DeltaLog(self.table_uri(spec), self.storage_options)
@@ -433,7 +452,7 @@ class DeltaLake:
             transaction,
             fence,
             f"replacing {len(removed)} files of table {spec.name}",
-            lambda table: holds_all(table, spec, removed),
+            lambda table: _holds_all(table, spec, removed),
             before_commit,
             open_table,
         )
@@ -504,28 +523,68 @@ class DeltaLake:
         ]
 
     def staged_files(self, spec: TableSpec, stream: str | None = None) -> list[LakeFile]:
-        """The staged files of the table's current version, by path; with `stream`, those it
+        """The staged files of the table's newest version, by path; with `stream`, those it
         wrote and those no stream's name marks (an outside `OPTIMIZE` merged staged files)."""
+        return self.staged_listing(spec, stream).files
+
+    def staged_listing(self, spec: TableSpec, stream: str | None = None) -> StagedListing:
+        """`staged_files` with the version they were listed at, read from the log's
+        checkpoint and later commits (`log_snapshot`), or, where that reader declines, from
+        delta-rs."""
+        column = spec.partition_by[0]
+        with reaching(self.root, self.storage_options, f"listing table {spec.name}"):
+            snapshot = partition_snapshot(self.log(spec), column, STAGED)
+        if snapshot is None:
+            return self._staged_listing_of_delta_rs(spec, stream)
+        files = [
+            LakeFile(
+                path=file.path,
+                size=file.size,
+                partition_values={
+                    name: file.partition_values.get(name) for name in spec.partition_by
+                },
+                staged_ms=_staged_ms(file.path, file.modification_time),
+            )
+            for file in snapshot.files
+            if stream is None or stream_of_staged_file(file.path) in (stream, None)
+        ]
+        plain = snapshot.writer_version <= PLAIN_WRITER_VERSION or (
+            snapshot.writer_features <= PLAIN_WRITER_FEATURES
+        )
+        fence_epoch = None if stream is None else snapshot.transactions.get(fence_app_id(stream))
+        return StagedListing(snapshot.version, files, fence_epoch, plain)
+
+    def _staged_listing_of_delta_rs(self, spec: TableSpec, stream: str | None) -> StagedListing:
         table = self.open(spec)
         actions = pa.table(table.get_add_actions(flatten=True))
         column = f"partition.{spec.partition_by[0]}"
-        if actions.num_rows == 0 or column not in actions.column_names:
-            return []
-        rows = actions.filter(pc.equal(actions[column], STAGED)).to_pylist()
+        rows = (
+            actions.filter(pc.equal(actions[column], STAGED)).to_pylist()
+            if actions.num_rows and column in actions.column_names
+            else []
+        )
         files = [
             LakeFile(
                 path=row["path"],
                 size=row["size_bytes"],
-                partition_values={name: row[f"partition.{name}"] for name in spec.partition_by},
+                partition_values={
+                    name: partition_text(row[f"partition.{name}"]) for name in spec.partition_by
+                },
                 staged_ms=_staged_ms(row["path"], row["modification_time"]),
             )
             for row in rows
             if stream is None or stream_of_staged_file(row["path"]) in (stream, None)
         ]
-        return sorted(files, key=lambda file: file.path)
+        fence_epoch = None if stream is None else table.transaction_version(fence_app_id(stream))
+        return StagedListing(
+            table.version(),
+            sorted(files, key=lambda file: file.path),
+            fence_epoch,
+            writes_plain_files(table),
+        )
 
 
-def holds_all(table: DeltaTable, spec: TableSpec, files: list[LakeFile]) -> bool:
+def _holds_all(table: DeltaTable, spec: TableSpec, files: list[LakeFile]) -> bool:
     """Whether the table's loaded version holds every one of `files`."""
     present = _present_paths(table, spec, files)
     return all(unquote(file.path) in present for file in files)
@@ -580,6 +639,18 @@ class LakeFile:
     partition_values: dict[str, str | None]
     staged_ms: int | None = None
     """A staged file's: when its oldest row was staged (epoch ms). None for other files."""
+
+
+@dataclass(frozen=True)
+class StagedListing:
+    """A table's staged files as listed at one version, with what a swap of them checks."""
+
+    version: int
+    files: list[LakeFile]
+    fence_epoch: int | None
+    """The listing stream's fence at `version` (None: not fenced, or no stream named)."""
+    plain_writer: bool
+    """Whether the table's protocol lets a writer that knows only files commit to it."""
 
 
 class LakeLayoutError(RuntimeError):

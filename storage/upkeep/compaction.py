@@ -11,8 +11,10 @@ Its steps, and where each lives:
 4. the file list back to the driver through one manifest per task
    (`storage.upkeep.compaction_manifests`), one slice of tenants at a time for a big settle
    (`storage.upkeep.settle_slices`);
-5. the swap: one fenced, conditional Delta commit per table (`DeltaLake.settle`, sharing its
-   commit path with the batches' commits in `storage.lake.delta_lake`).
+5. the swap: one fenced, conditional Delta commit per table (`DeltaLake.settle`), checked
+   against the staged files as listed and the commits after them, on the log itself
+   (`storage.lake.log_snapshot`, `storage.lake.log_commits`): neither the listing nor the
+   commit loads the table's file list, a file per tenant once settled.
 
 A micro-batch writes one staged file per write task and table (`storage.lake.tables` says why).
 Compaction reads this stream's staged files, regroups their rows by (tenant, source), writes one
@@ -68,12 +70,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from storage.lake.delta_lake import DeltaLake, LakeFile, TableOpener, holds_all
+from storage.lake.delta_lake import DeltaLake, LakeFile, StagedListing
 from storage.lake.file_names import (
     MergeFiles,
     SettledFiles,
@@ -82,7 +83,6 @@ from storage.lake.file_names import (
     write_task_of_staged_file,
 )
 from storage.lake.file_writer import MapInArrow
-from storage.lake.log_commits import writes_plain_files
 from storage.lake.tables import APPENDED_TABLES, STAGED_TABLES, TableSpec
 from storage.lake.written_files import WrittenFile
 from storage.upkeep.compaction_manifests import MANIFEST_DDL, Manifests
@@ -237,7 +237,8 @@ class Compaction:
         """List `spec`'s staged files and write what compacting them takes; None: nothing to
         compact."""
         started = time.monotonic()
-        staged = self.lake.staged_files(spec, self.stream)
+        listing = self.lake.staged_listing(spec, self.stream)
+        staged = listing.files
         if not staged:
             return None
         settles_all = self.policy.settles_all(staged, now_ms)
@@ -246,7 +247,7 @@ class Compaction:
             staged = [file for file in staged if run_oldest_ms(file.path) is None]
             if not staged:
                 return None
-        swap = _Swap(self, spark, spec, staged, version, started)
+        swap = _Swap(self, spark, spec, listing, staged, version, started)
         return swap.write_settled() if settles_all else swap.write_merged()
 
     def _compact(
@@ -395,6 +396,8 @@ class _Swap:
     compaction: Compaction
     spark: SparkSession
     spec: TableSpec
+    listing: StagedListing
+    """The table's staged files as listed, at the version the swaps are checked from."""
     staged: list[LakeFile]
     version: int
     started: float
@@ -469,24 +472,21 @@ class _Swap:
             cut.remove()
 
     def commit(
-        self,
-        removed: list[LakeFile],
-        added: list[WrittenFile],
-        hooks: _Hooks,
-        log_checkpoint_files: int | None,
-        open_table: TableOpener | None = None,
-    ) -> bool:
+        self, added: list[WrittenFile], hooks: _Hooks, log_checkpoint_files: int | None
+    ) -> int | None:
+        """Swap the listed staged files for `added`; the version committed, or None if they
+        were taken meanwhile."""
         compaction = self.compaction
         return compaction.lake.settle(
             self.spec,
-            removed,
+            self.staged,
             added,
             compaction.stream,
             self.version,
             compaction.writer_epoch,
             hooks.before_commit,
             log_checkpoint_files,
-            open_table,
+            self.listing,
         )
 
 
@@ -515,9 +515,7 @@ class _Written:
             if self.slices is not None:
                 return self._in_slices(self.slices, hooks)
             written = self.manifests.read(self.paths)
-            if not self.swap.commit(
-                self.swap.staged, written, hooks, compaction.log_checkpoint_files
-            ):
+            if self.swap.commit(written, hooks, compaction.log_checkpoint_files) is None:
                 return None
         finally:
             self.discard()
@@ -546,9 +544,7 @@ class _Written:
             runs_of.setdefault(index, []).append(
                 LakeFile(path=run.path, size=run.size, partition_values=run.partition_values)
             )
-        checked = self._swap_staged_for_runs(
-            [file for runs in runs_of.values() for file in runs], hooks
-        )
+        checked = self._swap_staged_for_runs(hooks)
         if checked is None:
             return None
         log.info(
@@ -597,30 +593,20 @@ class _Written:
             compaction.lake.checkpoint_log(spec)
         return _Swapped(settled_files, 0, records, len(slices))
 
-    def _swap_staged_for_runs(self, runs: list[LakeFile], hooks: _Hooks) -> int | None:
-        """Commit the staged files' swap for the `runs` through delta-rs, on the table as it
-        is; returns a version after it that holds every run (the fence checked by the commit),
-        from which the slices commit on the log alone (`DeltaLake.settle_on_log`). None: the
-        staged files, or then the runs, were taken meanwhile.
+    def _swap_staged_for_runs(self, hooks: _Hooks) -> int | None:
+        """Commit the staged files' swap for the runs; the version committed (which holds
+        every run), from which the slices commit (`DeltaLake.settle_on_log`). None: the staged
+        files were taken meanwhile.
 
-        The table's loaded state goes when this returns. The log gets a checkpoint now if it has
-        none: the one the slices end with is then written from it a batch at a time
-        (`DeltaLake.checkpoint_log`), never from a snapshot of every settled file."""
+        The log gets a checkpoint now if it has none: the one the slices end with is then
+        written from it a batch at a time (`DeltaLake.checkpoint_log`), never from a snapshot
+        of every settled file."""
         swap = self.swap
         compaction, spec = swap.compaction, swap.spec
-        table = _kept_table(compaction.lake)
-        if not writes_plain_files(table(spec)):
-            raise RuntimeError(
-                f"compacting {spec.name}: the table requires writer features this release does "
-                f"not write ({table(spec).protocol()}), so a settle of this many files cannot "
-                "commit to it in slices"
-            )
-        if not swap.commit(swap.staged, self.runs, hooks, None, table):
-            return None
-        if compaction.lake.log(spec).last_checkpoint() is None:
-            compaction.lake.checkpoint_log(spec, table)
-        current = table(spec)
-        return current.version() if holds_all(current, spec, runs) else None
+        version = swap.commit(self.runs, hooks, None)
+        if version is not None and compaction.lake.log(spec).last_checkpoint() is None:
+            compaction.lake.checkpoint_log(spec)
+        return version
 
 
 def _discard(pending: WorkThread[_Written | None]) -> None:
@@ -632,19 +618,3 @@ def _discard(pending: WorkThread[_Written | None]) -> None:
         return
     if written is not None:
         written.discard()
-
-
-def _kept_table(lake: DeltaLake) -> TableOpener:
-    """A table opened once and brought up to date at each call: a sliced settle's commits then
-    read only the commits since the last, not the whole log again."""
-    kept: dict[str, DeltaTable] = {}
-
-    def current(spec: TableSpec) -> DeltaTable:
-        table = kept.get(spec.name)
-        if table is None:
-            table = kept[spec.name] = lake.open(spec)
-        else:
-            table.update_incremental()
-        return table
-
-    return current
