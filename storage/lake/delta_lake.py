@@ -27,12 +27,12 @@ from storage.lake.commits import (
     conditional,
     fence_app_id,
 )
-from storage.lake.delta_log import PLAIN_WRITER_FEATURES, PLAIN_WRITER_VERSION, DeltaLog
+from storage.lake.delta_log import DeltaLog, plain_writer
 from storage.lake.file_names import run_oldest_ms, stream_of_staged_file
 from storage.lake.file_stats import partition_text
 from storage.lake.lake_filesystem import filesystem_of
 from storage.lake.log_checkpoint import write_checkpoint
-from storage.lake.log_commits import Swap, commit_swap, writes_plain_files
+from storage.lake.log_commits import Swap, commit_swap
 from storage.lake.log_snapshot import partition_snapshot
 from storage.lake.s3_options import reaching, storage_options
 from storage.lake.snapshot_reader import (
@@ -548,11 +548,13 @@ class DeltaLake:
             for file in snapshot.files
             if stream is None or stream_of_staged_file(file.path) in (stream, None)
         ]
-        plain = snapshot.writer_version <= PLAIN_WRITER_VERSION or (
-            snapshot.writer_features <= PLAIN_WRITER_FEATURES
-        )
         fence_epoch = None if stream is None else snapshot.transactions.get(fence_app_id(stream))
-        return StagedListing(snapshot.version, files, fence_epoch, plain)
+        return StagedListing(
+            snapshot.version,
+            files,
+            fence_epoch,
+            plain_writer(snapshot.writer_version, snapshot.writer_features),
+        )
 
     def _staged_listing_of_delta_rs(self, spec: TableSpec, stream: str | None) -> StagedListing:
         table = self.open(spec)
@@ -580,7 +582,7 @@ class DeltaLake:
             table.version(),
             sorted(files, key=lambda file: file.path),
             fence_epoch,
-            writes_plain_files(table),
+            plain_writer(table.protocol().min_writer_version, table.protocol().writer_features),
         )
 
 

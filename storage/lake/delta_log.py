@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -37,6 +37,13 @@ Action = dict[str, Any]
 # vectors, row tracking, column mapping or domain metadata) may commit to without knowing them.
 PLAIN_WRITER_VERSION = 2
 PLAIN_WRITER_FEATURES = frozenset({"appendOnly", "invariants", "checkConstraints"})
+
+
+def plain_writer(min_writer_version: int, writer_features: Iterable[str] | None) -> bool:
+    """Whether a table's protocol lets a writer that knows only files commit to it."""
+    if min_writer_version <= PLAIN_WRITER_VERSION:
+        return True
+    return set(writer_features or ()) <= PLAIN_WRITER_FEATURES
 
 
 def log_path(path: str) -> str:

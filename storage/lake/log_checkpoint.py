@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 from urllib.parse import unquote
 
@@ -150,7 +151,7 @@ class _Tail:
         keep = pc.invert(pc.fill_null(self._path_touched(batch), False))
         if self.app_ids:
             app_id = pc.struct_field(batch.column("txn"), "appId")
-            touched_app = pc.fill_null(pc.is_in(app_id, pa.array(self.app_ids, pa.string())), False)
+            touched_app = pc.fill_null(pc.is_in(app_id, self._app_id_array), False)
             keep = pc.and_(keep, pc.invert(touched_app))
         for kind in self.replaced:
             keep = pc.and_(keep, pc.is_null(batch.column(kind)))
@@ -166,7 +167,16 @@ class _Tail:
                 [None if path is None else unquote(path) for path in paths.to_pylist()],
                 pa.string(),
             )
-        return pc.is_in(paths, pa.array(self.touched, pa.string()))
+        return pc.is_in(paths, self._touched_array)
+
+    # Built once, for every batch of the older checkpoint, after `rows` has filled the sets.
+    @cached_property
+    def _touched_array(self) -> pa.Array:
+        return pa.array(self.touched, pa.string())
+
+    @cached_property
+    def _app_id_array(self) -> pa.Array:
+        return pa.array(self.app_ids, pa.string())
 
 
 class _Writer:

@@ -21,16 +21,8 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import unquote
 
-from deltalake import DeltaTable
-
 from storage.lake.commits import COMMIT_ATTEMPTS, FencedError, fence_app_id
-from storage.lake.delta_log import (
-    PLAIN_WRITER_FEATURES,
-    PLAIN_WRITER_VERSION,
-    Action,
-    DeltaLog,
-    log_path,
-)
+from storage.lake.delta_log import Action, DeltaLog, log_path
 from storage.lake.written_files import WrittenFile
 
 log = logging.getLogger(__name__)
@@ -66,14 +58,6 @@ class Swap:
     writer_epoch: int
     transaction: tuple[str, int]
     """The Delta transaction id (app id, version) the commit carries."""
-
-
-def writes_plain_files(table: DeltaTable) -> bool:
-    """Whether the table's protocol lets a writer that knows only files commit to it."""
-    protocol = table.protocol()
-    if protocol.min_writer_version <= PLAIN_WRITER_VERSION:
-        return True
-    return set(protocol.writer_features or ()) <= PLAIN_WRITER_FEATURES
 
 
 def commit_swap(
