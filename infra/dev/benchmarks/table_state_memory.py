@@ -91,7 +91,7 @@ def build(table: Path, files: int, kind: str) -> None:
                 data_change=True,
                 stats=stats,
             )
-            for index, (values, _rows, stats) in enumerate(_settled_partitions(keys, kind))
+            for index, (values, _rows, stats) in enumerate(settled_partitions(keys, kind))
         ]
         delta.create_write_transaction(
             actions, mode="append", schema=schema, partition_by=list(EVENTS.partition_by)
@@ -100,7 +100,7 @@ def build(table: Path, files: int, kind: str) -> None:
     delta.create_checkpoint()
 
 
-def _settled_partitions(
+def settled_partitions(
     keys: np.ndarray, kind: str
 ) -> list[tuple[dict[str, str | None], pa.Table, str]]:
     """An event of each key's tenant, settled in its own partition, with `kind` statistics."""
