@@ -1,14 +1,15 @@
 """A fenced swap of files committed on the log's tail: checked against the commits after a version
 the writer already checked, never against a loaded snapshot.
 
-A sliced settle (`storage.upkeep.settle_slices`) commits one slice after another to a table that
-gains a file per tenant with each: through delta-rs, every commit loaded the table's whole file
-list, and at a million tenants the driver held gigabytes. Each slice only needs to know what
-happened since the version it last saw: whether a newer writer fenced the table
-(`commits.check_fence`), whether one of the files it removes is gone, and whether the table's
-metadata or protocol changed (then it stops and the settle lists its files again). Those are in
-the commits after that version, a few each, read here; the commit itself is written with the
-version's put-if-absent (`delta_log.DeltaLog.try_commit`).
+A compaction swaps staged files for settled ones (`DeltaLake.settle`), and a big settle does it
+slice after slice (`storage.upkeep.settle_slices`) to a table that gains a file per tenant with
+each: through delta-rs, every commit loaded the table's whole file list, and at a million
+tenants the driver held gigabytes. A swap only needs to know what happened since the version
+its files were listed at (`log_snapshot`) or its last slice committed: whether a newer writer
+fenced the table (`commits.check_fence`), whether one of the files it removes is gone, and
+whether the table's metadata or protocol changed (then it stops and the compaction lists its
+files again). Those are in the commits after that version, a few each, read here; the commit
+itself is written with the version's put-if-absent (`delta_log.DeltaLog.try_commit`).
 """
 
 from __future__ import annotations
