@@ -380,14 +380,9 @@ class DeltaLake:
         Written a batch of actions at a time from the newest checkpoint and the commits after it
         (`log_checkpoint`), so its memory does not grow with the table's files; where that
         writer declines, by delta-rs."""
-        delta_log = self.log(spec)
         with reaching(self.root, self.storage_options, f"checkpointing table {spec.name}"):
-            last = delta_log.last_checkpoint()
-            if last is not None:
-                newest = delta_log.newest_version_after(int(last["version"]))
-                if write_checkpoint(delta_log, newest):
-                    return
-            self.open(spec).create_checkpoint()
+            if not write_checkpoint(self.log(spec)):
+                self.open(spec).create_checkpoint()
 
     def log(self, spec: TableSpec) -> DeltaLog:
         return DeltaLog(self.table_uri(spec), self.storage_options)
@@ -578,11 +573,12 @@ class DeltaLake:
             if stream is None or stream_of_staged_file(row["path"]) in (stream, None)
         ]
         fence_epoch = None if stream is None else table.transaction_version(fence_app_id(stream))
+        protocol = table.protocol()
         return StagedListing(
             table.version(),
             sorted(files, key=lambda file: file.path),
             fence_epoch,
-            plain_writer(table.protocol().min_writer_version, table.protocol().writer_features),
+            plain_writer(protocol.min_writer_version, protocol.writer_features),
         )
 
 

@@ -106,6 +106,17 @@ class DeltaLog:
             return None
         return last if isinstance(last, dict) and "version" in last else None
 
+    def checkpointed_version(self) -> int | None:
+        """The version the newest checkpoint holds, when it is one classic file this module's
+        readers take; -1 when there is none (a reader replays the log from its first commit);
+        None for a multi-part or V2 checkpoint."""
+        last = self.last_checkpoint()
+        if last is None:
+            return -1
+        if last.get("parts") or last.get("v2Checkpoint"):
+            return None
+        return int(last["version"])
+
     def try_commit(self, version: int, actions: list[Action]) -> bool:
         """Write commit `version` unless it exists; False if another writer's is there."""
         body = b"".join(orjson.dumps(action) + b"\n" for action in actions)
@@ -138,15 +149,20 @@ class DeltaLog:
             with self.filesystem.open_output_stream(path) as stream:
                 stream.write(body)
             return
-        temporary = f"{self.folder}/.{name}.{uuid.uuid4().hex}.tmp"
+        temporary = self.beside(name)
         with open(temporary, "wb") as file:
             file.write(body)
         os.replace(temporary, path)
 
+    def beside(self, name: str) -> str:
+        """A temporary path for a file about to become `name` in the log's folder: a name no
+        reader takes for a commit or a checkpoint (it starts with a dot)."""
+        return f"{self.folder}/.{name}.{uuid.uuid4().hex}.tmp"
+
     def _link_new(self, path: str, body: bytes) -> bool:
         # Written beside, then linked: a reader never sees a commit half written, and the link
         # fails if the version exists (a rename would replace it).
-        temporary = f"{self.folder}/.{os.path.basename(path)}.{uuid.uuid4().hex}.tmp"
+        temporary = self.beside(os.path.basename(path))
         with open(temporary, "wb") as file:
             file.write(body)
             file.flush()

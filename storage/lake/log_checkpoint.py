@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import re
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -49,13 +48,14 @@ class _DeclinedError(Exception):
     """The log holds something this writer does not apply."""
 
 
-def write_checkpoint(delta_log: DeltaLog, version: int) -> bool:
-    """Write the checkpoint of `version` and point `_last_checkpoint` at it; False, writing
-    nothing, where this writer declines (see the module's doc)."""
-    last = delta_log.last_checkpoint()
-    if last is None or last.get("parts") or last.get("v2Checkpoint"):
+def write_checkpoint(delta_log: DeltaLog, version: int | None = None) -> bool:
+    """Write the checkpoint of `version` (None: the newest) and point `_last_checkpoint` at
+    it; False, writing nothing, where this writer declines (see the module's doc)."""
+    base_version = delta_log.checkpointed_version()
+    if base_version is None or base_version < 0:
         return False
-    base_version = int(last["version"])
+    if version is None:
+        version = delta_log.newest_version_after(base_version)
     if base_version >= version:
         return base_version == version
     base = pq.ParquetFile(delta_log.checkpoint_file(base_version), filesystem=delta_log.filesystem)
@@ -188,8 +188,7 @@ class _Writer:
     def __init__(self, delta_log: DeltaLog, path: str, schema: pa.Schema, cutoff_ms: int) -> None:
         self._delta_log = delta_log
         self._path = path
-        folder, _, name = path.rpartition("/")
-        self._written = f"{folder}/.{name}.{uuid.uuid4().hex}.tmp"
+        self._written = delta_log.beside(path.rpartition("/")[2])
         self._sink = delta_log.filesystem.open_output_stream(self._written)
         self._parquet = pq.ParquetWriter(self._sink, schema)
         self._cutoff_ms = cutoff_ms

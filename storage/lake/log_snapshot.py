@@ -59,12 +59,10 @@ def partition_snapshot(delta_log: DeltaLog, column: str, value: str) -> Partitio
     """The files whose partition `column` holds `value`, at the newest version (see the
     module's doc for None)."""
     reading = _Reading(column, value)
-    last = delta_log.last_checkpoint()
-    version = -1
-    if last is not None:
-        if last.get("parts") or last.get("v2Checkpoint"):
-            return None
-        version = int(last["version"])
+    version = delta_log.checkpointed_version()
+    if version is None:
+        return None
+    if version >= 0:
         checkpoint = pq.ParquetFile(
             delta_log.checkpoint_file(version), filesystem=delta_log.filesystem
         )

@@ -122,10 +122,9 @@ class TableFiles:
         checkpoint, a multi-part or V2 one, deletion vectors, a later commit it cannot follow):
         the caller loads the version with delta-rs (`of_table`)."""
         delta_log = DeltaLog(table_uri, storage_options)
-        last = delta_log.last_checkpoint()
-        if last is None or last.get("parts") or last.get("v2Checkpoint"):
+        version = delta_log.checkpointed_version()
+        if version is None or version < 0:
             return None
-        version = int(last["version"])
         checkpoint = pq.ParquetFile(
             delta_log.checkpoint_file(version), filesystem=delta_log.filesystem
         )
