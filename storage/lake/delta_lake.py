@@ -21,6 +21,7 @@ from deltalake.schema import Field as DeltaField
 from deltalake.transaction import AddAction, RemoveAction
 
 from storage.lake.commits import (
+    COMMIT_ATTEMPTS,
     check_fence,
     check_fence_epoch,
     commit_without_conflict,
@@ -32,7 +33,8 @@ from storage.lake.file_names import run_oldest_ms, stream_of_staged_file
 from storage.lake.file_stats import partition_text
 from storage.lake.lake_filesystem import filesystem_of
 from storage.lake.log_checkpoint import write_checkpoint
-from storage.lake.log_commits import Swap, commit_swap
+from storage.lake.log_commits import FencedCommit, commit_fenced
+from storage.lake.log_head import LogHead, LogHeads, read_head
 from storage.lake.log_snapshot import partition_snapshot
 from storage.lake.s3_options import reaching, storage_options
 from storage.lake.snapshot_reader import (
@@ -57,14 +59,13 @@ class TableMaintenance:
 
 
 DELETE_ATTEMPTS = 5
-TableOpener = Callable[[TableSpec], DeltaTable]
-"""A table at its newest version (`DeltaLake.open`, or `NewestTables.table`)."""
 
 
 class DeltaLake:
     def __init__(self, root: str, storage_options: dict[str, str] | None = None) -> None:
         self.root = root.rstrip("/")
         self.storage_options = storage_options
+        self._logs: dict[str, DeltaLog] = {}
 
     def __repr__(self) -> str:
         # storage_options may hold S3 keys: never print them.
@@ -111,7 +112,8 @@ class DeltaLake:
             raise LakeLayoutError(
                 f"the tables {', '.join(outdated)} under {self.root} are partitioned by tenant "
                 "(the layout before staged writes); run `tenant-windows migrate-layout` once, "
-                "with the stream stopped, to convert them (docs/operations.md#upgrade)"
+                "with the stream stopped, to convert them "
+                "(docs/how-to/operate.md#a-lake-from-before-staged-writes)"
             )
 
     def outdated_tables(self) -> list[TableSpec]:
@@ -224,11 +226,21 @@ class DeltaLake:
                 attempts += 1
 
     def committed_batch(
-        self, spec: TableSpec, app_id: str, open_table: TableOpener | None = None
+        self, spec: TableSpec, app_id: str, heads: LogHeads | None = None
     ) -> int | None:
-        """The highest batch id `app_id` has committed to the table, if any; `open_table`
-        gives the table at its newest version (default: opened anew)."""
-        return (open_table or self.open)(spec).transaction_version(app_id)
+        """The highest batch id `app_id` has committed to the table, if any; `heads` keeps the
+        table's head from one call to the next (default: read anew)."""
+        head = self.head(spec, heads)
+        if head is None:
+            return self.open(spec).transaction_version(app_id)
+        return head.transactions.get(app_id)
+
+    def head(self, spec: TableSpec, heads: LogHeads | None = None) -> LogHead | None:
+        """The table's transaction ids, protocol and columns at its newest version, read from
+        the log (`log_head`), moved on from `heads`' when given; None where that reader
+        declines (delta-rs then answers)."""
+        with reaching(self.root, self.storage_options, f"reading table {spec.name}"):
+            return read_head(self.log(spec)) if heads is None else heads.head(self.log(spec))
 
     def vacuum(
         self, retention_ms: int, dry_run: bool, unreferenced: bool = True
@@ -293,16 +305,63 @@ class DeltaLake:
         batch_id: int,
         writer_epoch: int,
         before_commit: Callable[[], None] = lambda: None,
-        open_table: TableOpener | None = None,
+        heads: LogHeads | None = None,
     ) -> bool:
         """Commit `files` (written by executors) as batch `batch_id` of `app_id`, in one commit,
-        unless the table already holds that batch; `open_table` as for `committed_batch`.
+        unless the table already holds that batch; `heads` as for `committed_batch`.
 
-        Only while the table is fenced with `writer_epoch` (see `writer_lease`): the check
-        and the commit use one snapshot, and the commit fails if anything landed after it, so a
-        newer instance's fence can never be slipped past. `before_commit` runs after those checks,
-        right before the commit. Returns whether it committed.
+        Only while the table is fenced with `writer_epoch` (see `writer_lease`): checked at the
+        table's head, and against every commit after it (`log_commits.commit_fenced`), so a
+        newer instance's fence can never be slipped past. `before_commit` runs after those
+        checks, right before the commit. Returns whether it committed.
+
+        Written on the log, so a commit costs the commits since the head, not the table's
+        files; by delta-rs where the log's reader declines or the protocol asks more of a
+        writer than files. Raises `LakeLayoutError` if the table cannot take the files as they
+        are (`LogHead.unfit_for`).
         """
+        batch = FencedCommit(
+            removed=(),
+            added=files,
+            app_id=app_id,
+            writer_epoch=writer_epoch,
+            transaction=(app_id, batch_id),
+            data_change=True,
+        )
+        for _ in range(COMMIT_ATTEMPTS):
+            head = self.head(spec, heads)
+            if head is None or not head.plain_writer:
+                return self._commit_files_by_delta_rs(spec, files, batch, before_commit)
+            if (unfit := head.unfit_for(spec)) is not None:
+                raise LakeLayoutError(
+                    f"table {spec.name} under {self.root} cannot take batch {batch_id}: {unfit}. "
+                    "A stream adds missing columns when it starts; `tenant-windows "
+                    "migrate-layout` converts an old partitioning "
+                    "(docs/how-to/operate.md#a-lake-from-before-staged-writes)"
+                )
+            fenced_with = head.transactions.get(fence_app_id(app_id))
+            check_fence_epoch(fenced_with, self.table_uri(spec), app_id, writer_epoch)
+            committed = head.transactions.get(app_id)
+            if committed is not None and committed >= batch_id:
+                return False
+            doing = f"committing batch {batch_id} to table {spec.name}"
+            with reaching(self.root, self.storage_options, doing):
+                if commit_fenced(self.log(spec), head.version, batch, before_commit) is not None:
+                    return True
+            # The table's metadata or protocol changed since its head: look at it again.
+        raise RuntimeError(
+            f"{self.table_uri(spec)}: its metadata kept changing during {COMMIT_ATTEMPTS} "
+            f"attempts to commit batch {batch_id}; retry"
+        )
+
+    def _commit_files_by_delta_rs(
+        self,
+        spec: TableSpec,
+        files: list[WrittenFile],
+        batch: FencedCommit,
+        before_commit: Callable[[], None],
+    ) -> bool:
+        app_id, batch_id = batch.transaction
 
         def not_yet_committed(table: DeltaTable) -> bool:
             committed = table.transaction_version(app_id)
@@ -312,11 +371,10 @@ class DeltaLake:
             spec,
             add_actions(files, data_change=True),
             Transaction(app_id=app_id, version=batch_id),
-            (app_id, writer_epoch),
+            (app_id, batch.writer_epoch),
             f"committing batch {batch_id} to table {spec.name}",
             not_yet_committed,
             before_commit,
-            open_table or self.open,
         )
 
     def settle(
@@ -337,7 +395,7 @@ class DeltaLake:
         follow the table see no new data. Returns the version committed.
 
         Checked against `listing` (the staged files as listed, default: listed now) and the
-        commits after it, on the log (`log_commits.commit_swap`), never a loaded snapshot: a
+        commits after it, on the log (`log_commits.commit_fenced`), never a loaded snapshot: a
         table of a file per tenant costs a commit nothing more. Fenced like a batch's commit:
         `FencedError` if the listed version or a later commit holds a newer writer's fence.
         Returns None, committing nothing, if one of the staged files is gone (another
@@ -385,7 +443,11 @@ class DeltaLake:
                 self.open(spec).create_checkpoint()
 
     def log(self, spec: TableSpec) -> DeltaLog:
-        return DeltaLog(self.table_uri(spec), self.storage_options)
+        """The table's log, one object per table (its S3 client made once)."""
+        delta_log = self._logs.get(spec.name)
+        if delta_log is None:
+            delta_log = self._logs[spec.name] = DeltaLog(self.table_uri(spec), self.storage_options)
+        return delta_log
 
     def settle_on_log(
         self,
@@ -400,10 +462,10 @@ class DeltaLake:
     ) -> int | None:
         """`settle`, checked against the commits after `checked_version` (a version holding
         `removed`, fenced with `writer_epoch`) instead of a loaded snapshot
-        (`log_commits.commit_swap`): what a sliced settle's commits cost stays one slice's
+        (`log_commits.commit_fenced`): what a sliced settle's commits cost stays one slice's
         files, whatever the table holds. Returns the version committed; None, committing
         nothing, if one of `removed` is gone or the table's metadata changed since."""
-        swap = Swap(
+        swap = FencedCommit(
             removed=removed,
             added=settled,
             app_id=app_id,
@@ -411,7 +473,7 @@ class DeltaLake:
             transaction=(compaction_app_id(app_id), compaction_version),
         )
         with reaching(self.root, self.storage_options, f"settling a slice of {spec.name}"):
-            return commit_swap(self.log(spec), checked_version, swap, before_commit)
+            return commit_fenced(self.log(spec), checked_version, swap, before_commit)
 
     def replace_files(
         self,
@@ -422,12 +484,10 @@ class DeltaLake:
         fence: tuple[str, int],
         data_change: bool,
         before_commit: Callable[[], None] = lambda: None,
-        open_table: TableOpener | None = None,
     ) -> bool:
         """Remove `removed` and add `added` in one commit carrying `transaction`, on a snapshot
         fenced with `fence` (writer, epoch: `commits.check_fence`). Returns False, committing
-        nothing, if one of `removed` is gone from the table already. `open_table` gives the
-        table to check and commit on, brought up to date (default: opened here)."""
+        nothing, if one of `removed` is gone from the table already."""
         now_ms = int(time.time() * 1000)
         actions: list[AddAction | RemoveAction] = [
             RemoveAction(
@@ -449,7 +509,6 @@ class DeltaLake:
             f"replacing {len(removed)} files of table {spec.name}",
             lambda table: _holds_all(table, spec, removed),
             before_commit,
-            open_table,
         )
 
     def _fenced_commit(
@@ -461,22 +520,18 @@ class DeltaLake:
         doing: str,
         ready: Callable[[DeltaTable], bool],
         before_commit: Callable[[], None],
-        open_table: TableOpener | None = None,
     ) -> bool:
         """Commit `actions` with `transaction`, conditionally on the snapshot checked: fenced
         with `fence` (writer, epoch: `commits.check_fence`) and `ready` for them (False: commit
         nothing, return False). `before_commit` runs after both checks, right before the commit.
         A commit that another beat is tried again on the newer version
-        (`commits.commit_without_conflict`), checks included: on the table `open_table` gives
-        anew, or (None) on the one opened first, brought up to date. Returns whether it
-        committed."""
+        (`commits.commit_without_conflict`), checks included, on the table opened first brought
+        up to date. Returns whether it committed."""
         table: DeltaTable | None = None
 
         def attempt() -> bool:
             nonlocal table
-            if open_table is not None:
-                table = open_table(spec)
-            elif table is None:
+            if table is None:
                 table = self.open(spec)
             else:
                 # A retry only reads the commits that beat the last attempt: the batches that

@@ -77,14 +77,16 @@ class DeltaLog:
     def checkpoint_file(self, version: int) -> str:
         return f"{self.folder}/{version:020d}.checkpoint.parquet"
 
-    def actions(self, version: int) -> Iterator[Action] | None:
+    def actions(self, version: int, with_files: bool = True) -> Iterator[Action] | None:
         """The actions of commit `version`, read a line at a time (a settle's commit at a
-        million keys was 1.5 GB); None if there is no such commit yet."""
+        million keys was 1.5 GB); None if there is no such commit yet. Without `with_files`,
+        only the commit's transaction ids, metadata and protocol: its files' lines (`add`,
+        `remove`, `cdc`) are skipped unparsed."""
         try:
             stream = self.filesystem.open_input_stream(self.commit_file(version))
         except FileNotFoundError:
             return None
-        return _actions(stream)
+        return _actions(stream, with_files)
 
     def has_commit(self, version: int) -> bool:
         found: pafs.FileType = self.filesystem.get_file_info(self.commit_file(version)).type
@@ -199,10 +201,20 @@ class DeltaLog:
         )
 
 
-def _actions(stream: pa.NativeFile) -> Iterator[Action]:
+# How a file action's line starts as every writer we know spells it (one object, its action's
+# name first, no spaces): skipped unparsed. A line spelled otherwise is parsed, then skipped.
+_FILE_ACTION_STARTS = (b'{"add"', b'{"remove"', b'{"cdc"')
+_FILE_ACTIONS = {"add", "remove", "cdc"}
+
+
+def _actions(stream: pa.NativeFile, with_files: bool = True) -> Iterator[Action]:
     with stream:
         for line in lines(stream):
-            yield orjson.loads(line)
+            if not with_files and line.startswith(_FILE_ACTION_STARTS):
+                continue
+            action: Action = orjson.loads(line)
+            if with_files or not action.keys() & _FILE_ACTIONS:
+                yield action
 
 
 def lines(stream: pa.NativeFile, chunk_bytes: int = 1 << 22) -> Iterator[bytes]:

@@ -1,15 +1,16 @@
-"""A fenced swap of files committed on the log's tail: checked against the commits after a version
-the writer already checked, never against a loaded snapshot.
+"""A fenced commit written on the log's tail: checked against the commits after a version the
+writer already checked, never against a loaded snapshot.
 
-A compaction swaps staged files for settled ones (`DeltaLake.settle`), and a big settle does it
-slice after slice (`storage.upkeep.settle_slices`) to a table that gains a file per tenant with
-each: through delta-rs, every commit loaded the table's whole file list, and at a million
-tenants the driver held gigabytes. A swap only needs to know what happened since the version
-its files were listed at (`log_snapshot`) or its last slice committed: whether a newer writer
-fenced the table (`commits.check_fence`), whether one of the files it removes is gone, and
-whether the table's metadata or protocol changed (then it stops and the compaction lists its
-files again). Those are in the commits after that version, a few each, read here; the commit
-itself is written with the version's put-if-absent (`delta_log.DeltaLog.try_commit`).
+Through delta-rs, every commit loaded the table's whole file list, and once a compaction had
+settled a file per tenant, the driver held gigabytes at a million tenants. A commit only needs
+to know what happened since the version its writer checked (a batch's `log_head`, a
+compaction's listing `log_snapshot`, or its last slice's commit): whether a newer writer fenced
+the table (`commits.check_fence`), whether one of the files it removes is gone, and whether the
+table's metadata or protocol changed (then it stops and the writer looks again). Those are in
+the commits after that version, a few each, read here; the commit itself is written with the
+version's put-if-absent (`delta_log.DeltaLog.try_commit`). Three kinds go this way: a batch's
+files (`data_change`), a compaction's swap of staged files for settled ones (the same rows), and
+a writer's fence (no files).
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ class RemovedFile(Protocol):
 
 
 @dataclass(frozen=True)
-class Swap:
-    """Remove `removed` and add `added` in one commit with `dataChange = false` (the same rows)."""
+class FencedCommit:
+    """Remove `removed` and add `added` in one commit; `data_change` false for a swap of files
+    holding the same rows."""
 
     removed: Sequence[RemovedFile]
     added: Sequence[WrittenFile]
@@ -59,30 +61,32 @@ class Swap:
     writer_epoch: int
     transaction: tuple[str, int]
     """The Delta transaction id (app id, version) the commit carries."""
+    data_change: bool = False
 
 
-def commit_swap(
+def commit_fenced(
     delta_log: DeltaLog,
     checked_version: int,
-    swap: Swap,
+    commit: FencedCommit,
     before_commit: Callable[[], None] = lambda: None,
 ) -> int | None:
-    """Commit `swap` after `checked_version`, a version at which every file it removes was in
-    the table and the fence held `swap.writer_epoch`. Returns the version committed, or None if
-    a commit since removed one of those files or changed the table's metadata or protocol
-    (nothing committed: the caller lists its files again). Raises `FencedError` if a newer
-    writer fenced the table. `before_commit` runs before each attempt's write."""
-    removed_paths = {unquote(file.path) for file in swap.removed}
-    fence = fence_app_id(swap.app_id)
+    """Write `commit` after `checked_version`, a version at which every file it removes was in
+    the table and the fence held no newer epoch than `commit.writer_epoch`. Returns the version
+    committed, or None if a commit since removed one of those files or changed the table's
+    metadata or protocol (nothing committed: the caller looks at the table again). Raises
+    `FencedError` if a newer writer fenced the table. `before_commit` runs before each
+    attempt's write."""
+    removed_paths = {unquote(file.path) for file in commit.removed}
+    fence = fence_app_id(commit.app_id)
     commit_id = uuid.uuid4().hex
     version = checked_version
     for _ in range(COMMIT_ATTEMPTS):
         while (actions := delta_log.actions(version + 1)) is not None:
-            if not _still_valid(actions, removed_paths, fence, swap.writer_epoch):
+            if not _still_valid(actions, removed_paths, fence, commit.writer_epoch):
                 return None
             version += 1
         before_commit()
-        if delta_log.try_commit(version + 1, _swap_actions(swap, commit_id)):
+        if delta_log.try_commit(version + 1, _commit_actions(commit, commit_id)):
             return version + 1
         log.info("%s: version %d was taken; checking its commit", delta_log.table_uri, version + 1)
         mine = delta_log.actions(version + 1)
@@ -97,11 +101,12 @@ def commit_swap(
 def _still_valid(
     actions: Iterable[Action], removed_paths: set[str], fence: str, epoch: int
 ) -> bool:
-    """Whether a commit after the checked version leaves the swap valid; raises FencedError
-    if it fenced the table for a newer writer."""
+    """Whether a commit after the checked version leaves the commit valid; raises FencedError
+    if it fenced the table for a newer writer. (An older writer's fence cannot follow this
+    writer's: each fence commit refuses to follow a newer one.)"""
     for action in actions:
         if (txn := action.get("txn")) is not None and txn.get("appId") == fence:
-            if int(txn["version"]) != epoch:
+            if int(txn["version"]) > epoch:
                 raise FencedError(
                     f"table fenced by writer epoch {txn['version']} while this instance, epoch "
                     f"{epoch}, was committing: a newer instance took the stream over"
@@ -123,9 +128,9 @@ def _is_commit(actions: Iterable[Action], commit_id: str) -> bool:
     return False
 
 
-def _swap_actions(swap: Swap, commit_id: str) -> list[Action]:
+def _commit_actions(commit: FencedCommit, commit_id: str) -> list[Action]:
     now_ms = int(time.time() * 1000)
-    app_id, version = swap.transaction
+    app_id, version = commit.transaction
     return [
         {
             "commitInfo": {
@@ -142,13 +147,13 @@ def _swap_actions(swap: Swap, commit_id: str) -> list[Action]:
                 "remove": {
                     "path": log_path(file.path),
                     "deletionTimestamp": now_ms,
-                    "dataChange": False,
+                    "dataChange": commit.data_change,
                     "extendedFileMetadata": True,
                     "partitionValues": file.partition_values,
                     "size": file.size,
                 }
             }
-            for file in swap.removed
+            for file in commit.removed
         ),
         *(
             {
@@ -157,10 +162,10 @@ def _swap_actions(swap: Swap, commit_id: str) -> list[Action]:
                     "partitionValues": file.partition_values,
                     "size": file.size,
                     "modificationTime": file.modification_time,
-                    "dataChange": False,
+                    "dataChange": commit.data_change,
                     "stats": file.stats,
                 }
             }
-            for file in swap.added
+            for file in commit.added
         ),
     ]

@@ -1,26 +1,22 @@
-"""The lake's tables kept at their newest versions, moved forward by their new commits only.
+"""The lake's tables' files kept at their newest versions, moved forward by their new commits only,
+for a long-running reader (the query service).
 
 Opening a Delta table reads its newest log checkpoint and every commit after it. Once a
 compaction has settled many tenants, that checkpoint lists a file per tenant (200,000 at 100,000
-tenants), and every open materialises all of them. A kept table reads only the commits since it
-last looked. Two readers keep tables this way, each the form it needs:
+tenants), and every open materialises all of them. Kept here, each table's data files by tenant
+(`TableFiles`) move forward by the log's new commits (`TableFiles.advanced`). Each version's
+files are an object of their own, never changed, so a statement keeps reading the version it
+started with while the tables move on. Thread-safe. Two ways to move forward:
 
-- **the writer** (`table`): a stream's micro-batch asks each output table whether it holds the
-  batch already, then commits to it: a dozen opens a batch. A kept delta-rs table moves forward
-  by `update_incremental` (about a millisecond with nothing new). For one caller at a time (a
-  stream's batches run one after another): delta-rs table objects are not meant to be moved
-  forward from two threads at once.
-- **a long-running reader** (`files`, the query service): each table's data files by tenant
-  (`TableFiles`), moved forward by the log's new commits (`TableFiles.advanced`). Each version's
-  files are an object of their own, never changed, so a statement keeps reading the version it
-  started with while the tables move on. Thread-safe. Two ways to move forward:
-  - on demand (the default): each `files` call reads the commits since the last one, so a
-    statement reads the newest version;
-  - followed (`follow`): a thread reads new commits every interval, and `files` returns the
-    newest version it has, at once. A statement then never waits for a commit to be read: a
-    compaction's commit swaps a file per tenant (200,000 at 100,000 tenants), and reading it
-    took a second, paid by the first statement after it. The price is up to one interval (plus
-    that reading) before a new commit is seen.
+- on demand (the default): each `files` call reads the commits since the last one, so a
+  statement reads the newest version;
+- followed (`follow`): a thread reads new commits every interval, and `files` returns the
+  newest version it has, at once. A statement then never waits for a commit to be read: a
+  compaction's commit swaps a file per tenant (200,000 at 100,000 tenants), and reading it took
+  a second, paid by the first statement after it. The price is up to one interval (plus that
+  reading) before a new commit is seen.
+
+(A writer keeps only its tables' heads: `log_head.LogHeads`.)
 """
 
 from __future__ import annotations
@@ -28,8 +24,6 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-
-from deltalake import DeltaTable
 
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.s3_options import reaching
@@ -42,8 +36,6 @@ log = logging.getLogger(__name__)
 @dataclass
 class NewestTables:
     lake: DeltaLake
-    _tables: dict[str, DeltaTable] = field(default_factory=dict)
-    """The writer's delta-rs tables."""
     _files: dict[str, TableFiles] = field(default_factory=dict)
     """Per table, its files at the newest version read."""
     _specs: dict[str, TableSpec] = field(default_factory=dict)
@@ -51,17 +43,6 @@ class NewestTables:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _follower: threading.Thread | None = None
-
-    def table(self, spec: TableSpec) -> DeltaTable:
-        """`spec`'s delta-rs table at its newest version (delta-rs' `TableNotFoundError` if
-        none), for one caller at a time."""
-        table = self._tables.get(spec.name)
-        if table is None:
-            table = self._tables[spec.name] = self.lake.open(spec)
-            return table
-        with reaching(self.lake.root, self.lake.storage_options, f"reading table {spec.name}"):
-            table.update_incremental()
-        return table
 
     def files(self, spec: TableSpec) -> TableFiles:
         """`spec`'s files at its newest version (delta-rs' `TableNotFoundError` if there is

@@ -35,7 +35,7 @@ from functools import partial
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from storage.lake.commits import (
     FencedError,
@@ -44,6 +44,7 @@ from storage.lake.commits import (
     fence_app_id,
 )
 from storage.lake.delta_lake import DeltaLake
+from storage.lake.log_commits import FencedCommit, commit_fenced
 from storage.lake.s3_options import reaching
 from storage.lake.snapshot_reader import read_snapshot
 from storage.lake.tables import ALL_TABLES, TableSpec
@@ -263,13 +264,27 @@ class WriterLease:
         return epoch
 
     def _fence_once(self, spec: TableSpec, epoch: int) -> None:
+        """Fence `spec`'s table with `epoch`, on the log (a table of a million files costs the
+        commit nothing more), by delta-rs where the log's reader declines."""
+        head = self.lake.head(spec)
+        if head is None or not head.plain_writer:
+            self._fence_by_delta_rs(spec, epoch)
+            return
+        self._refuse_newer(spec, head.transactions.get(fence_app_id(self.stream)), epoch)
+        fence = FencedCommit(
+            removed=(),
+            added=(),
+            app_id=self.stream,
+            writer_epoch=epoch,
+            transaction=(fence_app_id(self.stream), epoch),
+        )
+        with reaching(self.lake.root, self.lake.storage_options, f"fencing table {spec.name}"):
+            if commit_fenced(self.lake.log(spec), head.version, fence) is None:
+                raise CommitFailedError(f"{spec.name}: its metadata changed; fencing it again")
+
+    def _fence_by_delta_rs(self, spec: TableSpec, epoch: int) -> None:
         table = self.lake.open(spec)
-        fenced_with = table.transaction_version(fence_app_id(self.stream)) or 0
-        if fenced_with > epoch:
-            raise FencedError(
-                f"stream {self.stream!r}: {table.table_uri} is fenced by a newer epoch "
-                f"{fenced_with} than this instance's {epoch}"
-            )
+        self._refuse_newer(spec, table.transaction_version(fence_app_id(self.stream)), epoch)
         table.create_write_transaction(
             [],
             mode="append",
@@ -277,6 +292,13 @@ class WriterLease:
             partition_by=list(spec.partition_by),
             commit_properties=conditional(Transaction(fence_app_id(self.stream), epoch)),
         )
+
+    def _refuse_newer(self, spec: TableSpec, fenced_with: int | None, epoch: int) -> None:
+        if (fenced_with or 0) > epoch:
+            raise FencedError(
+                f"stream {self.stream!r}: {self.lake.table_uri(spec)} is fenced by a newer "
+                f"epoch {fenced_with} than this instance's {epoch}"
+            )
 
     def _commit_while_held(self, transaction: Transaction) -> None:
         def attempt() -> None:

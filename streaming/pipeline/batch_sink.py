@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.file_names import BatchFiles
 from storage.lake.file_writer import write_task_files
-from storage.lake.newest_tables import NewestTables
+from storage.lake.log_head import LogHeads
 from storage.lake.tables import ALL_TABLES, QUARANTINE, TableSpec
 from storage.lake.written_files import WRITTEN_FILE_DDL, WrittenFile
 from streaming.fault_points import NO_FAULTS, FaultHook, FaultPoint
@@ -62,7 +62,7 @@ class MicroBatchSink:
         """Settles staged rows after the batch, when due; also after a replayed batch, which
         finishes a compaction a crash cut short."""
         self.quarantine_log = quarantine_log or QuarantineLog(lake)
-        self._tables = NewestTables(lake)
+        self._heads = LogHeads()
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         self.fault_hook.reached(FaultPoint.BATCH_START, batch_id)
@@ -115,7 +115,7 @@ class MicroBatchSink:
                     before_commit=lambda: self.fault_hook.reached(
                         FaultPoint.BEFORE_DELTA_COMMIT, batch_id
                     ),
-                    open_table=self._tables.table,
+                    heads=self._heads,
                 )
                 self.fault_hook.reached(FaultPoint.BETWEEN_TABLE_COMMITS, batch_id)
             rows[spec.name] = sum(file.num_records for file in files)
@@ -139,7 +139,7 @@ class MicroBatchSink:
     def _holds(self, spec: TableSpec, batch_id: int) -> bool:
         # Batches commit in order, so a table whose newest commit of this stream is at or past
         # `batch_id` already holds it (a batch with no rows for a table commits nothing there).
-        committed = self.lake.committed_batch(spec, self.app_id, self._tables.table)
+        committed = self.lake.committed_batch(spec, self.app_id, self._heads)
         return committed is not None and committed >= batch_id
 
 

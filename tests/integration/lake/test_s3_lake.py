@@ -19,7 +19,7 @@ from storage.lake.delta_log import DeltaLog
 from storage.lake.file_names import SettledFiles
 from storage.lake.file_writer import write_settled
 from storage.lake.log_checkpoint import write_checkpoint
-from storage.lake.log_commits import Swap, commit_swap
+from storage.lake.log_commits import FencedCommit, commit_fenced
 from storage.lake.s3_options import storage_options
 from storage.lake.tables import EVENTS
 from storage.lake.written_files import WrittenFile
@@ -186,8 +186,8 @@ def test_commits_and_a_checkpoint_written_on_the_log_read_back_through_delta_rs_
             assert delta_log.try_commit(1, [{"commitInfo": {"timestamp": 1}}])
             assert not delta_log.try_commit(1, [{"commitInfo": {"timestamp": 2}}])
 
-    swap = Swap(removed, [settled], "s", 0, ("s/compaction", 1))
-    version = commit_swap(delta_log, 0, swap, another_writer_takes_version_1)
+    swap = FencedCommit(removed, [settled], "s", 0, ("s/compaction", 1))
+    version = commit_fenced(delta_log, 0, swap, another_writer_takes_version_1)
 
     assert version == 2
     assert write_checkpoint(delta_log, 2)

@@ -16,7 +16,7 @@ from storage.lake import log_checkpoint
 from storage.lake.delta_lake import LakeFile
 from storage.lake.delta_log import DeltaLog
 from storage.lake.log_checkpoint import write_checkpoint
-from storage.lake.log_commits import Swap, commit_swap
+from storage.lake.log_commits import FencedCommit, commit_fenced
 from storage.lake.written_files import WrittenFile
 
 TENANTS = ("acme", "a b%c", "zeta", "é")
@@ -59,8 +59,8 @@ def _swap_one_tenant(uri: str, rng: random.Random, name: str) -> None:
         ).decode(),
         num_records=2,
     )
-    swap = Swap(removed, [added], "stream", 0, ("stream/compaction", rng.randint(1, 9)))
-    assert commit_swap(DeltaLog(uri, None), table.version(), swap) is not None
+    swap = FencedCommit(removed, [added], "stream", 0, ("stream/compaction", rng.randint(1, 9)))
+    assert commit_fenced(DeltaLog(uri, None), table.version(), swap) is not None
 
 
 def _state(uri: str) -> dict[str, object]:

@@ -13,7 +13,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from storage.lake.commits import FencedError, fence_app_id
 from storage.lake.delta_lake import LakeFile
 from storage.lake.delta_log import DeltaLog, lines
-from storage.lake.log_commits import Swap, commit_swap
+from storage.lake.log_commits import FencedCommit, commit_fenced
 from storage.lake.written_files import WrittenFile
 
 STREAM = "orders"
@@ -49,8 +49,8 @@ def _written(tenant: str, name: str) -> WrittenFile:
     )
 
 
-def _swap(removed: list[LakeFile], added: list[WrittenFile], epoch: int = EPOCH) -> Swap:
-    return Swap(removed, added, STREAM, epoch, (f"{STREAM}/compaction", 5))
+def _swap(removed: list[LakeFile], added: list[WrittenFile], epoch: int = EPOCH) -> FencedCommit:
+    return FencedCommit(removed, added, STREAM, epoch, (f"{STREAM}/compaction", 5))
 
 
 def _paths(uri: str) -> set[str]:
@@ -62,7 +62,7 @@ def test_delta_rs_reads_the_swap_as_one_commit_with_its_transaction(tmp_path: Pa
     removed = [file for file in _files(uri) if file.partition_values["tenant"] == "a b%c"]
     kept = _paths(uri) - {file.path for file in removed}
 
-    version = commit_swap(DeltaLog(uri, None), 0, _swap(removed, [_written("a b%c", "settled")]))
+    version = commit_fenced(DeltaLog(uri, None), 0, _swap(removed, [_written("a b%c", "settled")]))
 
     assert version == 1
     table = DeltaTable(uri)
@@ -83,7 +83,7 @@ def test_a_commit_since_the_checked_version_that_removed_a_file_stops_the_swap(
     write_deltalake(uri, pa.table({"tenant": ["x"], "value": [1]}), mode="overwrite")
     before = _paths(uri)
 
-    assert commit_swap(DeltaLog(uri, None), 0, _swap(removed, [_written("acme", "s")])) is None
+    assert commit_fenced(DeltaLog(uri, None), 0, _swap(removed, [_written("acme", "s")])) is None
     assert _paths(uri) == before and DeltaTable(uri).version() == 1
 
 
@@ -99,7 +99,7 @@ def test_a_newer_writers_fence_since_the_checked_version_raises(tmp_path: Path) 
     )
 
     with pytest.raises(FencedError):
-        commit_swap(DeltaLog(uri, None), 0, _swap(_files(uri), [_written("acme", "s")]))
+        commit_fenced(DeltaLog(uri, None), 0, _swap(_files(uri), [_written("acme", "s")]))
     assert DeltaTable(uri).version() == 1
 
 
@@ -115,7 +115,7 @@ def test_a_commit_that_takes_the_version_first_is_read_and_the_swap_goes_after_i
             racing.append(1)
             write_deltalake(uri, pa.table({"tenant": ["zeta"], "value": [9]}), mode="append")
 
-    version = commit_swap(
+    version = commit_fenced(
         DeltaLog(uri, None), 0, _swap(removed, [_written("acme", "s")]), a_batch_commits_first
     )
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,14 +21,10 @@ from deltalake import DeltaTable
 
 from storage.lake.commits import FencedError, fence_app_id
 from storage.lake.delta_lake import DeltaLake
-from storage.lake.file_names import BatchFiles
-from storage.lake.file_writer import write_task_files
-from storage.lake.packed_rows import packed_table
 from storage.lake.tables import ALL_TABLES, QUARANTINE
 from storage.lake.writer_lease import LEASE_TABLE, StreamLeaseHeldError, WriterLease
-from storage.lake.written_files import WrittenFile
-from streaming.state.union_rows import union_table
 from tenants.settings import StreamSettings
+from tests.support.lake_batches import commit_quarantine_row
 from tests.support.paths import ROOT
 
 STREAM = "orders"
@@ -47,23 +44,13 @@ def _lease(lake: DeltaLake, clock_ms: int | None = None) -> WriterLease:
     return lease
 
 
-def _commit_one_row(lake: DeltaLake, batch_id: int, writer_epoch: int) -> bool:
-    """Write one quarantine row as an executor would, then commit it as the driver does."""
-    union_row = union_table(
-        {
-            "kind": ["quarantine"],
-            "reason": ["malformed_json"],
-            "partition": [0],
-            "offset": [1],
-            "kafka_timestamp_ms": [1_767_225_600_000],
-            "value": [b"{"],
-        },
-        1,
-    )
-    target = BatchFiles(lake.root, None, STREAM, writer_epoch, batch_id, (QUARANTINE.name,))
-    written = write_task_files(target, lambda: 0)(iter(packed_table(union_row).to_batches()))
-    files = [WrittenFile.from_row(row) for batch in written for row in batch.to_pylist()]
-    return lake.commit_files(QUARANTINE, files, STREAM, batch_id, writer_epoch)
+def _commit_one_row(
+    lake: DeltaLake,
+    batch_id: int,
+    writer_epoch: int,
+    before_commit: Callable[[], None] = lambda: None,
+) -> bool:
+    return commit_quarantine_row(lake, STREAM, batch_id, writer_epoch, before_commit)
 
 
 def _versions(lake: DeltaLake) -> dict[str, int]:
@@ -128,18 +115,22 @@ def test_a_silent_holder_is_taken_over_and_then_fenced_out(tmp_path: Path) -> No
     assert lake.open(QUARANTINE).to_pyarrow_table().num_rows == 1
 
 
-def test_a_zombie_commit_on_a_snapshot_older_than_the_new_fence_fails(tmp_path: Path) -> None:
+def test_a_zombie_that_passed_its_checks_before_a_newer_instance_fenced_commits_nothing(
+    tmp_path: Path,
+) -> None:
     lake = _lake(tmp_path)
     zombie = _lease(lake)
     zombie_epoch = zombie.acquire()
-    # The zombie checked its fence on this snapshot, then paused before committing.
-    snapshot = lake.open(QUARANTINE)
-    _lease(lake, clock_ms=zombie.clock_ms() + TTL_MS + 1).acquire()
+    successor = _lease(lake, clock_ms=zombie.clock_ms() + TTL_MS + 1)
 
-    lake.open = lambda spec: snapshot if spec is QUARANTINE else DeltaLake.open(lake, spec)  # type: ignore[method-assign]
-    with pytest.raises(RuntimeError, match="kept changing"):
-        _commit_one_row(lake, batch_id=0, writer_epoch=zombie_epoch)
-    assert DeltaLake(lake.root).open(QUARANTINE).to_pyarrow_table().num_rows == 0
+    # The zombie found its fence and the batch not yet committed, then paused right before
+    # writing its commit; meanwhile the successor claimed the stream and fenced every table.
+    with pytest.raises(FencedError, match="newer instance"):
+        _commit_one_row(lake, 0, zombie_epoch, before_commit=successor.acquire)
+
+    assert successor.epoch == zombie_epoch + 1
+    assert lake.open(QUARANTINE).to_pyarrow_table().num_rows == 0
+    assert _commit_one_row(lake, 0, successor.epoch)
 
 
 def test_of_two_racing_claimers_exactly_one_wins(tmp_path: Path) -> None:
