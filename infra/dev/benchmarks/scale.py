@@ -42,9 +42,13 @@ Figures of one run are comparable with each other only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shlex
 import shutil
+import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -58,6 +62,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import requests
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -78,13 +83,11 @@ from infra.dev.benchmarks.sample_lake import (
     without_limits,
     write_tenants_conf,
 )
+from infra.dev.benchmarks.stream_processes import kind_of
 from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_stack import LocalKafka
 from storage.lake.delta_lake import DeltaLake, compaction_app_id
-from storage.lake.newest_tables import NewestTables
 from storage.lake.tables import ALL_TABLES, EVENTS, LATE_EVENTS, TENANT_STATUS, WINDOWS
-from storage.query.local_sql import LocalSql
-from storage.query.query_service import QueryService
 from storage.query.spark_views import register_views
 from streaming.app import StreamApp
 from streaming.pipeline.spark_session import build_spark
@@ -92,9 +95,10 @@ from streaming.pipeline.stream_plan import read_kafka, windowed_rows
 from streaming.records.routing import KAFKA_COLUMNS_SQL, ROUTED_SCHEMA, make_router
 from streaming.state.bucket_processor import BUCKET_COLUMN, STATE_SCHEMA, bucket_expression
 from streaming.state.union_rows import PACKED_OUTPUT_SCHEMA
+from tenants.api_keys import issue_key
 from tenants.conf_reader import load_registry
-from tenants.models import QueryLimits, SourceConfig
-from tenants.settings import AppSettings, QuerySettings
+from tenants.models import SourceConfig
+from tenants.settings import AppSettings
 
 QUERY_TIMEOUT_S = 3_600
 
@@ -292,13 +296,16 @@ def _product_stage(spark: SparkSession, dataset: _Dataset) -> StageFigures:
     try:
         streamed = _log_writes(lake, dataset.settings.stream.name)
         figures.extra["one_tenant_query_s"] = _one_tenant_query_s(spark, lake, "t000000")
-        served = _ServedQuery(spark, lake, "t000000")
-        started = time.monotonic()
-        with peak_rss(_PROCESSES) as settle_peaks:
-            app.compact_now(spark)  # as `run --available-now` does at its end
-        compaction_s = time.monotonic() - started
-        figures.extra["settle_peak_mib"] = {k: round(v) for k, v in settle_peaks.items()}
-        figures.extra.update(served.after_compaction())
+        served = _ServedQuery(dataset.settings, "t000000")
+        try:
+            started = time.monotonic()
+            with peak_rss(_PROCESSES) as settle_peaks:
+                app.compact_now(spark)  # as `run --available-now` does at its end
+            compaction_s = time.monotonic() - started
+            figures.extra["settle_peak_mib"] = {k: round(v) for k, v in settle_peaks.items()}
+            figures.extra.update(served.after_compaction())
+        finally:
+            served.stop()
     finally:
         app.stop()
     compacted = _log_writes(lake, dataset.settings.stream.name)
@@ -635,35 +642,51 @@ def _one_tenant_query_s(spark: SparkSession, lake: DeltaLake, tenant: str) -> fl
 
 
 class _ServedQuery:
-    """One tenant's statement on a warm query service (`serve`: the in-process engine, tables
-    followed in a thread), opened before a compaction and asked just after it."""
+    """One tenant's statement on a warm query service, `tenant-windows serve` as a user runs it
+    beside the stream (its own process, tables followed in a thread, defaults), asked before a
+    compaction and just after it. Started detached (its parent exits at once): it is no
+    descendant of this process, so its memory is not counted as the stream's driver's."""
 
     STATEMENT = "SELECT count(*) AS n FROM events"
 
-    def __init__(self, spark: SparkSession, lake: DeltaLake, tenant: str) -> None:
-        self.tenant = tenant
-        self.lake = lake
-        query = QuerySettings()  # as `serve` runs with the defaults
-        local = LocalSql.of_settings(lake, query)
-        self.service = QueryService(spark, lake, lambda _: QueryLimits(), local)
-        self.service.follow_tables(query.table_follow_interval_ms / 1000)
-        # What the follower's thread pays for the compaction's commit, on a reader of its own.
-        self.reader = NewestTables(lake)
-        self.reader.files(EVENTS)
+    def __init__(self, settings: AppSettings, tenant: str) -> None:
+        self.key = issue_key(settings.conf_dir, tenant)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        command = shlex.join([
+            sys.executable, "-m", "infra.cli", "serve", "--port", str(port),
+            "--conf", str(settings.conf_dir), "--lake-root", settings.lake.root,
+        ])  # fmt: skip
+        log_file = shlex.quote(str(settings.conf_dir.parent / "serve.log"))
+        launched = subprocess.run(
+            ["bash", "-c", f"{command} > {log_file} 2>&1 & echo $!"],
+            cwd=PROJECT_CONF.parent,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        self.pid = int(launched.stdout.strip())
+        deadline = time.monotonic() + 300
+        while not self._healthy():
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"serve did not start; see {log_file}")
+            time.sleep(0.5)
         started = time.monotonic()
-        self.before = self.service.run(tenant, self.STATEMENT).table.to_pylist()
+        self.before = self._ask()
         self.open_s = time.monotonic() - started
 
-    def after_compaction(self) -> dict[str, float]:
+    def after_compaction(self) -> dict[str, Any]:
         try:
             started = time.monotonic()
-            after = self.service.run(self.tenant, self.STATEMENT).table.to_pylist()
+            after = self._ask()
             served_s = time.monotonic() - started
-            started = time.monotonic()
-            self.reader.files(EVENTS)
-            follow_s = time.monotonic() - started
+            peak_mib = _serve_peak_mib(self.pid)
         finally:
-            self.service.close()
+            self.stop()
         if after != self.before:
             raise RuntimeError(f"the compaction changed the tenant's rows: {self.before} {after}")
         # To the microsecond: a warm answer from rows kept in memory takes well under 1 ms, and
@@ -671,8 +694,58 @@ class _ServedQuery:
         return {
             "one_tenant_served_open_s": round(self.open_s, 6),
             "one_tenant_served_compacted_s": round(served_s, 6),
-            "follow_compaction_commit_s": round(follow_s, 6),
+            "serve_peak_mib": peak_mib,
         }
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while Path(f"/proc/{self.pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    def _healthy(self) -> bool:
+        try:
+            return requests.get(f"{self.url}/healthz", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def _ask(self) -> Any:
+        answer = requests.post(
+            f"{self.url}/v1/query",
+            json={"sql": self.STATEMENT},
+            headers={"Authorization": f"Bearer {self.key}"},
+            timeout=QUERY_TIMEOUT_S,
+        )
+        answer.raise_for_status()
+        return answer.json()["rows"]
+
+
+def _serve_peak_mib(pid: int) -> dict[str, int]:
+    """The peak resident memory (VmHWM) of `serve`'s Python and of its JVM, in MiB."""
+    children = [
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and _parent_of(int(entry.name)) == pid
+    ]
+    jvms = [child for child in children if kind_of(child, pid) == "jvm"]
+    return {"python": _vm_hwm_mib(pid), "jvm": sum(map(_vm_hwm_mib, jvms))}
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _vm_hwm_mib(pid: int) -> int:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    kib = next((line.split()[1] for line in status.splitlines() if line.startswith("VmHWM")), "0")
+    return round(int(kib) / 1024)
 
 
 def _one_tenant_sql_cli_s(settings: AppSettings, tenant: str) -> float:
