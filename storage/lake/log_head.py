@@ -71,10 +71,12 @@ def read_head(delta_log: DeltaLog) -> LogHead | None:
         checkpoint = pq.ParquetFile(
             delta_log.checkpoint_file(version), filesystem=delta_log.filesystem
         )
-        for batch in checkpoint.iter_batches(batch_size=BATCH_ROWS, columns=_CHECKPOINT_COLUMNS):
+        # A writer may leave out the column of an action its checkpoint has none of.
+        columns = [name for name in _CHECKPOINT_COLUMNS if name in checkpoint.schema_arrow.names]
+        for batch in checkpoint.iter_batches(batch_size=BATCH_ROWS, columns=columns):
             reading.apply(
                 {name: value}
-                for name in _CHECKPOINT_COLUMNS
+                for name in columns
                 for value in batch.column(name).drop_null().to_pylist()
             )
     return reading.head_after(delta_log, version)

@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from deltalake import DeltaTable
 
 from storage.lake.delivery_outbox import AttemptRow, DeliveryOutbox, Outcome, Progress
 from storage.lake.delta_lake import DeltaLake
+from storage.lake.log_head import LogHeads
 from storage.lake.s3_options import reaching
 from storage.lake.snapshot_reader import batch_files, read_snapshot
 from storage.lake.tables import WINDOWS
@@ -98,7 +99,7 @@ class Notifier:
     def wait_until_drained(self, abandon: threading.Event) -> bool:
         """Block until every pane committed to `windows` so far is delivered or dead-lettered
         (bounded: each delivery has a bounded number of attempts); False if `abandon` is set."""
-        target = self.committed_windows_batch(self.lake.open(WINDOWS))
+        target = self.committed_windows_batch()
         with self._progress:
             while not abandon.is_set():
                 if self._recorded_through is not None and self._recorded_through >= target:
@@ -126,34 +127,39 @@ class Notifier:
             self._recorded_through = through
             self._progress.notify_all()
 
-    def committed_windows_batch(self, windows: DeltaTable) -> int:
-        """The newest batch this stream committed to `windows`; -1 before any."""
-        committed = windows.transaction_version(self.stream)
+    def committed_windows_batch(self, heads: LogHeads | None = None) -> int:
+        """The newest batch this stream committed to `windows`; -1 before any. Read from the
+        table's head (`DeltaLake.committed_batch`), which holds none of its files."""
+        committed = self.lake.committed_batch(WINDOWS, self.stream, heads)
         return -1 if committed is None else committed
 
     def plan(
         self,
-        windows: DeltaTable,
+        windows: Callable[[], DeltaTable],
         after: int,
         through: int,
         done: Mapping[tuple[str, str], Progress],
     ) -> list[Delivery]:
-        """The deliveries of panes in `windows` batches (after, through], minus finished ones."""
+        """The deliveries of panes in `windows` batches (after, through], minus finished ones.
+        `windows` gives the table at a version holding batch `through`: it is asked for only
+        when a rule in force at one of those batches notifies anyone, as loading it holds its
+        every file's statistics."""
         registries = {
             batch: self._registry_at_batch(batch) for batch in range(after + 1, through + 1)
         }
         if not any(self._any_notify(registry) for registry in registries.values()):
             return []
         batch_id = ds.field("batch_id")
+        table = windows()
         panes = [
             PaneFacts.from_row(row)
             for row in read_snapshot(
-                windows,
+                table,
                 WINDOWS.schema,
                 self.lake.storage_options,
                 _PANE_COLUMNS,
                 (batch_id > after) & (batch_id <= through),
-                files=batch_files(windows, after, through),
+                files=batch_files(table, after, through),
             ).to_pylist()
         ]
         panes.sort(key=lambda p: (p.batch_id, p.tenant, p.source, p.window_start_ms, p.pane_index))
@@ -209,6 +215,8 @@ class _Run:
             notifier.settings, notifier.send, notifier.fault_hook, self.results.put, stopping
         )
         self.windows: DeltaTable | None = None
+        """Loaded only once a pane is to be notified (`Notifier.plan`)."""
+        self.heads = LogHeads()
         self.recorded: int | None = None
         self.planned = -1
         self.outstanding: Counter[int] = Counter()  # unfinished deliveries per windows batch
@@ -224,19 +232,26 @@ class _Run:
             # What an earlier run did past the mark; this run adds rows only for what it plans.
             self.resumed = notifier.outbox.progress_after(self.recorded)
             notifier.publish_recorded(self.recorded)
-            self.windows = notifier.lake.open(WINDOWS)
-        assert self.windows is not None
-        # An outage is one line naming the lake, as everywhere else, not delta-rs's error chain.
-        with reaching(notifier.lake.root, notifier.lake.storage_options, "reading table windows"):
-            self.windows.update_incremental()
-        committed = notifier.committed_windows_batch(self.windows)
+        committed = notifier.committed_windows_batch(self.heads)
         if committed > self.planned:
-            for delivery in notifier.plan(self.windows, self.planned, committed, self.resumed):
+            plan = notifier.plan(self._windows, self.planned, committed, self.resumed)
+            for delivery in plan:
                 self.outstanding[delivery.pane.batch_id] += 1
                 self.scheduler.submit(delivery)
             self.planned = committed
         self._collect(timeout_s=notifier.settings.poll_interval_ms / 1000)
         self._commit(force=notifier.flush_requested.is_set())
+
+    def _windows(self) -> DeltaTable:
+        """`windows` at its newest version, kept and moved forward by its new commits."""
+        notifier = self.notifier
+        # An outage is one line naming the lake, as everywhere else, not delta-rs's error chain.
+        with reaching(notifier.lake.root, notifier.lake.storage_options, "reading table windows"):
+            if self.windows is None:
+                self.windows = notifier.lake.open(WINDOWS)
+            else:
+                self.windows.update_incremental()
+        return self.windows
 
     def finish(self) -> None:
         self.scheduler.join()
