@@ -1,7 +1,8 @@
 """Conditional Delta commits: check a snapshot, then commit only if nothing landed after it.
 
-The writer lease and the batches' commits share these two primitives (a compaction's swaps
-are checked on the log instead: `log_commits`). A commit made with
+The writer lease's table and the commits made by delta-rs (where the log's readers decline,
+and reprocessing's swaps) share these two primitives; the stream's batches, compactions and
+fences are checked on the log instead (`log_commits`). A commit made with
 `conditional()` has no commit retry, so any commit that landed after the snapshot it was
 checked against (another instance's fence, a racing claim) makes it fail; `commit_without_
 conflict` then runs the whole attempt again, checks included.
