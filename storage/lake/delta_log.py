@@ -25,6 +25,7 @@ import boto3
 import orjson
 import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -32,6 +33,7 @@ from storage.lake.lake_filesystem import duration_s, filesystem_of
 from storage.lake.s3_options import MAX_RETRIES
 
 Action = dict[str, Any]
+CHECKPOINT_BATCH_ROWS = 65_536
 
 # Delta's protocol levels and writer features that a writer of plain files (no deletion
 # vectors, row tracking, column mapping or domain metadata) may commit to without knowing them.
@@ -76,6 +78,15 @@ class DeltaLog:
 
     def checkpoint_file(self, version: int) -> str:
         return f"{self.folder}/{version:020d}.checkpoint.parquet"
+
+    def checkpoint_batches(self, version: int, columns: list[str]) -> Iterator[pa.RecordBatch]:
+        """Checkpoint `version`'s `columns` (top-level names or dotted paths into them), those
+        whose top-level column it has (a writer may leave out an action it has none of),
+        `CHECKPOINT_BATCH_ROWS` rows at a time: only those columns' pages are read."""
+        checkpoint = pq.ParquetFile(self.checkpoint_file(version), filesystem=self.filesystem)
+        present = set(checkpoint.schema_arrow.names)
+        held = [column for column in columns if column.split(".", 1)[0] in present]
+        yield from checkpoint.iter_batches(batch_size=CHECKPOINT_BATCH_ROWS, columns=held)
 
     def actions(self, version: int, with_files: bool = True) -> Iterator[Action] | None:
         """The actions of commit `version`, read a line at a time (a settle's commit at a

@@ -21,12 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-import pyarrow.parquet as pq
 
 from storage.lake.delta_log import Action, DeltaLog, plain_writer
 from storage.lake.tables import TableSpec
 
-BATCH_ROWS = 65_536
 _CHECKPOINT_COLUMNS = ["txn", "protocol", "metaData"]
 
 
@@ -68,15 +66,10 @@ def read_head(delta_log: DeltaLog) -> LogHead | None:
         return None
     reading = _Reading()
     if version >= 0:
-        checkpoint = pq.ParquetFile(
-            delta_log.checkpoint_file(version), filesystem=delta_log.filesystem
-        )
-        # A writer may leave out the column of an action its checkpoint has none of.
-        columns = [name for name in _CHECKPOINT_COLUMNS if name in checkpoint.schema_arrow.names]
-        for batch in checkpoint.iter_batches(batch_size=BATCH_ROWS, columns=columns):
+        for batch in delta_log.checkpoint_batches(version, _CHECKPOINT_COLUMNS):
             reading.apply(
                 {name: value}
-                for name in columns
+                for name in batch.schema.names
                 for value in batch.column(name).drop_null().to_pylist()
             )
     return reading.head_after(delta_log, version)

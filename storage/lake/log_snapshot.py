@@ -19,11 +19,9 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from storage.lake.delta_log import Action, DeltaLog
 
-BATCH_ROWS = 65_536
 _CHECKPOINT_COLUMNS = [
     "add.path",
     "add.size",
@@ -63,10 +61,7 @@ def partition_snapshot(delta_log: DeltaLog, column: str, value: str) -> Partitio
     if version is None:
         return None
     if version >= 0:
-        checkpoint = pq.ParquetFile(
-            delta_log.checkpoint_file(version), filesystem=delta_log.filesystem
-        )
-        for batch in checkpoint.iter_batches(batch_size=BATCH_ROWS, columns=_CHECKPOINT_COLUMNS):
+        for batch in delta_log.checkpoint_batches(version, _CHECKPOINT_COLUMNS):
             if not reading.checkpoint_rows(batch):
                 return None
     while (actions := delta_log.actions(version + 1)) is not None:
