@@ -97,11 +97,12 @@ class DeltaLake:
         outdated = []
         for spec in LAKE_TABLES:
             head = self.head(spec)
-            if head is not None and head.partition_columns != spec.partition_by:
-                outdated.append(spec.name)
-                continue
-            if head is not None and head.unfit_for(spec) is None:
-                continue  # as this release writes it: delta-rs need not load its files
+            if head is not None:
+                if head.partition_columns != spec.partition_by:
+                    outdated.append(spec.name)
+                    continue
+                if head.unfit_for(spec) is None:
+                    continue  # as this release writes it: delta-rs need not load its files
             with reaching(self.root, self.storage_options, f"creating table {spec.name}"):
                 table = DeltaTable.create(
                     self.table_uri(spec),
