@@ -39,6 +39,7 @@ from tenants.tenant_lists import (
     first_line_naming,
     first_lines,
     parse_tenant_list,
+    rows_naming,
     unknown_rule_set_problem,
 )
 
@@ -53,18 +54,50 @@ def load_registry(conf_dir: Path) -> TenantRegistry:
 
 
 def load_tenant(conf_dir: Path, tenant_id: str) -> TenantConfig | None:
-    """One tenant's config, or None if no file defines it.
+    """One tenant's config, or None if nothing defines it.
 
-    Read from `tenants/<id>.yaml` alone when that file defines the tenant: a command about one
-    tenant should not read 100,000 files (seconds) to find it. A tenant defined in a file of
-    another name is found by reading the whole directory, as `load_registry` does.
+    A command about one tenant should not read 100,000 files, or parse a list of a million rows
+    (seconds), to find it: read from `tenants/<id>.yaml` alone when that file defines the
+    tenant, or else from the one plain row of the tenant lists that names it and its rule set.
+    Anything less plain (a tenant defined in a file of another name, a quoted or padded row, a
+    tenant listed twice, an unknown rule set) is decided by reading the whole directory, as
+    `load_registry` does, which also names what is wrong.
     """
-    conventional = conf_dir / TENANTS_DIR / f"{tenant_id}.yaml"
-    if _is_valid_id(tenant_id) and conventional.is_file():
-        tenant = _parse_tenant(conventional, conventional.read_bytes())
-        if tenant.id == tenant_id:
-            return tenant
+    if _is_valid_id(tenant_id):
+        conventional = conf_dir / TENANTS_DIR / f"{tenant_id}.yaml"
+        if conventional.is_file():
+            tenant = _parse_tenant(conventional, conventional.read_bytes())
+            if tenant.id == tenant_id:
+                return tenant
+        else:
+            listed = _listed_tenant(conf_dir, tenant_id)
+            if listed is not None:
+                return listed
     return load_registry(conf_dir).tenants.get(tenant_id)
+
+
+def _listed_tenant(conf_dir: Path, tenant_id: str) -> TenantConfig | None:
+    """`tenant_id`'s config where exactly one plain list row names it and a rule set that
+    `rule_sets.yaml` defines; None otherwise (`load_tenant` then reads everything)."""
+    lists_dir = conf_dir / TENANT_LISTS_DIR
+    rule_set_names: list[str] = []
+    for name in sorted(_scan_files(lists_dir, (LIST_SUFFIX,))):
+        try:
+            rows = rows_naming((lists_dir / name).read_bytes(), tenant_id)
+        except OSError:
+            return None
+        if rows is None:
+            return None
+        rule_set_names.extend(rows)
+    if len(rule_set_names) != 1:
+        return None
+    rule_sets_path = conf_dir / RULE_SETS_FILE
+    try:
+        rule_sets = _parse_rule_sets(rule_sets_path, rule_sets_path.read_bytes())
+    except (OSError, ConfigError):
+        return None
+    rule_set = rule_sets.get(rule_set_names[0])
+    return None if rule_set is None else TenantConfig.of_rule_set(tenant_id, rule_set)
 
 
 # A file stat that changes whenever its content may have: (size, mtime_ns, ctime_ns, inode).

@@ -148,6 +148,41 @@ def _plain_rows(text: str) -> TenantList | None:
     return TenantList(rule_set_of, frozenset(shared))
 
 
+_ID_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789_-")
+MAX_MENTIONS = 1_000
+"""A lookup that meets an id this often in a list (a short id inside many others) reads the
+list as a whole instead."""
+
+
+def rows_naming(data: bytes, tenant_id: str) -> list[str] | None:
+    """The rule sets that plain rows `<tenant_id>,<rule set>` of a list file's bytes name, found
+    by searching the bytes for the id: one tenant's lookup in a list of a million rows costs a
+    search, not a parse. None where the bytes mention the id otherwise than in such a row, as a
+    rule set's name, or inside a longer id (quoted, padded, in a row of three fields): only
+    reading the whole list (`parse_tenant_list`) says what such a row means."""
+    needle = tenant_id.encode()
+    names: list[str] = []
+    start = data.find(needle)
+    for _ in range(MAX_MENTIONS):
+        if start == -1:
+            return names
+        end = start + len(needle)
+        before = data[start - 1] if start else None
+        after = data[end] if end < len(data) else None
+        if before in _ID_BYTES or after in _ID_BYTES:
+            pass  # a longer id that holds this one
+        elif before == ord("\n") and after == ord(","):
+            line_end = data.find(b"\n", end)
+            name = data[end + 1 : None if line_end == -1 else line_end].removesuffix(b"\r")
+            if not _ID_RE.fullmatch(name.decode("utf-8", "replace")):
+                return None
+            names.append(name.decode())
+        elif not (before == ord(",") and after in (ord("\n"), ord("\r"), None)):
+            return None  # not a rule set's name either
+        start = data.find(needle, end)
+    return None
+
+
 def _with_first_lines(
     problems: list[tuple[str, str]], text: str, duplicates: dict[str, int]
 ) -> list[tuple[str, str]]:

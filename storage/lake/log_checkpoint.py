@@ -28,7 +28,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from storage.lake.checkpoint_tenants import SORTED_RUN_ROWS, ranges_metadata, sorted_row_groups
 from storage.lake.delta_log import Action, DeltaLog
+from storage.lake.tables import tenant_partition_column
 
 BATCH_ROWS = 50_000
 """Rows read from the older checkpoint, or gathered from the commits, before each write."""
@@ -64,11 +66,15 @@ def write_checkpoint(delta_log: DeltaLog, version: int | None = None) -> bool:
         return False
     # The retention the older checkpoint's metadata sets: a change of it since applies from
     # the next checkpoint on.
-    cutoff_ms = int(time.time() * 1000) - _tombstone_retention_ms(_metadata(base))
+    metadata = _metadata(base)
+    cutoff_ms = int(time.time() * 1000) - _tombstone_retention_ms(metadata)
+    # The older checkpoint's partitioning: should the commits since change it, the ranges
+    # name a column the new metadata does not partition by, and readers do not use them.
+    tenant_column = tenant_partition_column((metadata or {}).get("partitionColumns") or ())
     tail = _Tail(delta_log, base_version + 1, version)
     path = delta_log.checkpoint_file(version)
     try:
-        with _Writer(delta_log, path, schema, cutoff_ms) as writer:
+        with _Writer(delta_log, path, schema, cutoff_ms, tenant_column) as writer:
             for rows in tail.rows():
                 for table in _tables_of(rows, schema):
                     writer.write(table)
@@ -183,15 +189,28 @@ class _Tail:
 class _Writer:
     """The checkpoint file, written beside under a name no reader takes for a checkpoint and
     moved into place once whole (on S3, a copy: the object appears whole or not at all).
-    Tombstones deleted before `cutoff_ms` are left out."""
+    Tombstones deleted before `cutoff_ms` are left out. With a `tenant_column`, rows are
+    written sorted by tenant a run at a time, with each row group's tenants recorded
+    (`checkpoint_tenants`)."""
 
-    def __init__(self, delta_log: DeltaLog, path: str, schema: pa.Schema, cutoff_ms: int) -> None:
+    def __init__(
+        self,
+        delta_log: DeltaLog,
+        path: str,
+        schema: pa.Schema,
+        cutoff_ms: int,
+        tenant_column: str | None,
+    ) -> None:
         self._delta_log = delta_log
         self._path = path
         self._written = delta_log.beside(path.rpartition("/")[2])
         self._sink = delta_log.filesystem.open_output_stream(self._written)
         self._parquet = pq.ParquetWriter(self._sink, schema)
         self._cutoff_ms = cutoff_ms
+        self._tenant_column = tenant_column
+        self._run: list[pa.Table] = []
+        self._run_rows = 0
+        self._ranges: list[list[str] | None] = []
         self.actions = 0
         self.adds = 0
 
@@ -203,12 +222,30 @@ class _Writer:
             return
         self.actions += table.num_rows
         self.adds += table.num_rows - table.column("add").null_count
-        self._parquet.write_table(table)
+        if self._tenant_column is None:
+            self._parquet.write_table(table)
+            return
+        self._run.append(table)
+        self._run_rows += table.num_rows
+        if self._run_rows >= SORTED_RUN_ROWS:
+            self._write_run(self._tenant_column)
+
+    def _write_run(self, tenant_column: str) -> None:
+        if not self._run:
+            return
+        run = pa.concat_tables(self._run)
+        self._run, self._run_rows = [], 0
+        for row_group, tenants in sorted_row_groups(run, tenant_column):
+            self._parquet.write_table(row_group)
+            self._ranges.append(tenants)
 
     def __enter__(self) -> _Writer:
         return self
 
     def __exit__(self, error_type: object, error: object, traceback: object) -> None:
+        if error_type is None and self._tenant_column is not None:
+            self._write_run(self._tenant_column)
+            self._parquet.add_key_value_metadata(ranges_metadata(self._tenant_column, self._ranges))
         self._parquet.close()
         self._sink.close()
         if error_type is not None:

@@ -16,7 +16,7 @@ partition) makes `advanced` return None: the caller loads the version from delta
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -28,13 +28,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
+from storage.lake.checkpoint_tenants import NO_TENANT, row_groups_holding
 from storage.lake.delta_log import DeltaLog
 from storage.lake.snapshot_reader import partition_columns, tenant_file_actions
-from storage.lake.tables import LAYOUT_PREFIX, STAGED
-
-_TENANT_COLUMNS = (f"{LAYOUT_PREFIX}tenant", "tenant")
-"""Partition columns naming the tenant a file belongs to: this release's layout column, or
-`tenant` itself in a lake written before the staged layout."""
+from storage.lake.tables import STAGED, tenant_partition_column
 
 
 @dataclass(frozen=True)
@@ -78,7 +75,7 @@ class TableFiles:
     def of_table(cls, table: DeltaTable, only_tenant: str | None = None) -> TableFiles:
         """The files of `table`'s loaded version; with `only_tenant`, that tenant's only."""
         partitions = partition_columns(table)
-        tenant_column = next((c for c in _TENANT_COLUMNS if c in partitions.names), None)
+        tenant_column = tenant_partition_column(partitions.names)
         actions = (
             pa.table(table.get_add_actions(flatten=True))
             if only_tenant is None
@@ -128,9 +125,6 @@ class TableFiles:
         checkpoint = pq.ParquetFile(
             delta_log.checkpoint_file(version), filesystem=delta_log.filesystem
         )
-        adds = _checkpoint_adds(checkpoint)
-        if adds is None:
-            return None
         metadata = checkpoint.read(columns=["metaData"]).column("metaData").drop_null()
         if len(metadata) != 1:
             return None
@@ -138,7 +132,15 @@ class TableFiles:
         if any(name not in storage_schema.names for name in partition_names):
             return None
         partitions = pa.schema([storage_schema.field(name) for name in partition_names])
-        tenant_column = next((c for c in _TENANT_COLUMNS if c in partition_names), None)
+        tenant_column = tenant_partition_column(partition_names)
+        row_groups = (
+            None
+            if tenant_column is None
+            else row_groups_holding(checkpoint, tenant_column, (tenant, STAGED, NO_TENANT))
+        )
+        adds = _checkpoint_adds(checkpoint, row_groups)
+        if adds is None:
+            return None
         index = _Index(table_uri, tenant)
         paths, sizes, values = adds
         kept: list[int]
@@ -151,7 +153,7 @@ class TableFiles:
             kept = pc.indices_nonzero(pc.fill_null(mine, False)).to_pylist()
             owners = [_owner(owner_column[row].as_py()) for row in kept]
         shared = [row for row, owner in zip(kept, owners, strict=True) if owner is None]
-        stats = _staged_stats(checkpoint, shared)
+        stats = _staged_stats(checkpoint, row_groups, shared)
         for row, owner in zip(kept, owners, strict=True):
             low, high = stats.get(row, (None, None))
             index.add(paths[row].as_py(), sizes[row].as_py(), owner, low, high)
@@ -276,13 +278,12 @@ class _Index:
 
 
 def _checkpoint_adds(
-    checkpoint: pq.ParquetFile,
+    checkpoint: pq.ParquetFile, row_groups: Sequence[int] | None
 ) -> tuple[pa.ChunkedArray, pa.ChunkedArray, pa.ChunkedArray] | None:
-    """The checkpoint's live files: paths, sizes and partition values (None: one with
-    deletion vectors, which this reader does not apply)."""
+    """The live files of the checkpoint's `row_groups` (None: all): paths, sizes and partition
+    values (None: one with deletion vectors, which this reader does not apply)."""
     columns = ["add.path", "add.size", "add.partitionValues", "add.deletionVector.storageType"]
-    read = checkpoint.read(columns=columns).column("add")
-    adds = pc.drop_null(read)
+    adds = pc.drop_null(_read(checkpoint, row_groups, columns).column("add"))
     if len(adds) and pc.any(pc.is_valid(pc.struct_field(adds, "deletionVector"))).as_py():
         return None
     return (
@@ -293,15 +294,23 @@ def _checkpoint_adds(
 
 
 def _staged_stats(
-    checkpoint: pq.ParquetFile, rows: list[int]
+    checkpoint: pq.ParquetFile, row_groups: Sequence[int] | None, rows: list[int]
 ) -> dict[int, tuple[str | None, str | None]]:
-    """The `tenant` statistics of the checkpoint's live files at `rows` (positions among its
-    `add` actions): read only where there are such files, the staged ones."""
+    """The `tenant` statistics of the live files at `rows` (positions among the `add` actions
+    of `row_groups`): read only where there are such files, the staged ones."""
     if not rows:
         return {}
-    adds = pc.drop_null(checkpoint.read(columns=["add.stats"]).column("add"))
+    adds = pc.drop_null(_read(checkpoint, row_groups, ["add.stats"]).column("add"))
     texts = pc.struct_field(adds, "stats")
     return {row: _tenant_stats({"stats": texts[row].as_py()}) for row in rows}
+
+
+def _read(
+    checkpoint: pq.ParquetFile, row_groups: Sequence[int] | None, columns: list[str]
+) -> pa.Table:
+    if row_groups is None:
+        return checkpoint.read(columns=columns)
+    return checkpoint.read_row_groups(row_groups, columns=columns)
 
 
 def _tenant(action: Mapping[str, Any], tenant_column: str | None) -> str | None:

@@ -16,6 +16,7 @@ files, so they read the same wherever the row is. No tenant id starts with `_`.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,14 @@ METRICS = pa.map_(pa.string(), pa.float64())
 STAGED = "_staged"
 """`layout_tenant` of rows that have not settled in their tenant's partition yet."""
 LAYOUT_PREFIX = "layout_"
+TENANT_PARTITION_COLUMNS = (f"{LAYOUT_PREFIX}tenant", "tenant")
+"""Partition columns naming the tenant a file belongs to: this release's layout column, or
+`tenant` itself in a lake written before the staged layout."""
+
+
+def tenant_partition_column(partition_columns: Collection[str]) -> str | None:
+    """The partition column whose value is a file's tenant; None: files are not by tenant."""
+    return next((c for c in TENANT_PARTITION_COLUMNS if c in partition_columns), None)
 
 
 @dataclass(frozen=True)

@@ -132,7 +132,10 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 spark.stop()
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if args.keep_workdir:
+            print(f"lakes, topics and checkpoints kept in {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
     print(_report(results))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(
@@ -172,6 +175,11 @@ def _parser() -> argparse.ArgumentParser:
         "reported",
     )
     parser.add_argument("--json", type=Path, default=Path("data/bench/scale.json"))
+    parser.add_argument(
+        "--keep-workdir",
+        action="store_true",
+        help="leave the lakes behind, to query them after the run (a million tenants: 10M files)",
+    )
     return parser
 
 

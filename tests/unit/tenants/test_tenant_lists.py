@@ -106,6 +106,46 @@ def test_listed_tenants_route_with_their_rule_set_and_share_one_object(conf: Pat
     assert load_tenant(conf, "u3") == registry.tenants["u3"]
 
 
+def test_one_listed_tenant_is_read_from_its_row_without_reading_the_rest(conf: Path) -> None:
+    # Another tenant's broken file or row would stop a whole-directory read; one listed
+    # tenant's lookup reads its own row (and the rule sets) only.
+    (conf / "tenants" / "broken.yaml").write_text("id: [not, an, id]\n")
+    write_list(conf, "more.csv", "tenant_id,rule_set\nv1,slow_web\r\nbad row,x,y\nv10,standard")
+    v1 = load_tenant(conf, "v1")
+    assert v1 is not None and v1.id == "v1" and v1.quota is not None
+    v10 = load_tenant(conf, "v10")
+    assert v10 is not None and v10.quota is None and set(v10.sources) == {"web", "billing"}
+    with pytest.raises(ConfigError, match=r"broken\.yaml"):
+        load_tenant(conf, "nobody")  # unknown: only the whole directory can say so
+
+
+@pytest.mark.parametrize(
+    ("rows", "refused"),
+    [
+        ('"v1",slow_web\n', None),  # quoted: the whole list's reading finds it
+        (" v1 , slow_web\n", None),  # padded
+        ("v1,slow_web\nv1,standard\n", "listed twice"),
+        ("v1,fast_web\n", "unknown rule set 'fast_web'"),
+        ("v1,slow_web,extra\n", "has 3 fields"),
+    ],
+)
+def test_a_listed_tenant_in_a_row_that_is_not_plain_is_decided_as_the_registry_decides(
+    conf: Path, rows: str, refused: str | None
+) -> None:
+    write_list(conf, "more.csv", "tenant_id,rule_set\nv10,standard\n" + rows)
+    if refused is None:
+        assert load_tenant(conf, "v1") == load_registry(conf).tenants["v1"]
+        return
+    with pytest.raises(ConfigError, match=refused):
+        load_tenant(conf, "v1")
+
+
+def test_a_tenant_in_two_lists_is_refused_by_its_lookup_too(conf: Path) -> None:
+    write_list(conf, "more.csv", "tenant_id,rule_set\nu2,slow_web\n")
+    with pytest.raises(ConfigError, match="also listed in"):
+        load_tenant(conf, "u2")
+
+
 def test_tenants_of_one_rule_set_share_its_rules_when_they_change_them(conf: Path) -> None:
     write_list(conf, "more.csv", "tenant_id,rule_set\nv1,slow_web\nv2,slow_web\n")
     registry = load_registry(conf)

@@ -7,9 +7,14 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from storage.lake import checkpoint_tenants, log_checkpoint
+from storage.lake.checkpoint_tenants import NO_TENANT, row_groups_holding
+from storage.lake.delta_log import DeltaLog
+from storage.lake.log_checkpoint import write_checkpoint
 from storage.lake.table_files import TableFiles
 from storage.lake.tables import STAGED
 
@@ -163,3 +168,29 @@ def test_one_tenants_files_read_from_the_checkpoint_are_those_delta_rs_lists(
         assert files.files_of(tenant) == loaded.files_of(tenant), tenant
         assert set(files.by_tenant) <= {tenant}
     assert len(TableFiles.of_tenant_in_log(uri, _SCHEMA, None, "acme").files_of("acme")) == 3  # type: ignore[union-attr]
+
+
+def test_one_tenants_files_are_read_from_its_row_groups_of_a_sorted_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint this project writes keeps rows sorted by tenant a run at a time: one
+    tenant's reader reads the row groups whose recorded range holds it (and the staged files'),
+    and finds what delta-rs finds reading everything."""
+    monkeypatch.setattr(checkpoint_tenants, "ROW_GROUP_ROWS", 4)
+    monkeypatch.setattr(log_checkpoint, "SORTED_RUN_ROWS", 16)
+    uri = str(tmp_path / "events")
+    _write(uri, _staged(["acme", "b"]))
+    DeltaTable(uri).create_checkpoint()  # this project's writer starts from an earlier one
+    tenants = [f"t{n:02d}" for n in range(30)]
+    for tenant in [*tenants, *_TENANTS]:
+        _write(uri, _settled(tenant))
+    _write(uri, _staged(["t07", "zeta"]))
+    assert write_checkpoint(DeltaLog(uri, None))
+    checkpoint = pq.ParquetFile(DeltaLog(uri, None).checkpoint_file(DeltaTable(uri).version()))
+    read = row_groups_holding(checkpoint, "layout_tenant", ("t07", STAGED, NO_TENANT))
+    assert read is not None and 0 < len(read) < checkpoint.num_row_groups / 3
+    for tenant in (*tenants, *_TENANTS, "nobody"):
+        files = TableFiles.of_tenant_in_log(uri, _SCHEMA, None, tenant)
+        loaded = TableFiles.of_table(DeltaTable(uri), only_tenant=tenant)
+        assert files is not None and files.files_of(tenant) == loaded.files_of(tenant), tenant
+    assert len(TableFiles.of_table(DeltaTable(uri)).files_of(None)) == len(tenants) + 7
