@@ -301,7 +301,7 @@ class _FilesOnFirstRead(Mapping[str, "TableFiles | None"]):
     """Each table's files for the scope, listed when a statement first reads the table: a
     statement over `events` opens no other table. `tables`: the tables opened at the versions
     asked for (time travel); empty: each at its newest version, opened here, and for a tenant
-    read from the log's checkpoint, that tenant's files only (`TableFiles.of_tenant_in_log`).
+    read from the log's checkpoint, that tenant's files only (`TableFiles.of_log`).
     `LakeNotWrittenError` for a table the lake does not have."""
 
     def __init__(
@@ -328,11 +328,11 @@ class _FilesOnFirstRead(Mapping[str, "TableFiles | None"]):
             return None if table is None else TableFiles.of_table(table, only_tenant=self._tenant)
         spec = self._specs[name]
         if self._tenant is not None:
-            files = TableFiles.of_tenant_in_log(
+            files = TableFiles.of_log(
                 self._lake.table_uri(spec),
                 spec.storage_schema,
                 self._lake.storage_options,
-                self._tenant,
+                only_tenant=self._tenant,
             )
             if files is not None:
                 return files

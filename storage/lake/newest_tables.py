@@ -94,6 +94,9 @@ class NewestTables:
             current = self._files.get(spec.name)
             newest = None if current is None else current.advanced(self.lake.storage_options)
             if newest is None:
+                uri, options = self.lake.table_uri(spec), self.lake.storage_options
+                newest = TableFiles.of_log(uri, spec.storage_schema, options)
+            if newest is None:
                 newest = TableFiles.of_table(self.lake.open(spec))
             self._files[spec.name] = newest
             with self._lock:

@@ -104,18 +104,19 @@ class TableFiles:
         return index.frozen(table.version(), partitions, tenant_column)
 
     @classmethod
-    def of_tenant_in_log(
+    def of_log(
         cls,
         table_uri: str,
         storage_schema: pa.Schema,
         storage_options: Mapping[str, str] | None,
-        tenant: str,
+        only_tenant: str | None = None,
     ) -> TableFiles | None:
-        """`tenant`'s files (and the staged ones that may hold its rows) at the table's newest
-        version, read from the log's newest checkpoint and the commits after it, without
-        delta-rs: a one-off reader of one tenant (`tenant-windows sql --tenant`) pays for the
-        checkpoint's path and partition columns only, not for materialising every file of a
-        table of a million tenants with its statistics. None where this reader cannot (no
+        """The files at the table's newest version (with `only_tenant`, that tenant's and the
+        staged ones that may hold its rows), read from the log's newest checkpoint and the
+        commits after it, without delta-rs: a reader pays for the checkpoint's path, size and
+        partition columns only, not for materialising every file of a table of a million
+        tenants with its statistics, and a reader of one tenant reads the checkpoint's row
+        groups that may hold it (`checkpoint_tenants`). None where this reader cannot (no
         checkpoint, a multi-part or V2 one, deletion vectors, a later commit it cannot follow):
         the caller loads the version with delta-rs (`of_table`)."""
         delta_log = DeltaLog(table_uri, storage_options)
@@ -135,28 +136,33 @@ class TableFiles:
         tenant_column = tenant_partition_column(partition_names)
         row_groups = (
             None
-            if tenant_column is None
-            else row_groups_holding(checkpoint, tenant_column, (tenant, STAGED, NO_TENANT))
+            if tenant_column is None or only_tenant is None
+            else row_groups_holding(checkpoint, tenant_column, (only_tenant, STAGED, NO_TENANT))
         )
         adds = _checkpoint_adds(checkpoint, row_groups)
         if adds is None:
             return None
-        index = _Index(table_uri, tenant)
         paths, sizes, values = adds
-        kept: list[int]
-        if tenant_column is None:
-            kept = list(range(len(paths)))
-            owners: list[str | None] = [None] * len(kept)
-        else:
+        rows: list[int] | range = range(len(paths))
+        owners: list[str | None] = [None] * len(paths)
+        if tenant_column is not None:
             owner_column = pc.map_lookup(values, pa.scalar(tenant_column), "first")
-            mine = pc.is_in(owner_column, pa.array([tenant, STAGED]))
-            kept = pc.indices_nonzero(pc.fill_null(mine, False)).to_pylist()
-            owners = [_owner(owner_column[row].as_py()) for row in kept]
-        shared = [row for row, owner in zip(kept, owners, strict=True) if owner is None]
+            if only_tenant is not None:
+                mine = pc.is_in(owner_column, pa.array([only_tenant, STAGED]))
+                kept = pc.indices_nonzero(pc.fill_null(mine, False))
+                rows = kept.to_pylist()
+                owner_column, paths, sizes = (
+                    column.take(kept) for column in (owner_column, paths, sizes)
+                )
+            owners = [_owner(value) for value in owner_column.to_pylist()]
+        shared = [row for row, owner in zip(rows, owners, strict=True) if owner is None]
         stats = _staged_stats(checkpoint, row_groups, shared)
-        for row, owner in zip(kept, owners, strict=True):
+        index = _Index(table_uri, only_tenant)
+        for row, path, size, owner in zip(
+            rows, paths.to_pylist(), sizes.to_pylist(), owners, strict=True
+        ):
             low, high = stats.get(row, (None, None))
-            index.add(paths[row].as_py(), sizes[row].as_py(), owner, low, high)
+            index.add(path, size, owner, low, high)
         files: TableFiles | None = index.frozen(version, partitions, tenant_column)
         for _ in range(MAX_COMMITS_PER_ADVANCE):
             assert files is not None

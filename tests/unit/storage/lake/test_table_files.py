@@ -157,17 +157,18 @@ def test_one_tenants_files_read_from_the_checkpoint_are_those_delta_rs_lists(
     _write(uri, _staged(["zeta"]))
     for tenant in _TENANTS:
         _write(uri, _settled(tenant))
-    assert TableFiles.of_tenant_in_log(uri, _SCHEMA, None, "acme") is None  # no checkpoint yet
+    assert TableFiles.of_log(uri, _SCHEMA, None, "acme") is None  # no checkpoint yet
     DeltaTable(uri).create_checkpoint()
     _write(uri, _settled("acme"))
     DeltaTable(uri).delete("tenant = 'b'")
     for tenant in (*_TENANTS, "nobody"):
-        files = TableFiles.of_tenant_in_log(uri, _SCHEMA, None, tenant)
+        files = TableFiles.of_log(uri, _SCHEMA, None, tenant)
         assert files is not None and files.version == DeltaTable(uri).version()
         loaded = TableFiles.of_table(DeltaTable(uri), only_tenant=tenant)
         assert files.files_of(tenant) == loaded.files_of(tenant), tenant
         assert set(files.by_tenant) <= {tenant}
-    assert len(TableFiles.of_tenant_in_log(uri, _SCHEMA, None, "acme").files_of("acme")) == 3  # type: ignore[union-attr]
+    assert len(TableFiles.of_log(uri, _SCHEMA, None, "acme").files_of("acme")) == 3  # type: ignore[union-attr]
+    _same_as_loaded(TableFiles.of_log(uri, _SCHEMA, None), uri)  # every tenant's
 
 
 def test_one_tenants_files_are_read_from_its_row_groups_of_a_sorted_checkpoint(
@@ -190,7 +191,8 @@ def test_one_tenants_files_are_read_from_its_row_groups_of_a_sorted_checkpoint(
     read = row_groups_holding(checkpoint, "layout_tenant", ("t07", STAGED, NO_TENANT))
     assert read is not None and 0 < len(read) < checkpoint.num_row_groups / 3
     for tenant in (*tenants, *_TENANTS, "nobody"):
-        files = TableFiles.of_tenant_in_log(uri, _SCHEMA, None, tenant)
+        files = TableFiles.of_log(uri, _SCHEMA, None, tenant)
         loaded = TableFiles.of_table(DeltaTable(uri), only_tenant=tenant)
         assert files is not None and files.files_of(tenant) == loaded.files_of(tenant), tenant
     assert len(TableFiles.of_table(DeltaTable(uri)).files_of(None)) == len(tenants) + 7
+    _same_as_loaded(TableFiles.of_log(uri, _SCHEMA, None), uri)
