@@ -6,6 +6,8 @@ same atomic commit as its data, so "was batch N committed to table T?" has an ex
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ from storage.lake.file_names import run_oldest_ms, stream_of_staged_file
 from storage.lake.file_stats import partition_text
 from storage.lake.lake_filesystem import filesystem_of
 from storage.lake.log_checkpoint import write_checkpoint
+from storage.lake.log_cleanup import clean_up_expired_logs
 from storage.lake.log_commits import FencedCommit, commit_fenced
 from storage.lake.log_head import LogHead, LogHeads, read_head
 from storage.lake.log_snapshot import partition_snapshot
@@ -50,6 +53,9 @@ from storage.lake.tables import LAKE_TABLES, STAGED, TableSpec, with_layout
 from storage.lake.written_files import WrittenFile
 from tenants.settings import LakeSettings
 
+# Not `log`: `DeltaLake.log` is a table's Delta log.
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class TableMaintenance:
@@ -66,6 +72,7 @@ class DeltaLake:
         self.root = root.rstrip("/")
         self.storage_options = storage_options
         self._logs: dict[str, DeltaLog] = {}
+        self._checkpointing: dict[str, threading.Thread] = {}
 
     def __repr__(self) -> str:
         # storage_options may hold S3 keys: never print them.
@@ -353,8 +360,11 @@ class DeltaLake:
                 return False
             doing = f"committing batch {batch_id} to table {spec.name}"
             with reaching(self.root, self.storage_options, doing):
-                if commit_fenced(self.log(spec), head.version, batch, before_commit) is not None:
-                    return True
+                version = commit_fenced(self.log(spec), head.version, batch, before_commit)
+            if version is not None:
+                if version % head.checkpoint_interval == 0:
+                    self._checkpoint_after_batch(spec, version)
+                return True
             # The table's metadata or protocol changed since its head: look at it again.
         raise RuntimeError(
             f"{self.table_uri(spec)}: its metadata kept changing during {COMMIT_ATTEMPTS} "
@@ -439,8 +449,9 @@ class DeltaLake:
         return version
 
     def checkpoint_log(self, spec: TableSpec) -> None:
-        """Write a checkpoint of the table's log at its newest version. A crash before it
-        costs only reading speed: the log stays whole without it.
+        """Write a checkpoint of the table's log at its newest version, then delete the log
+        files past the table's log retention (`log_cleanup`). A crash before it costs only
+        reading speed: the log stays whole without it.
 
         Written a batch of actions at a time from the newest checkpoint and the commits after it
         (`log_checkpoint`), so its memory does not grow with the table's files; where that
@@ -448,6 +459,39 @@ class DeltaLake:
         with reaching(self.root, self.storage_options, f"checkpointing table {spec.name}"):
             if not write_checkpoint(self.log(spec)):
                 self.open(spec).create_checkpoint()
+            clean_up_expired_logs(self.log(spec))
+
+    def _checkpoint_after_batch(self, spec: TableSpec, version: int) -> None:
+        """Checkpoint the log every `delta.checkpointInterval` commits, as Delta writers do:
+        without, every reader that opens the table (a restarting stream among them) replays
+        each batch's commit since the last compaction's checkpoint, and the log is never
+        cleaned up. In a thread of its own, beside the next batches: at a million settled files
+        a checkpoint takes 20 s, which no batch should wait for. One at a time per table: one
+        still running when the next is due leaves it to the interval after."""
+        running = self._checkpointing.get(spec.name)
+        if running is not None and running.is_alive():
+            return
+        thread = threading.Thread(
+            target=self._checkpoint_in_background,
+            args=(spec, version),
+            name=f"checkpoint-{spec.name}",
+            daemon=True,  # a checkpoint cut short is never moved into place
+        )
+        self._checkpointing[spec.name] = thread
+        thread.start()
+
+    def _checkpoint_in_background(self, spec: TableSpec, version: int) -> None:
+        try:
+            self.checkpoint_log(spec)
+        except Exception:
+            # No caller to raise to: the log stays whole without it, and the next interval
+            # tries again.
+            logger.exception("checkpointing %s after version %d failed", spec.name, version)
+
+    def wait_for_checkpoints(self) -> None:
+        """Wait for the log checkpoints being written beside the batches."""
+        for thread in list(self._checkpointing.values()):
+            thread.join()
 
     def log(self, spec: TableSpec) -> DeltaLog:
         """The table's log, one object per table (its S3 client made once)."""

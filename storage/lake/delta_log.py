@@ -14,6 +14,7 @@ a local disk a hard link, which fails if the name exists; on S3 a PUT with `If-N
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -46,6 +47,32 @@ def plain_writer(min_writer_version: int, writer_features: Iterable[str] | None)
     if min_writer_version <= PLAIN_WRITER_VERSION:
         return True
     return set(writer_features or ()) <= PLAIN_WRITER_FEATURES
+
+
+_UNIT_MS = {
+    "millisecond": 1,
+    "second": 1_000,
+    "minute": 60_000,
+    "hour": 3_600_000,
+    "day": 86_400_000,
+    "week": 7 * 86_400_000,
+}
+
+
+def table_configuration(metadata: Action | None) -> dict[str, str]:
+    """A `metaData` action's `configuration`, from a commit (an object) or a checkpoint (pairs,
+    as Arrow reads a map)."""
+    configuration = (metadata or {}).get("configuration") or {}
+    return dict(configuration) if isinstance(configuration, list) else configuration
+
+
+def interval_ms(text: str | None, default_ms: int) -> int:
+    """A table property's interval (`interval 7 days`) in milliseconds; `default_ms` where it
+    is unset or unreadable."""
+    match = re.fullmatch(r"\s*interval\s+(\d+)\s+(\w+?)s?\s*", text or "", re.IGNORECASE)
+    if match is None or match.group(2).lower() not in _UNIT_MS:
+        return default_ms
+    return int(match.group(1)) * _UNIT_MS[match.group(2).lower()]
 
 
 def log_path(path: str) -> str:

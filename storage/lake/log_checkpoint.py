@@ -15,7 +15,6 @@ actions it would have to understand (deletion vectors, domain metadata).
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,21 +28,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from storage.lake.checkpoint_tenants import SORTED_RUN_ROWS, ranges_metadata, sorted_row_groups
-from storage.lake.delta_log import Action, DeltaLog
+from storage.lake.delta_log import Action, DeltaLog, interval_ms, table_configuration
 from storage.lake.tables import tenant_partition_column
 
 BATCH_ROWS = 50_000
 """Rows read from the older checkpoint, or gathered from the commits, before each write."""
 DEFAULT_TOMBSTONE_RETENTION_MS = 7 * 24 * 3_600_000
 """Delta's default `delta.deletedFileRetentionDuration`: tombstones older are dropped."""
-_UNIT_MS = {
-    "millisecond": 1,
-    "second": 1_000,
-    "minute": 60_000,
-    "hour": 3_600_000,
-    "day": 86_400_000,
-    "week": 7 * 86_400_000,
-}
 
 
 class _DeclinedError(Exception):
@@ -330,12 +321,6 @@ def _metadata(checkpoint: pq.ParquetFile) -> Action | None:
 
 
 def _tombstone_retention_ms(metadata: Action | None) -> int:
-    """`delta.deletedFileRetentionDuration` ("interval 7 days") in ms, or Delta's default."""
-    configuration = (metadata or {}).get("configuration") or {}
-    if isinstance(configuration, list):  # a checkpoint's map reads as pairs
-        configuration = dict(configuration)
-    text = configuration.get("delta.deletedFileRetentionDuration")
-    match = re.fullmatch(r"\s*interval\s+(\d+)\s+(\w+?)s?\s*", text or "", re.IGNORECASE)
-    if match is None or match.group(2).lower() not in _UNIT_MS:
-        return DEFAULT_TOMBSTONE_RETENTION_MS
-    return int(match.group(1)) * _UNIT_MS[match.group(2).lower()]
+    """`delta.deletedFileRetentionDuration` in ms, or Delta's default."""
+    retention = table_configuration(metadata).get("delta.deletedFileRetentionDuration")
+    return interval_ms(retention, DEFAULT_TOMBSTONE_RETENTION_MS)

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from storage.lake.delta_log import Action, DeltaLog, plain_writer
+from storage.lake.delta_log import Action, DeltaLog, plain_writer, table_configuration
 from storage.lake.tables import TableSpec
 
 _CHECKPOINT_COLUMNS = ["txn", "protocol", "metaData"]
@@ -38,6 +38,15 @@ class LogHead:
     columns: frozenset[str]
     """The table schema's top-level column names."""
     partition_columns: tuple[str, ...]
+    configuration: Mapping[str, str] = field(default_factory=dict)
+    """The table's properties (`delta.checkpointInterval`, ...)."""
+
+    @property
+    def checkpoint_interval(self) -> int:
+        """Every how many commits a writer checkpoints the log (`delta.checkpointInterval`;
+        delta-rs's default, which created these tables, where unset)."""
+        text = self.configuration.get("delta.checkpointInterval")
+        return int(text) if text is not None and text.isdigit() and int(text) > 0 else 100
 
     @property
     def plain_writer(self) -> bool:
@@ -85,6 +94,7 @@ def moved_on(head: LogHead, delta_log: DeltaLog) -> LogHead:
         },
         columns=head.columns,
         partition_columns=head.partition_columns,
+        configuration=dict(head.configuration),
     )
     moved = reading.head_after(delta_log, head.version)
     assert moved is not None  # it had a protocol and metadata already
@@ -114,6 +124,7 @@ class _Reading:
     protocol: dict[str, Any] | None = None
     columns: frozenset[str] | None = None
     partition_columns: tuple[str, ...] = ()
+    configuration: dict[str, str] = field(default_factory=dict)
 
     def apply(self, actions: Iterable[Action]) -> None:
         for action in actions:
@@ -125,6 +136,7 @@ class _Reading:
                 schema = orjson.loads(metadata["schemaString"])
                 self.columns = frozenset(column["name"] for column in schema["fields"])
                 self.partition_columns = tuple(metadata.get("partitionColumns") or ())
+                self.configuration = table_configuration(metadata)
 
     def head_after(self, delta_log: DeltaLog, version: int) -> LogHead | None:
         """The head once the commits after `version` are applied; None if the log has no
@@ -141,4 +153,5 @@ class _Reading:
             writer_features=frozenset(self.protocol.get("writerFeatures") or ()),
             columns=self.columns,
             partition_columns=self.partition_columns,
+            configuration=self.configuration,
         )

@@ -19,6 +19,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from storage.lake.commits import FencedError
 from storage.lake.delta_lake import DeltaLake
+from storage.lake.delta_log import DeltaLog
 from storage.lake.file_names import BatchFiles, SettledFiles
 from storage.lake.file_writer import write_task_files
 from storage.lake.packed_rows import packed_table
@@ -209,6 +210,22 @@ def test_a_compaction_that_swaps_many_files_checkpoints_the_log_and_a_small_one_
     # The checkpoint holds the table as the log does: every row once.
     assert len(table.to_pandas()) == 240
     assert len(_paths(lake)) == 80  # a settled file per tenant and compaction
+
+
+def test_a_streams_hundredth_commit_to_a_table_checkpoints_its_log(tmp_path: Path) -> None:
+    """As Delta writers do every `delta.checkpointInterval` commits: without, a restarting
+    stream, and every reader, replayed each batch's commit since the last big compaction."""
+    lake = _lake(tmp_path)
+    epoch = WriterLease.for_stream(lake, StreamSettings(name="orders")).acquire()
+    table_uri = lake.table_uri(EVENTS)
+    for batch_id in range(120):  # bounded: the table passes version 100 well within it
+        assert _commit_batch(lake, "orders", epoch, batch_id, ["acme", f"t{batch_id % 7}"])
+        lake.wait_for_checkpoints()  # written beside the batches
+        version = DeltaTable(table_uri).version()
+        assert _log_checkpoints(lake) == ([100] if version >= 100 else [])
+    assert DeltaLog(table_uri, None).checkpointed_version() == 100
+    assert len(DeltaTable(table_uri).to_pandas()) == 240  # read from the checkpoint on
+    assert lake.committed_batch(EVENTS, "orders") == 119
 
 
 def test_four_streams_commit_into_one_lake_at_once_and_every_batch_lands(tmp_path: Path) -> None:
