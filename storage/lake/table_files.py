@@ -16,10 +16,10 @@ partition) makes `advanced` return None: the caller loads the version from delta
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote
 
 import orjson
@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from storage.lake.checkpoint_tenants import NO_TENANT, row_groups_holding
-from storage.lake.delta_log import DeltaLog
+from storage.lake.delta_log import Action, DeltaLog
 from storage.lake.snapshot_reader import partition_columns, tenant_file_actions
 from storage.lake.tables import STAGED, tenant_partition_column
 
@@ -112,17 +112,38 @@ class TableFiles:
         only_tenant: str | None = None,
     ) -> TableFiles | None:
         """The files at the table's newest version (with `only_tenant`, that tenant's and the
-        staged ones that may hold its rows), read from the log's newest checkpoint and the
-        commits after it, without delta-rs: a reader pays for the checkpoint's path, size and
-        partition columns only, not for materialising every file of a table of a million
-        tenants with its statistics, and a reader of one tenant reads the checkpoint's row
-        groups that may hold it (`checkpoint_tenants`). None where this reader cannot (no
-        checkpoint, a multi-part or V2 one, deletion vectors, a later commit it cannot follow):
-        the caller loads the version with delta-rs (`of_table`)."""
+        staged ones that may hold its rows), read from the log's newest checkpoint
+        (`of_checkpoint`) and the commits after it, without delta-rs. None where this reader
+        cannot (see `of_checkpoint`, and a later commit it cannot follow): the caller loads the
+        version with delta-rs (`of_table`)."""
         delta_log = DeltaLog(table_uri, storage_options)
         version = delta_log.checkpointed_version()
         if version is None or version < 0:
             return None
+        files = cls.of_checkpoint(delta_log, version, storage_schema, only_tenant)
+        for _ in range(MAX_COMMITS_PER_ADVANCE):
+            if files is None:
+                return None
+            newer = files.advanced(storage_options)
+            if newer is files:
+                return files
+            files = newer
+        return files
+
+    @classmethod
+    def of_checkpoint(
+        cls,
+        delta_log: DeltaLog,
+        version: int,
+        storage_schema: pa.Schema,
+        only_tenant: str | None = None,
+    ) -> TableFiles | None:
+        """The files of checkpoint `version` (with `only_tenant`, as for `of_log`): a reader
+        pays for the checkpoint's path, size and partition columns only, not for
+        materialising every file of a table of a million tenants with its statistics, and a
+        reader of one tenant reads the row groups that may hold it (`checkpoint_tenants`).
+        None for a checkpoint this reader cannot read (a multi-part or V2 one, deletion
+        vectors, a partition column the table's schema lacks)."""
         checkpoint = pq.ParquetFile(
             delta_log.checkpoint_file(version), filesystem=delta_log.filesystem
         )
@@ -157,20 +178,13 @@ class TableFiles:
             owners = [_owner(value) for value in owner_column.to_pylist()]
         shared = [row for row, owner in zip(rows, owners, strict=True) if owner is None]
         stats = _staged_stats(checkpoint, row_groups, shared)
-        index = _Index(table_uri, only_tenant)
+        index = _Index(delta_log.table_uri, only_tenant)
         for row, path, size, owner in zip(
             rows, paths.to_pylist(), sizes.to_pylist(), owners, strict=True
         ):
             low, high = stats.get(row, (None, None))
             index.add(path, size, owner, low, high)
-        files: TableFiles | None = index.frozen(version, partitions, tenant_column)
-        for _ in range(MAX_COMMITS_PER_ADVANCE):
-            assert files is not None
-            newer = files.advanced(storage_options)
-            if newer is None or newer is files:
-                return newer
-            files = newer
-        return files
+        return index.frozen(version, partitions, tenant_column)
 
     def files_of(self, tenant: str | None) -> dict[str, int]:
         """URIs of the files that may hold `tenant`'s rows (None: every file), with their sizes
@@ -198,32 +212,56 @@ class TableFiles:
             actions = delta_log.actions(version + 1)
             if actions is None:
                 break
-            for action in actions:
-                if not self._apply(action, index):
-                    return None
+            changes = file_changes(actions, self.tenant_column)
+            if changes is None:
+                return None
+            index.apply(changes)
             version += 1
         if version == self.version:
             return self
         return index.frozen(version, self.partition_schema, self.tenant_column)
 
-    def _apply(self, action: Mapping[str, Any], index: _Index) -> bool:
-        """Apply one action of the log to `index`; False: one this index cannot follow."""
+    def changed(self, version: int, changes: Iterable[FileChange]) -> TableFiles:
+        """This table at `version`, the commits after this one making `changes` (in order)."""
+        index = _Index(self.table_uri, self.only_tenant, self.by_tenant, self.shared)
+        index.apply(changes)
+        return index.frozen(version, self.partition_schema, self.tenant_column)
+
+
+class FileChange(NamedTuple):
+    """A file a commit added to or removed from the table, as the index needs it."""
+
+    added: bool
+    path: str
+    tenant: str | None
+    """The tenant whose partition holds it; None: a shared file."""
+    size: int = 0
+    low: str | None = None
+    """A shared file's `tenant` statistics (None: unknown, so it may hold any tenant)."""
+    high: str | None = None
+
+
+def file_changes(actions: Iterable[Action], tenant_column: str | None) -> list[FileChange] | None:
+    """The files a commit's actions add and remove; None if one of them is a change the index
+    cannot follow: new metadata (which may re-partition the table), a deletion vector, a
+    `remove` that does not name its partition (Delta makes that optional; which tenant's files
+    held it is then unknown)."""
+    changes = []
+    for action in actions:
         if "metaData" in action:
-            return False
+            return None
         if (removed := action.get("remove")) is not None:
-            # A remove need not say its partition (Delta makes it optional); without it, which
-            # tenant's files held it is unknown here.
-            unplaced = self.tenant_column is not None and not removed.get("partitionValues")
+            unplaced = tenant_column is not None and not removed.get("partitionValues")
             if removed.get("deletionVector") or unplaced:
-                return False
-            index.remove(removed["path"], _tenant(removed, self.tenant_column))
+                return None
+            changes.append(FileChange(False, removed["path"], _tenant(removed, tenant_column)))
         elif (added := action.get("add")) is not None:
             if added.get("deletionVector"):
-                return False
-            tenant = _tenant(added, self.tenant_column)
+                return None
+            tenant = _tenant(added, tenant_column)
             low, high = _tenant_stats(added) if tenant is None else (None, None)
-            index.add(added["path"], int(added["size"]), tenant, low, high)
-        return True
+            changes.append(FileChange(True, added["path"], tenant, int(added["size"]), low, high))
+    return changes
 
 
 class _Index:
@@ -259,6 +297,13 @@ class _Index:
         self._files(tenant).pop(unquote(path), None)
         if tenant is not None and not self._changed[tenant]:
             del self._by_tenant[tenant], self._changed[tenant]
+
+    def apply(self, changes: Iterable[FileChange]) -> None:
+        for change in changes:
+            if change.added:
+                self.add(change.path, change.size, change.tenant, change.low, change.high)
+            else:
+                self.remove(change.path, change.tenant)
 
     def _files(self, tenant: str | None) -> dict[str, DataFile]:
         if tenant is None:

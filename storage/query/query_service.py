@@ -200,7 +200,7 @@ class QueryService:
         for spec in LAKE_TABLES if scope is OPERATOR else ALL_TABLES:
             try:
                 if as_of_version is None:
-                    files = self._newest.files(spec)
+                    files = self._newest.files(spec, tenant=scope)
                 else:
                     table = self.lake.open(spec)
                     table.load_as_version(as_of_version)

@@ -8,7 +8,9 @@ do, only called directly (a compaction's Spark job only moves the same rows betw
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -22,6 +24,7 @@ from storage.lake.delta_lake import DeltaLake
 from storage.lake.delta_log import DeltaLog
 from storage.lake.file_names import BatchFiles, SettledFiles
 from storage.lake.file_writer import write_task_files
+from storage.lake.newest_tables import NewestTables
 from storage.lake.packed_rows import packed_table
 from storage.lake.snapshot_reader import read_newest_first
 from storage.lake.table_files import TableFiles
@@ -226,6 +229,51 @@ def test_a_streams_hundredth_commit_to_a_table_checkpoints_its_log(tmp_path: Pat
     assert DeltaLog(table_uri, None).checkpointed_version() == 100
     assert len(DeltaTable(table_uri).to_pandas()) == 240  # read from the checkpoint on
     assert lake.committed_batch(EVENTS, "orders") == 119
+
+
+def test_the_query_services_files_of_each_tenant_are_delta_rs_s_at_every_step(
+    tmp_path: Path,
+) -> None:
+    """`NewestTables` indexes a tenant's files on its own, from the checkpoint (none yet, then
+    a compaction's) and the commits after it, read once for every tenant: batches and settles
+    list, tenant by tenant and for all, what delta-rs lists at that version."""
+    lake = _lake(tmp_path)
+    epoch = WriterLease.for_stream(lake, StreamSettings(name="orders")).acquire()
+    newest = NewestTables(lake)
+    tenants = [f"t{number}" for number in range(6)]
+    rng = random.Random(11)
+
+    def same_as_delta_rs() -> None:
+        loaded = DeltaTable(lake.table_uri(EVENTS))
+        for tenant in [*tenants, "nobody"]:
+            files = newest.files(EVENTS, tenant)
+            assert files.version == loaded.version()
+            expected = TableFiles.of_table(loaded, only_tenant=tenant).files_of(tenant)
+            assert files.files_of(tenant) == expected, tenant
+        assert newest.files(EVENTS).files_of(None) == TableFiles.of_table(loaded).files_of(None)
+
+    batch_id = 0
+    for compaction in range(3):  # no checkpoint, then the second compaction's
+        for _ in range(4):
+            assert _commit_batch(lake, "orders", epoch, batch_id, rng.sample(tenants, 3))
+            batch_id += 1
+            same_as_delta_rs()
+        checkpoint_at = 1 if compaction == 1 else None
+        assert _settle(lake, "orders", epoch, compaction, log_checkpoint_files=checkpoint_at)
+        same_as_delta_rs()
+    assert _log_checkpoints(lake)
+
+    newest.follow(0.05)
+    try:
+        assert _commit_batch(lake, "orders", epoch, batch_id, ["t0"])
+        version = DeltaTable(lake.table_uri(EVENTS)).version()
+        for _ in range(200):  # bounded: 10 s
+            if newest.files(EVENTS, "t0").version == version:
+                break
+            time.sleep(0.05)
+        same_as_delta_rs()
+    finally:
+        newest.close()
 
 
 def test_four_streams_commit_into_one_lake_at_once_and_every_batch_lands(tmp_path: Path) -> None:
