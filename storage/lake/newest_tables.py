@@ -39,7 +39,13 @@ from dataclasses import dataclass, field
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.delta_log import DeltaLog
 from storage.lake.s3_options import reaching
-from storage.lake.table_files import MAX_COMMITS_PER_ADVANCE, FileChange, TableFiles, file_changes
+from storage.lake.table_files import (
+    MAX_COMMITS_PER_ADVANCE,
+    FileChange,
+    OpenedCheckpoint,
+    TableFiles,
+    file_changes,
+)
 from storage.lake.tables import TableSpec, tenant_partition_column
 
 log = logging.getLogger(__name__)
@@ -145,6 +151,8 @@ class _FollowedTable:
         self._tenant_column: str | None = None
         self._tenants: collections.OrderedDict[str, TableFiles] = collections.OrderedDict()
         self._whole: TableFiles | None = None
+        self._opened: OpenedCheckpoint | None = None
+        """`_checkpoint`, opened (None: not yet)."""
 
     @property
     def followed(self) -> bool:
@@ -158,12 +166,19 @@ class _FollowedTable:
             if self._checkpoint is None and not self._start():
                 return
             checkpoint = self._log.checkpointed_version()
+            followed_from = self._checkpoint
+            opened = None
+            if checkpoint is not None and followed_from is not None and checkpoint > followed_from:
+                # Opened here, in the follower's thread, not by the next statement: reading
+                # the footer and `metaData` of a million rows' checkpoint took tens of ms.
+                opened = OpenedCheckpoint.open(self._log, checkpoint)
             with self._lock:
                 if checkpoint is None:
                     self._checkpoint = None
                     return
                 if self._checkpoint is not None and checkpoint > self._checkpoint:
                     self._checkpoint = checkpoint
+                    self._opened = opened
                     self._version = max(self._version, checkpoint)
                     self._commits = {v: c for v, c in self._commits.items() if v > checkpoint}
             for _ in range(MAX_COMMITS_PER_ADVANCE):
@@ -188,6 +203,7 @@ class _FollowedTable:
         with self._lock:
             self._tenant_column = tenant_partition_column(head.partition_columns)
             self._checkpoint = checkpoint
+            self._opened = OpenedCheckpoint.open(self._log, checkpoint) if checkpoint >= 0 else None
             # Without a checkpoint, indexes start from delta-rs's load, which is at least this
             # version; the commits held start after it.
             self._version = checkpoint if checkpoint >= 0 else head.version
@@ -218,7 +234,13 @@ class _FollowedTable:
             files = None
         if files is None and checkpoint is not None and checkpoint >= 0:
             schema = self._spec.storage_schema
-            files = TableFiles.of_checkpoint(self._log, checkpoint, schema, tenant)
+            if self._opened is None or self._opened.version != checkpoint:
+                self._opened = OpenedCheckpoint.open(self._log, checkpoint)
+            files = (
+                TableFiles.of_checkpoint(self._log, checkpoint, schema, tenant, self._opened)
+                if self._opened is not None
+                else None
+            )
             if files is None:
                 self._checkpoint = checkpoint = None
         if files is None:

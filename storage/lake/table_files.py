@@ -48,6 +48,27 @@ class DataFile:
         return self.min_tenant <= tenant <= self.max_tenant
 
 
+@dataclass(frozen=True)
+class OpenedCheckpoint:
+    """A checkpoint file with its footer and its table's partitioning read: what every reader of
+    one tenant's files in it needs first, once (its `metaData` column spans the whole file)."""
+
+    version: int
+    file: pq.ParquetFile
+    partition_columns: tuple[str, ...]
+
+    @classmethod
+    def open(cls, delta_log: DeltaLog, version: int) -> OpenedCheckpoint | None:
+        """None if it does not hold exactly one `metaData`."""
+        checkpoint = pq.ParquetFile(
+            delta_log.checkpoint_file(version), filesystem=delta_log.filesystem
+        )
+        metadata = checkpoint.read(columns=["metaData"]).column("metaData").drop_null()
+        if len(metadata) != 1:
+            return None
+        return cls(version, checkpoint, tuple(metadata[0]["partitionColumns"].as_py()))
+
+
 MAX_COMMITS_PER_ADVANCE = 1_000
 """A reader far behind catches up over several calls, each one a bounded read."""
 
@@ -137,20 +158,19 @@ class TableFiles:
         version: int,
         storage_schema: pa.Schema,
         only_tenant: str | None = None,
+        opened: OpenedCheckpoint | None = None,
     ) -> TableFiles | None:
         """The files of checkpoint `version` (with `only_tenant`, as for `of_log`): a reader
         pays for the checkpoint's path, size and partition columns only, not for
         materialising every file of a table of a million tenants with its statistics, and a
         reader of one tenant reads the row groups that may hold it (`checkpoint_tenants`).
-        None for a checkpoint this reader cannot read (a multi-part or V2 one, deletion
-        vectors, a partition column the table's schema lacks)."""
-        checkpoint = pq.ParquetFile(
-            delta_log.checkpoint_file(version), filesystem=delta_log.filesystem
-        )
-        metadata = checkpoint.read(columns=["metaData"]).column("metaData").drop_null()
-        if len(metadata) != 1:
+        `opened`: that checkpoint, opened already (its footer and metadata read). None for a
+        checkpoint this reader cannot read (a multi-part or V2 one, deletion vectors, a
+        partition column the table's schema lacks)."""
+        opened = opened or OpenedCheckpoint.open(delta_log, version)
+        if opened is None:
             return None
-        partition_names = metadata[0]["partitionColumns"].as_py()
+        checkpoint, partition_names = opened.file, opened.partition_columns
         if any(name not in storage_schema.names for name in partition_names):
             return None
         partitions = pa.schema([storage_schema.field(name) for name in partition_names])

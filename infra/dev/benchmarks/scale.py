@@ -252,7 +252,8 @@ class _Dataset:
         )
         settings = without_limits(settings)
         peer_processes = tuple(int(n) for n in args.peer_processes.split(","))
-        return cls(tenants, sent, settings, workdir, registry.sources, peer_processes)
+        used = {name: registry.sources[name] for name in sources}
+        return cls(tenants, sent, settings, workdir, used, peer_processes)
 
 
 # --- the three stages --------------------------------------------------------------------------
