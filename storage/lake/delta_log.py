@@ -75,6 +75,12 @@ def interval_ms(text: str | None, default_ms: int) -> int:
     return int(match.group(1)) * _UNIT_MS[match.group(2).lower()]
 
 
+def checkpoint_metadata(checkpoint: pq.ParquetFile) -> Action | None:
+    """A checkpoint's (first) `metaData` action; None if it holds none."""
+    values = checkpoint.read(columns=["metaData"]).column("metaData").drop_null()
+    return values[0].as_py() if len(values) else None
+
+
 def log_path(path: str) -> str:
     """A data file's path relative to its table as Delta's log spells it: percent-encoded,
     folders' `/` and Hive's `=` left as they are (what delta-rs and Spark decode)."""
@@ -106,11 +112,15 @@ class DeltaLog:
     def checkpoint_file(self, version: int) -> str:
         return f"{self.folder}/{version:020d}.checkpoint.parquet"
 
+    def open_checkpoint(self, version: int) -> pq.ParquetFile:
+        """Checkpoint `version`'s file, its footer read."""
+        return pq.ParquetFile(self.checkpoint_file(version), filesystem=self.filesystem)
+
     def checkpoint_batches(self, version: int, columns: list[str]) -> Iterator[pa.RecordBatch]:
         """Checkpoint `version`'s `columns` (top-level names or dotted paths into them), those
         whose top-level column it has (a writer may leave out an action it has none of),
         `CHECKPOINT_BATCH_ROWS` rows at a time: only those columns' pages are read."""
-        checkpoint = pq.ParquetFile(self.checkpoint_file(version), filesystem=self.filesystem)
+        checkpoint = self.open_checkpoint(version)
         present = set(checkpoint.schema_arrow.names)
         held = [column for column in columns if column.split(".", 1)[0] in present]
         yield from checkpoint.iter_batches(batch_size=CHECKPOINT_BATCH_ROWS, columns=held)

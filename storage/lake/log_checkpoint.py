@@ -28,7 +28,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from storage.lake.checkpoint_tenants import SORTED_RUN_ROWS, ranges_metadata, sorted_row_groups
-from storage.lake.delta_log import Action, DeltaLog, interval_ms, table_configuration
+from storage.lake.delta_log import (
+    Action,
+    DeltaLog,
+    checkpoint_metadata,
+    interval_ms,
+    table_configuration,
+)
 from storage.lake.tables import tenant_partition_column
 
 BATCH_ROWS = 50_000
@@ -51,13 +57,13 @@ def write_checkpoint(delta_log: DeltaLog, version: int | None = None) -> bool:
         version = delta_log.newest_version_after(base_version)
     if base_version >= version:
         return base_version == version
-    base = pq.ParquetFile(delta_log.checkpoint_file(base_version), filesystem=delta_log.filesystem)
+    base = delta_log.open_checkpoint(base_version)
     schema = base.schema_arrow
     if "checkpointMetadata" in schema.names or _any_valid(base, "sidecar"):
         return False
     # The retention the older checkpoint's metadata sets: a change of it since applies from
     # the next checkpoint on.
-    metadata = _metadata(base)
+    metadata = checkpoint_metadata(base)
     cutoff_ms = int(time.time() * 1000) - _tombstone_retention_ms(metadata)
     # The older checkpoint's partitioning: should the commits since change it, the ranges
     # name a column the new metadata does not partition by, and readers do not use them.
@@ -313,11 +319,6 @@ def _any_valid(checkpoint: pq.ParquetFile, column: str) -> bool:
         return False
     values = checkpoint.read(columns=[column]).column(column)
     return bool(values.null_count < len(values))
-
-
-def _metadata(checkpoint: pq.ParquetFile) -> Action | None:
-    values = checkpoint.read(columns=["metaData"]).column("metaData").drop_null()
-    return values[0].as_py() if len(values) else None
 
 
 def _tombstone_retention_ms(metadata: Action | None) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
-from storage.lake.delta_log import DeltaLog, interval_ms, table_configuration
+from storage.lake.delta_log import DeltaLog, checkpoint_metadata, interval_ms, table_configuration
 
 DEFAULT_LOG_RETENTION_MS = 30 * 86_400_000
 """Delta's default `delta.logRetentionDuration`."""
@@ -39,7 +39,7 @@ def clean_up_expired_logs(delta_log: DeltaLog, now_ms: int | None = None) -> int
     version = delta_log.checkpointed_version()
     if version is None or version < 0:
         return 0
-    configuration = table_configuration(_metadata(delta_log, version))
+    configuration = table_configuration(checkpoint_metadata(delta_log.open_checkpoint(version)))
     if configuration.get("delta.enableExpiredLogCleanup", "true").strip().lower() == "false":
         return 0
     retention_ms = interval_ms(
@@ -71,12 +71,3 @@ def _log_files(delta_log: DeltaLog) -> list[_LogFile]:
         modified_ms = info.mtime_ns // 1_000_000
         files.append(_LogFile(info.path, int(match.group(1)), match.group(2), modified_ms))
     return files
-
-
-def _metadata(delta_log: DeltaLog, version: int) -> dict[str, object] | None:
-    for batch in delta_log.checkpoint_batches(version, ["metaData"]):
-        present = batch.column("metaData").drop_null()
-        if len(present):
-            value: dict[str, object] = present[0].as_py()
-            return value
-    return None

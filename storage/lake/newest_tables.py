@@ -197,16 +197,28 @@ class _FollowedTable:
         """Follow the table from its newest checkpoint (every index is built anew); False
         where this module cannot read its log, or there is no table (yet)."""
         checkpoint = self._log.checkpointed_version()
-        head = None if checkpoint is None else self._lake.head(self._spec)
-        if head is None or checkpoint is None:
+        if checkpoint is None:
             return False
+        opened = None
+        if checkpoint >= 0:
+            # Its partitioning is the table's: new metadata in a later commit stops the
+            # following (`file_changes`).
+            opened = OpenedCheckpoint.open(self._log, checkpoint)
+            if opened is None:
+                return False
+            partition_columns, version = opened.partition_columns, checkpoint
+        else:
+            head = self._lake.head(self._spec)
+            if head is None:
+                return False
+            # Indexes start from delta-rs's load, which is at least this version; the commits
+            # held start after it.
+            partition_columns, version = head.partition_columns, head.version
         with self._lock:
-            self._tenant_column = tenant_partition_column(head.partition_columns)
+            self._tenant_column = tenant_partition_column(partition_columns)
             self._checkpoint = checkpoint
-            self._opened = OpenedCheckpoint.open(self._log, checkpoint) if checkpoint >= 0 else None
-            # Without a checkpoint, indexes start from delta-rs's load, which is at least this
-            # version; the commits held start after it.
-            self._version = checkpoint if checkpoint >= 0 else head.version
+            self._opened = opened
+            self._version = version
             self._commits = {}
             self._tenants.clear()
             self._whole = None
@@ -233,14 +245,10 @@ class _FollowedTable:
         if checkpoint is None or (files is not None and files.version < checkpoint):
             files = None
         if files is None and checkpoint is not None and checkpoint >= 0:
-            schema = self._spec.storage_schema
             if self._opened is None or self._opened.version != checkpoint:
                 self._opened = OpenedCheckpoint.open(self._log, checkpoint)
-            files = (
-                TableFiles.of_checkpoint(self._log, checkpoint, schema, tenant, self._opened)
-                if self._opened is not None
-                else None
-            )
+            if self._opened is not None:
+                files = TableFiles.of_checkpoint(self._opened, self._spec.storage_schema, tenant)
             if files is None:
                 self._checkpoint = checkpoint = None
         if files is None:

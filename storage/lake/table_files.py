@@ -53,6 +53,7 @@ class OpenedCheckpoint:
     """A checkpoint file with its footer and its table's partitioning read: what every reader of
     one tenant's files in it needs first, once (its `metaData` column spans the whole file)."""
 
+    table_uri: str
     version: int
     file: pq.ParquetFile
     partition_columns: tuple[str, ...]
@@ -60,13 +61,12 @@ class OpenedCheckpoint:
     @classmethod
     def open(cls, delta_log: DeltaLog, version: int) -> OpenedCheckpoint | None:
         """None if it does not hold exactly one `metaData`."""
-        checkpoint = pq.ParquetFile(
-            delta_log.checkpoint_file(version), filesystem=delta_log.filesystem
-        )
+        checkpoint = delta_log.open_checkpoint(version)
         metadata = checkpoint.read(columns=["metaData"]).column("metaData").drop_null()
         if len(metadata) != 1:
             return None
-        return cls(version, checkpoint, tuple(metadata[0]["partitionColumns"].as_py()))
+        partition_columns = tuple(metadata[0]["partitionColumns"].as_py())
+        return cls(delta_log.table_uri, version, checkpoint, partition_columns)
 
 
 MAX_COMMITS_PER_ADVANCE = 1_000
@@ -141,7 +141,8 @@ class TableFiles:
         version = delta_log.checkpointed_version()
         if version is None or version < 0:
             return None
-        files = cls.of_checkpoint(delta_log, version, storage_schema, only_tenant)
+        opened = OpenedCheckpoint.open(delta_log, version)
+        files = None if opened is None else cls.of_checkpoint(opened, storage_schema, only_tenant)
         for _ in range(MAX_COMMITS_PER_ADVANCE):
             if files is None:
                 return None
@@ -153,23 +154,14 @@ class TableFiles:
 
     @classmethod
     def of_checkpoint(
-        cls,
-        delta_log: DeltaLog,
-        version: int,
-        storage_schema: pa.Schema,
-        only_tenant: str | None = None,
-        opened: OpenedCheckpoint | None = None,
+        cls, opened: OpenedCheckpoint, storage_schema: pa.Schema, only_tenant: str | None = None
     ) -> TableFiles | None:
-        """The files of checkpoint `version` (with `only_tenant`, as for `of_log`): a reader
+        """The files of the `opened` checkpoint (with `only_tenant`, as for `of_log`): a reader
         pays for the checkpoint's path, size and partition columns only, not for
         materialising every file of a table of a million tenants with its statistics, and a
         reader of one tenant reads the row groups that may hold it (`checkpoint_tenants`).
-        `opened`: that checkpoint, opened already (its footer and metadata read). None for a
-        checkpoint this reader cannot read (a multi-part or V2 one, deletion vectors, a
-        partition column the table's schema lacks)."""
-        opened = opened or OpenedCheckpoint.open(delta_log, version)
-        if opened is None:
-            return None
+        None for a checkpoint this reader cannot read (deletion vectors, a partition column
+        the table's schema lacks)."""
         checkpoint, partition_names = opened.file, opened.partition_columns
         if any(name not in storage_schema.names for name in partition_names):
             return None
@@ -198,13 +190,13 @@ class TableFiles:
             owners = [_owner(value) for value in owner_column.to_pylist()]
         shared = [row for row, owner in zip(rows, owners, strict=True) if owner is None]
         stats = _staged_stats(checkpoint, row_groups, shared)
-        index = _Index(delta_log.table_uri, only_tenant)
+        index = _Index(opened.table_uri, only_tenant)
         for row, path, size, owner in zip(
             rows, paths.to_pylist(), sizes.to_pylist(), owners, strict=True
         ):
             low, high = stats.get(row, (None, None))
             index.add(path, size, owner, low, high)
-        return index.frozen(version, partitions, tenant_column)
+        return index.frozen(opened.version, partitions, tenant_column)
 
     def files_of(self, tenant: str | None) -> dict[str, int]:
         """URIs of the files that may hold `tenant`'s rows (None: every file), with their sizes

@@ -62,7 +62,6 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import requests
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -448,9 +447,9 @@ def _counts_from_log(lake: DeltaLake, spec: TableSpec) -> tuple[pa.Table, int, i
     )  # fmt: skip
     adds = pa.array([], adds_type)
     if checkpoint >= 0:
-        read = pq.ParquetFile(delta_log.checkpoint_file(checkpoint)).read(
-            columns=[f"add.{name}" for name in fields]
-        )
+        columns = [f"add.{name}" for name in fields]
+        batches = delta_log.checkpoint_batches(checkpoint, columns)
+        read = pa.Table.from_batches(list(batches))
         adds = pc.drop_null(read.column("add")).combine_chunks()
     live: dict[str, dict[str, Any]] = {}
     removed: set[str] = set()
