@@ -22,14 +22,15 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.dataset as ds
-from deltalake import DeltaTable
 
+from storage.lake.batch_file_index import BatchFileIndex
 from storage.lake.delivery_outbox import AttemptRow, DeliveryOutbox, Outcome, Progress
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.log_head import LogHeads
 from storage.lake.s3_options import reaching
-from storage.lake.snapshot_reader import batch_files, read_snapshot
+from storage.lake.snapshot_reader import batch_files, partition_columns, read_files
 from storage.lake.tables import WINDOWS
 from streaming.checkpoint.checkpoint_log import CheckpointLog
 from streaming.fault_points import NO_FAULTS, FaultHook
@@ -135,33 +136,20 @@ class Notifier:
 
     def plan(
         self,
-        windows: Callable[[], DeltaTable],
+        pane_rows: Callable[[int, int], pa.Table],
         after: int,
         through: int,
         done: Mapping[tuple[str, str], Progress],
     ) -> list[Delivery]:
         """The deliveries of panes in `windows` batches (after, through], minus finished ones.
-        `windows` gives the table at a version holding batch `through`: it is asked for only
-        when a rule in force at one of those batches notifies anyone, as loading it holds its
-        every file's statistics."""
+        `pane_rows(after, through)` reads those batches' rows (`_PANE_COLUMNS`) at a version
+        holding batch `through`: only when a rule in force at one of them notifies anyone."""
         registries = {
             batch: self._registry_at_batch(batch) for batch in range(after + 1, through + 1)
         }
         if not any(self._any_notify(registry) for registry in registries.values()):
             return []
-        batch_id = ds.field("batch_id")
-        table = windows()
-        panes = [
-            PaneFacts.from_row(row)
-            for row in read_snapshot(
-                table,
-                WINDOWS.schema,
-                self.lake.storage_options,
-                _PANE_COLUMNS,
-                (batch_id > after) & (batch_id <= through),
-                files=batch_files(table, after, through),
-            ).to_pylist()
-        ]
+        panes = [PaneFacts.from_row(row) for row in pane_rows(after, through).to_pylist()]
         panes.sort(key=lambda p: (p.batch_id, p.tenant, p.source, p.window_start_ms, p.pane_index))
         endpoints: dict[NotifyTarget, Endpoint] = {}
         deliveries = []
@@ -214,8 +202,11 @@ class _Run:
         self.scheduler = EndpointScheduler(
             notifier.settings, notifier.send, notifier.fault_hook, self.results.put, stopping
         )
-        self.windows: DeltaTable | None = None
-        """Loaded only once a pane is to be notified (`Notifier.plan`)."""
+        self.windows = BatchFileIndex(
+            notifier.lake.table_uri(WINDOWS), notifier.lake.storage_options
+        )
+        """`windows`' files that may hold batches not planned yet: read only once a pane is to
+        be notified (`Notifier.plan`)."""
         self.heads = LogHeads()
         self.recorded: int | None = None
         self.planned = -1
@@ -234,24 +225,39 @@ class _Run:
             notifier.publish_recorded(self.recorded)
         committed = notifier.committed_windows_batch(self.heads)
         if committed > self.planned:
-            plan = notifier.plan(self._windows, self.planned, committed, self.resumed)
+            plan = notifier.plan(self._pane_rows, self.planned, committed, self.resumed)
             for delivery in plan:
                 self.outstanding[delivery.pane.batch_id] += 1
                 self.scheduler.submit(delivery)
             self.planned = committed
+            self.windows.forget_through(committed)
         self._collect(timeout_s=notifier.settings.poll_interval_ms / 1000)
         self._commit(force=notifier.flush_requested.is_set())
 
-    def _windows(self) -> DeltaTable:
-        """`windows` at its newest version, kept and moved forward by its new commits."""
-        notifier = self.notifier
+    def _pane_rows(self, after: int, through: int) -> pa.Table:
+        """`windows`' rows of batches (after, through] at its newest version, from the files
+        that may hold them (`BatchFileIndex`); delta-rs's for a log the index cannot follow."""
+        lake = self.notifier.lake
+        batch_id = ds.field("batch_id")
+        in_batches = (batch_id > after) & (batch_id <= through)
         # An outage is one line naming the lake, as everywhere else, not delta-rs's error chain.
-        with reaching(notifier.lake.root, notifier.lake.storage_options, "reading table windows"):
-            if self.windows is None:
-                self.windows = notifier.lake.open(WINDOWS)
+        with reaching(lake.root, lake.storage_options, "reading table windows"):
+            files = self.windows.files(after, through)
+            if files is None:
+                table = lake.open(WINDOWS)
+                files = batch_files(table, after, through)
+                partitions = partition_columns(table)
             else:
-                self.windows.update_incremental()
-        return self.windows
+                partitions = _partition_schema(self.windows.partition_columns)
+            return read_files(
+                lake.table_uri(WINDOWS),
+                partitions,
+                files,
+                WINDOWS.schema,
+                lake.storage_options,
+                _PANE_COLUMNS,
+                in_batches,
+            )
 
     def finish(self) -> None:
         self.scheduler.join()
@@ -284,6 +290,13 @@ class _Run:
         if advance:
             self.recorded = through
             self.notifier.publish_recorded(through)
+
+
+def _partition_schema(names: tuple[str, ...]) -> pa.Schema:
+    """The partition columns `names` with their types: the layout's, or the tenant's own of a
+    lake written before the staged layout."""
+    fields = {field.name: field for field in (*WINDOWS.schema, *WINDOWS.storage_schema)}
+    return pa.schema([fields[name] for name in names if name in fields])
 
 
 def _drain(results: queue.Queue[AttemptRow], timeout_s: float) -> Iterator[AttemptRow]:
