@@ -4,7 +4,7 @@ The notifier reads the panes of the batches it has not announced yet. delta-rs a
 files may hold batch ids in (after, through]" only after loading every file of the version with
 its statistics: at a million tenants `windows` holds a file per key, a gigabyte of the driver's
 memory, and each poll went through all of them again. `BatchFileIndex` keeps only the files
-whose `batch_id` statistics reach above a floor the caller raises as it goes (`forget_through`):
+whose `batch_id` statistics reach above a floor that each ask raises (`files`):
 read once from the log's newest checkpoint (each row looked at, few kept), then from each new
 commit's own actions. A settle's files hold batches the notifier has already announced, so they
 are looked at once and dropped.
@@ -20,11 +20,15 @@ from collections.abc import Iterable, Mapping
 from urllib.parse import unquote
 
 import orjson
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from storage.lake.delta_log import Action, DeltaLog, checkpoint_metadata
 from storage.lake.table_files import MAX_COMMITS_PER_ADVANCE
 
+_HIGH_BATCH_ID = r'"maxValues":\{[^{}]*"batch_id":(?P<high>-?\d+)[,}]'
+"""A file's highest `batch_id` in its statistics' JSON, where `maxValues` holds no nested
+object before it (else no match: the row is parsed)."""
 BatchRange = tuple[int | None, int | None]
 """A file's lowest and highest `batch_id` (None: unknown, so any)."""
 
@@ -48,7 +52,11 @@ class BatchFileIndex:
 
     def files(self, after: int, through: int) -> list[str] | None:
         """URIs of the newest version's files that may hold rows of batches (after, through];
-        None where this reader cannot follow the table's log."""
+        None where this reader cannot follow the table's log.
+
+        Asking moves the floor to `after`: the files holding only batches up to it are let go,
+        and a later call must not ask about them again."""
+        self._forget_through(after)
         if not self._advance():
             return None
         return [
@@ -57,9 +65,10 @@ class BatchFileIndex:
             if (high is None or high > after) and (low is None or low <= through)
         ]
 
-    def forget_through(self, batch_id: int) -> None:
-        """No later call asks about batches up to `batch_id`: the files holding only those go."""
-        if batch_id <= self._floor:
+    def _forget_through(self, batch_id: int) -> None:
+        if batch_id < self._floor:
+            raise ValueError(f"batches up to {self._floor} were let go; asked after {batch_id}")
+        if batch_id == self._floor:
             return
         self._floor = batch_id
         self._files = {
@@ -100,9 +109,17 @@ class BatchFileIndex:
                     continue
                 if pc.any(pc.is_valid(pc.struct_field(adds, "deletionVector"))).as_py():
                     return False
-                paths = pc.struct_field(adds, "path").to_pylist()
-                stats = pc.struct_field(adds, "stats").to_pylist()
-                for path, text in zip(paths, stats, strict=True):
+                paths, stats = pc.struct_field(adds, "path"), pc.struct_field(adds, "stats")
+                # Most rows are settled files of batches announced long ago: told apart by a
+                # regular expression over the column, only the rest is parsed.
+                high = pc.struct_field(pc.extract_regex(stats, _HIGH_BATCH_ID), "high")
+                old = pc.less_equal(pc.cast(high, pa.int64()), self._floor)
+                kept = pc.invert(pc.fill_null(old, False))
+                for path, text in zip(
+                    pc.filter(paths, kept).to_pylist(),
+                    pc.filter(stats, kept).to_pylist(),
+                    strict=True,
+                ):
                     self._keep(path, text)
         self._version = checkpoint
         return True

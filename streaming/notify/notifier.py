@@ -230,7 +230,6 @@ class _Run:
                 self.outstanding[delivery.pane.batch_id] += 1
                 self.scheduler.submit(delivery)
             self.planned = committed
-            self.windows.forget_through(committed)
         self._collect(timeout_s=notifier.settings.poll_interval_ms / 1000)
         self._commit(force=notifier.flush_requested.is_set())
 

@@ -111,7 +111,7 @@ def build(table: Path, files: int, slice_files: int) -> None:
 def _checkpointed(writer: str, table: Path) -> dict[str, Any]:
     delta_log = DeltaLog(str(table), None)
     version = delta_log.newest_version_after(0)
-    before_mib = _peak_mib()
+    before_mib = peak_mib()
     started = time.monotonic()
     if writer == "delta-rs":
         DeltaTable(str(table)).create_checkpoint()
@@ -121,11 +121,11 @@ def _checkpointed(writer: str, table: Path) -> dict[str, Any]:
         "version": version,
         "seconds": round(time.monotonic() - started, 1),
         "peak_mib_before": round(before_mib),
-        "peak_mib": round(_peak_mib()),
+        "peak_mib": round(peak_mib()),
     }
 
 
-def _peak_mib() -> float:
+def peak_mib() -> float:
     # The address space's high-water mark, which starts afresh at exec (`ru_maxrss` would
     # carry the parent's from before it).
     for line in Path("/proc/self/status").read_text().splitlines():

@@ -77,7 +77,6 @@ def test_the_files_of_new_batches_are_those_a_fresh_load_lists(
     def same_from_the_start(followed: BatchFileIndex, floor: int, through: int) -> None:
         """A new index, read from the newest checkpoint, lists what the followed one does."""
         fresh = BatchFileIndex(uri, None)
-        fresh.forget_through(floor)
         assert _listed(fresh, floor, through) == _listed(followed, floor, through)
 
     for batch_id in range(3):
@@ -88,16 +87,16 @@ def test_the_files_of_new_batches_are_those_a_fresh_load_lists(
     assert _listed(index, 1, 2) == _loaded(uri, 1, 2)
     assert _rows_of(_listed(index, 1, 2)) == [2, 2]
 
-    index.forget_through(1)
     _batch(uri, 3, ["zeta"])
     _settle(uri, ["acme", "b", "zeta"], [2, 3, 3])  # batches 0-3, settled per tenant
     _batch(uri, 4, ["acme"])
     checkpoint()
     assert _listed(index, 1, 4) == _loaded(uri, 1, 4)
     assert _rows_of(_listed(index, 3, 4)) == [4]
-    same_from_the_start(index, 1, 4)
+    same_from_the_start(index, 3, 4)
+    with pytest.raises(ValueError, match="let go"):
+        index.files(1, 4)  # batches it has let go of
 
-    index.forget_through(4)
     assert index.files(4, 4) == []  # every file held only batches announced already
     _batch(uri, 5, ["b", "mid"])
     assert _listed(index, 4, 5) == _loaded(uri, 4, 5)
@@ -125,7 +124,6 @@ def test_a_file_without_batch_statistics_may_hold_any_batch(tmp_path: Path) -> N
         + "\n"
     )
     index = BatchFileIndex(uri, None)
-    index.forget_through(20)
     assert _rows_of(_listed(index, 20, 30)) == [7]  # kept: it may hold any batch
 
 
