@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from streaming.pipeline import class_archive
@@ -135,6 +136,12 @@ def spark_environment(master: str | None) -> None:
     for name, value in WORKER_ALLOCATOR_ENV.items():
         # Read as a process starts: this process's JVM and its workers inherit them.
         os.environ.setdefault(name, value)
+    if os.environ["ARROW_DEFAULT_MEMORY_POOL"] == "system":
+        # This process read the variable when pyarrow first allocated, before this call. The
+        # driver lives as long as its workers, and on mimalloc it kept growing in the same way:
+        # with 12 tenants at 500 records/s, 162 to 236 MiB in 10 minutes, against 136 to 187
+        # MiB with the system's allocator from its start.
+        pa.set_memory_pool(pa.system_memory_pool())
 
 
 def is_local_master(master: str) -> bool:
