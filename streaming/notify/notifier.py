@@ -242,14 +242,15 @@ class _Run:
         # An outage is one line naming the lake, as everywhere else, not delta-rs's error chain.
         with reaching(lake.root, lake.storage_options, "reading table windows"):
             files = self.windows.files(after, through)
-            if files is None:
-                table = lake.open(WINDOWS)
-                files = batch_files(table, after, through)
-                partitions = partition_columns(table)
-            else:
+            if files is not None:
+                table_uri = lake.table_uri(WINDOWS)
                 partitions = _partition_schema(self.windows.partition_columns)
+            else:
+                table = lake.open(WINDOWS)
+                table_uri, partitions = table.table_uri, partition_columns(table)
+                files = batch_files(table, after, through)
             return read_files(
-                lake.table_uri(WINDOWS),
+                table_uri,
                 partitions,
                 files,
                 WINDOWS.schema,
