@@ -52,14 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         files_read = {}
         for writer in WRITERS:
             table = Path(work) / writer
-            shutil.copytree(built, table)
-            done = subprocess.run(
-                [sys.executable, "-m", MODULE, "--checkpoint", writer, "--table", str(table)],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            result = {"writer": writer, "files": args.files, **json.loads(done.stdout)}
+            done = on_a_copy(MODULE, built, table, "--checkpoint", writer)
+            result = {"writer": writer, "files": args.files, **done}
             results.append(result)
             print(json.dumps(result), flush=True)
             files_read[writer] = sorted(
@@ -80,6 +74,20 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint", choices=WRITERS, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--table", type=Path, default=None, help=argparse.SUPPRESS)
     return parser
+
+
+def on_a_copy(module: str, built: Path, copy: Path, *args: str) -> dict[str, Any]:
+    """`module`'s answer (JSON) for `args` and `--table` a copy of the log at `built`, in a
+    fresh process: its peak memory is its own, and what it changes leaves `built` as it was."""
+    shutil.copytree(built, copy)
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args, "--table", str(copy)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    answer: dict[str, Any] = json.loads(done.stdout)
+    return answer
 
 
 def build(table: Path, files: int, slice_files: int) -> None:

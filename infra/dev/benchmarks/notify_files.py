@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +25,7 @@ from typing import Any
 from deltalake import DeltaTable
 
 from infra.dev.benchmarks.figures_file import write_figures
-from infra.dev.benchmarks.log_checkpoint_cost import build, peak_mib
+from infra.dev.benchmarks.log_checkpoint_cost import build, on_a_copy, peak_mib
 from storage.lake.batch_file_index import BatchFileIndex
 from storage.lake.delta_log import DeltaLog
 from storage.lake.log_checkpoint import write_checkpoint
@@ -53,18 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         if not write_checkpoint(DeltaLog(str(table), None)):
             raise RuntimeError("the checkpoint writer declined")
         _append_batch(table, SETTLED_BATCH + 1, args.batch_files)
-        results = {}
-        for reader in READERS:
-            # Each on its own copy: the second ask appends a batch.
-            copy = Path(work) / reader
-            shutil.copytree(table, copy)
-            done = subprocess.run(
-                [sys.executable, "-m", MODULE, "--reader", reader, "--table", str(copy)],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            results[reader] = json.loads(done.stdout)
+        # Each on its own copy: the second ask appends a batch.
+        results = {
+            reader: on_a_copy(MODULE, table, Path(work) / reader, "--reader", reader)
+            for reader in READERS
+        }
     named = {
         reader: [Path(found).name for found in result.pop("files")]
         for reader, result in results.items()
