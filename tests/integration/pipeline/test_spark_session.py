@@ -30,8 +30,12 @@ def _arrow_pool(_: object) -> str:
     return pa.default_memory_pool().backend_name
 
 
-def test_python_workers_allocate_arrow_buffers_with_the_system_allocator(spark: Any) -> None:
+def test_python_workers_and_the_driver_allocate_arrow_buffers_with_the_system_allocator(
+    spark: Any,
+) -> None:
     # Workers outlive every task: Arrow's own pool kept each one's largest task's memory for
     # good (`WORKER_ALLOCATOR_ENV`).
     pools = spark.sparkContext.parallelize([0, 1], 2).map(_arrow_pool).collect()
     assert pools == ["system", "system"]
+    # And the driver, which read the variable before the session set it.
+    assert _arrow_pool(None) == "system"
