@@ -3,11 +3,12 @@
 The notifier reads the panes of the batches it has not announced yet. delta-rs answers "which
 files may hold batch ids in (after, through]" only after loading every file of the version with
 its statistics: at a million tenants `windows` holds a file per key, and the notifier held 2
-GB for them and spent 4 s on each poll (`infra.dev.benchmarks.notify_files`). `BatchFileIndex` keeps only the files
-whose `batch_id` statistics reach above a floor that each ask raises (`files`):
-read once from the log's newest checkpoint (each row looked at, few kept), then from each new
-commit's own actions. A settle's files hold batches the notifier has already announced, so they
-are looked at once and dropped.
+GB for them and spent 4 s on each poll (`infra.dev.benchmarks.notify_files`).
+
+`BatchFileIndex` keeps only the files whose `batch_id` statistics reach above a floor that each
+ask raises (`files`): read once from the log's newest checkpoint (each row looked at, few kept),
+then from each new commit's own actions. A settle's files hold batches the notifier has
+already announced, so they are looked at once and dropped.
 
 A file without `batch_id` statistics may hold any batch, and is kept until a commit removes it.
 A log this reader cannot follow (no table yet, a multi-part or V2 checkpoint, a deletion vector)
