@@ -7,13 +7,14 @@ import csv
 import io
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, QueryBuilder
 
 from infra.cli.main import main
 from storage.lake.tables import ALL_TABLES
@@ -163,16 +164,31 @@ def test_events_read_by_spark_sql_equal_delta_rs_to_pandas(
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
 
 
-def test_the_docs_delta_rs_reader_returns_the_scoped_views_rows(
-    pipeline: Pipeline, capsys: pytest.CaptureFixture[str]
+def delta_rs_sql_rows(table: DeltaTable) -> pd.DataFrame:
+    """docs/querying.md, "Other readers": delta-rs's SQL with a `tenant` filter, as printed."""
+    query = QueryBuilder().register("events", table)
+    statement = f"SELECT * FROM events WHERE tenant = '{TENANT}'"
+    return pa.table(query.execute(statement).read_all()).to_pandas()
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        delta_rs_sql_rows,
+        lambda table: table.to_pandas(filters=[("tenant", "=", TENANT)]),
+    ],
+    ids=["QueryBuilder", "to_pandas-filters"],
+)
+def test_the_docs_delta_rs_readers_return_the_scoped_views_rows(
+    pipeline: Pipeline,
+    capsys: pytest.CaptureFixture[str],
+    read: Callable[[DeltaTable], pd.DataFrame],
 ) -> None:
-    """docs/querying.md, "Other readers": delta-rs with a `tenant` filter, as printed there."""
     rows = scoped_json(pipeline, capsys, "SELECT offset, window_id, pane_index FROM events")
-    events = DeltaTable(f"{pipeline.lake.root}/events")
-    read = events.to_pandas(filters=[("tenant", "=", TENANT)])
-    assert set(read["tenant"]) == {TENANT}
+    got = read(DeltaTable(f"{pipeline.lake.root}/events"))
+    assert set(got["tenant"]) == {TENANT}
     key = ["offset", "window_id"]
-    got = read[["offset", "window_id", "pane_index"]].sort_values(key).reset_index(drop=True)
+    got = got[["offset", "window_id", "pane_index"]].sort_values(key).reset_index(drop=True)
     want = pd.DataFrame(rows).sort_values(key).reset_index(drop=True)
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
 
@@ -190,9 +206,12 @@ def test_the_docs_delta_rs_reader_holds_at_every_version_staged_ones_included(
         at_version = DeltaTable(uri, version=version)
         every_row = at_version.to_pandas()
         want = every_row[every_row["tenant"] == TENANT].sort_values(key).reset_index(drop=True)
-        read = at_version.to_pandas(filters=[("tenant", "=", TENANT)])
-        got = read.sort_values(key).reset_index(drop=True)
-        pd.testing.assert_frame_equal(got[want.columns], want, check_dtype=False)
+        for read in (
+            at_version.to_pandas(filters=[("tenant", "=", TENANT)]),
+            delta_rs_sql_rows(at_version),
+        ):
+            got = read.sort_values(key).reset_index(drop=True)
+            pd.testing.assert_frame_equal(got[want.columns], want, check_dtype=False)
         leaked += len(at_version.to_pandas(partitions=[("tenant", "=", TENANT)])) - len(want)
     assert leaked > 0, "no staged version: the test no longer covers what the docs warn of"
 
