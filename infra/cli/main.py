@@ -23,6 +23,7 @@ from infra.cli import (
 )
 from infra.cli.exit_codes import expected_failure
 from streaming.fault_points import NO_FAULTS, FaultHook
+from streaming.pipeline.native_allocators import use_long_lived_allocators
 
 DESCRIPTION = (
     "`tenant-windows`: run the stream, validate tenants, query the output, produce load, demo."
@@ -70,6 +71,7 @@ def _commands_below(parser: argparse.ArgumentParser) -> list[argparse.ArgumentPa
 
 def main(argv: Sequence[str] | None = None, fault_hook: FaultHook = NO_FAULTS) -> int:
     """Parse `argv` and run its command; `fault_hook` is for the recovery tests."""
+    use_long_lived_allocators()
     args = build_parser().parse_args(argv)
     args.fault_hook = fault_hook
     _configure_logging(args.verbose)

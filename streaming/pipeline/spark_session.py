@@ -10,6 +10,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from streaming.pipeline import class_archive
+from streaming.pipeline.native_allocators import ALLOCATOR_ENV, use_long_lived_allocators
 from streaming.pipeline.spark_home import session_jars, session_spark_home, spark_home
 
 LOOPBACK = "127.0.0.1"
@@ -22,13 +23,6 @@ DRIVER_JAVA_OPTIONS = "-Xss16m"
 # 52-65 s against 75-76 s at a load average of 25 (docs/reliability.md, "Start-up time"). A
 # local stream's per-record work is in its Python workers.
 QUICK_JIT = "-XX:TieredStopAtLevel=1"
-# Spark's Python workers live as long as the stream, and the largest allocations are theirs (a
-# compaction task holds thousands of staged files' rows). Arrow's own pool (mimalloc) kept what
-# a task freed for reuse, so each worker kept its largest task's peak for good; on glibc's
-# allocator a worker returns it (`storage.upkeep.worker_memory`). Same speed: 20,776-22,358
-# records/s steady with mimalloc, 21,636-23,566 with the system's (`scale --tenants 10
-# --stages product`, paired runs).
-WORKER_ALLOCATOR_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system"}
 
 
 def build_spark(
@@ -92,7 +86,7 @@ def build_spark(
         conf["spark.python.daemon.module"] = "streaming.pipeline.worker_daemon"
     if master is None or not is_local_master(master):
         # Executors elsewhere do not inherit this process's environment.
-        for name in ("PYTHONWARNINGS", *WORKER_ALLOCATOR_ENV):
+        for name in ("PYTHONWARNINGS", *ALLOCATOR_ENV):
             conf[f"spark.executorEnv.{name}"] = os.environ[name]
     conf.update(extra_conf or {})
     for key, value in conf.items():
@@ -133,13 +127,10 @@ def spark_environment(master: str | None) -> None:
         # that executors on other machines must reach is started with SPARK_LOCAL_IP set to
         # its routable address; under spark-submit the launcher's settings decide.
         os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
-    for name, value in WORKER_ALLOCATOR_ENV.items():
-        # Read as a process starts: this process's JVM and its workers inherit them.
-        os.environ.setdefault(name, value)
+    use_long_lived_allocators()
     if os.environ["ARROW_DEFAULT_MEMORY_POOL"] == "system":
-        # This process read the variable when pyarrow first allocated, before this call. The
-        # driver lives as long as its workers: on mimalloc it was 50-70 MiB larger at the same
-        # minute of a stream (12 tenants at 500 records/s: 236 MiB at minute 10, against 187).
+        # A process that allocated before this call (a test calling `run_stream`) keeps its C++
+        # default pool; its Python-level default at least follows.
         pa.set_memory_pool(pa.system_memory_pool())
 
 

@@ -34,7 +34,7 @@ def test_python_workers_and_the_driver_allocate_arrow_buffers_with_the_system_al
     spark: Any,
 ) -> None:
     # Workers outlive every task: Arrow's own pool kept each one's largest task's memory for
-    # good (`WORKER_ALLOCATOR_ENV`).
+    # good (`streaming.pipeline.native_allocators`).
     pools = spark.sparkContext.parallelize([0, 1], 2).map(_arrow_pool).collect()
     assert pools == ["system", "system"]
     # And the driver, which read the variable before the session set it.
