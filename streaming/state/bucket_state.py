@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -56,10 +57,17 @@ Key = tuple[str, str]
 _CHECKED_FINGERPRINT = b"checked_config_fingerprint"
 _RULES_BY_ID = b"rules_by_id_json"
 
-# zstd shrinks a bucket about 15x for a tenth of a second per 100 MB: the state store keeps a
-# bucket's blob in memory for each retained version and writes it to the checkpoint in every
-# batch that touches it. Readers decompress whatever the blob says it is.
-_COMPRESSED = pa.ipc.IpcWriteOptions(compression="zstd")
+# The state store keeps a bucket's blob in memory for each retained version and writes it to
+# the checkpoint in every batch that touches it, so the blob is compressed: the whole IPC stream
+# at once, as one zstd frame. Arrow's own IPC compression (earlier blobs) compresses each buffer
+# on its own; with a bucket's forty-odd small buffers that cost 0.8 ms to write and 0.6 ms to
+# read a 314-key bucket (10,000 tenants), against 0.2 and 0.1 ms as one frame, which is also
+# a third smaller (18.8 KB against 28.1 KB; 148 KB uncompressed).
+_FRAMED = b"TWZ1"
+"""What a framed blob starts with: an IPC stream starts with 0xFFFFFFFF."""
+_FRAME_HEADER = struct.Struct("<4sQ")
+"""The marker, then the IPC stream's length (zstd needs it to decompress in one call)."""
+_CODEC = pa.Codec("zstd")
 
 _AGGREGATE_FIELDS = [
     ("count", pa.int64()),
@@ -109,6 +117,16 @@ class StoredKey:
     """When the key's idle timeout fires, if it has open windows and an idle timeout."""
 
 
+def read_blob(blob: bytes) -> pa.Table:
+    """A bucket's blob as the table it holds, with its schema metadata: a zstd frame of an IPC
+    stream (`to_bytes`), or an IPC stream as earlier releases wrote it."""
+    if blob[: len(_FRAMED)] != _FRAMED:
+        return pa.ipc.open_stream(blob).read_all()
+    _, stream_bytes = _FRAME_HEADER.unpack_from(blob)
+    frame = memoryview(blob)[_FRAME_HEADER.size :]
+    return pa.ipc.open_stream(_CODEC.decompress(frame, decompressed_size=stream_bytes)).read_all()
+
+
 class BucketState:
     """The keys of one bucket: `from_bytes`, then `take_columns` or `get` each key a batch
     touches (never both), `drop`, `to_bytes`."""
@@ -152,7 +170,7 @@ class BucketState:
     def from_bytes(cls, blob: bytes | None) -> BucketState:
         if not blob:
             return cls()
-        table = pa.ipc.open_stream(blob).read_all()
+        table = read_blob(blob)
         metadata = table.schema.metadata or {}
         checked = metadata.get(_CHECKED_FINGERPRINT)
         rules_by_id = metadata.get(_RULES_BY_ID)
@@ -219,9 +237,10 @@ class BucketState:
             metadata[_CHECKED_FINGERPRINT] = self._checked_fingerprint.encode()
         schema = _SCHEMA.with_metadata(metadata)
         sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, schema, options=_COMPRESSED) as writer:
+        with pa.ipc.new_stream(sink, schema) as writer:
             writer.write_table(rows.replace_schema_metadata(metadata))
-        return bytes(sink.getvalue())
+        stream = sink.getvalue()
+        return _FRAME_HEADER.pack(_FRAMED, stream.size) + _CODEC.compress(stream, asbytes=True)
 
     def __len__(self) -> int:
         carried = int(pc.sum(self._carried()).as_py() or 0)
