@@ -240,7 +240,8 @@ class BucketState:
         with pa.ipc.new_stream(sink, schema) as writer:
             writer.write_table(rows.replace_schema_metadata(metadata))
         stream = sink.getvalue()
-        return _FRAME_HEADER.pack(_FRAMED, stream.size) + _CODEC.compress(stream, asbytes=True)
+        frame: bytes = _CODEC.compress(stream, asbytes=True)
+        return _FRAME_HEADER.pack(_FRAMED, stream.size) + frame
 
     def __len__(self) -> int:
         carried = int(pc.sum(self._carried()).as_py() or 0)
