@@ -13,8 +13,9 @@ their own when first asked for (`TableFiles.of_checkpoint`: the checkpoint's row
 hold the tenant), for the tenants asked about recently (`MAX_TENANTS` a table), and moved forward
 by the table's commits since that checkpoint, which are read once for all of them and kept
 grouped by tenant: a tenant's move costs its own changes and the staged files'. Once a newer
-checkpoint stands in for them, they are let go. Only an operator's statement (every tenant)
-builds the whole table's index.
+checkpoint stands in for them, they are let go. Nothing builds the whole table's index: a
+statement over every tenant (the operator's) is Spark's to read, and needs only the versions
+(`version`).
 
 Two ways to move forward:
 
@@ -63,17 +64,25 @@ class NewestTables:
     _stop: threading.Event = field(default_factory=threading.Event)
     _follower: threading.Thread | None = None
 
-    def files(self, spec: TableSpec, tenant: str | None = None) -> TableFiles:
-        """`spec`'s files at its newest version (delta-rs' `TableNotFoundError` if there is
-        none yet): every tenant's, or with `tenant` that tenant's and the staged ones. Callers
-        only read them: they are shared by every statement of that version."""
+    def files(self, spec: TableSpec, tenant: str) -> TableFiles:
+        """`spec`'s files of `tenant` and the staged ones, at its newest version (delta-rs'
+        `TableNotFoundError` if there is none yet). Callers only read them: they are shared by
+        every statement of that version."""
+        return self._advanced(spec).of_tenant(tenant)
+
+    def version(self, spec: TableSpec) -> int:
+        """`spec`'s newest version, as `files` would read it, without indexing any file: what
+        a statement over every tenant (the operator's, which Spark reads) needs to know."""
+        return self._advanced(spec).newest_version()
+
+    def _advanced(self, spec: TableSpec) -> _FollowedTable:
         with self._lock:
             table = self._tables.get(spec.name)
             if table is None:
                 table = self._tables[spec.name] = _FollowedTable(self.lake, spec)
         if self._follower is None or not table.followed:
             table.advance()
-        return table.whole() if tenant is None else table.of_tenant(tenant)
+        return table
 
     def follow(self, interval_s: float) -> None:
         """Read new commits of the tables `files` was asked for every `interval_s`, in a
@@ -131,7 +140,7 @@ class _Commit:
 
 class _FollowedTable:
     """One table: the commits since its newest checkpoint, grouped (`_Commit`), and the
-    indexes built from them (the recent tenants', and the whole table's once asked for)."""
+    indexes built from them (the recent tenants')."""
 
     def __init__(self, lake: DeltaLake, spec: TableSpec) -> None:
         self._lake = lake
@@ -150,7 +159,6 @@ class _FollowedTable:
         self._commits: dict[int, _Commit] = {}
         self._tenant_column: str | None = None
         self._tenants: collections.OrderedDict[str, TableFiles] = collections.OrderedDict()
-        self._whole: TableFiles | None = None
         self._opened: OpenedCheckpoint | None = None
         """`_checkpoint`, opened (None: not yet)."""
 
@@ -221,7 +229,6 @@ class _FollowedTable:
             self._version = version
             self._commits = {}
             self._tenants.clear()
-            self._whole = None
         return True
 
     def of_tenant(self, tenant: str) -> TableFiles:
@@ -232,15 +239,21 @@ class _FollowedTable:
                 self._tenants.popitem(last=False)
             return files
 
-    def whole(self) -> TableFiles:
+    def newest_version(self) -> int:
+        """The newest version read; unfollowed, the table's newest, from its log's head (delta-rs'
+        `TableNotFoundError` where there is no table)."""
         with self._lock:
-            files = self._whole = self._moved_on(self._whole, None)
-            return files
+            if self._checkpoint is not None:
+                return self._version
+        head = self._lake.head(self._spec)
+        if head is not None:
+            return head.version
+        return self._lake.open(self._spec).version()
 
-    def _moved_on(self, files: TableFiles | None, tenant: str | None) -> TableFiles:
-        """`files` (the tenant's, None: every tenant's) at the newest version read: indexed
-        anew from the checkpoint where they are older than it, then moved on by the commits
-        held. Unfollowed, delta-rs's at the table's newest version."""
+    def _moved_on(self, files: TableFiles | None, tenant: str) -> TableFiles:
+        """`files` (the tenant's) at the newest version read: indexed anew from the checkpoint
+        where they are older than it, then moved on by the commits held. Unfollowed,
+        delta-rs's at the table's newest version."""
         checkpoint = self._checkpoint
         if checkpoint is None or (files is not None and files.version < checkpoint):
             files = None
@@ -262,9 +275,5 @@ class _FollowedTable:
         for version in range(files.version + 1, self._version + 1):
             commit = self._commits[version]
             changes += commit.shared
-            if tenant is None:
-                for own in commit.by_tenant.values():
-                    changes += own
-            else:
-                changes += commit.by_tenant.get(tenant, ())
+            changes += commit.by_tenant.get(tenant, ())
         return files.changed(self._version, changes)

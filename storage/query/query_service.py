@@ -151,11 +151,11 @@ class QueryService:
         limits = self.limits_of(scope)
         check_statement_length(statement, limits)
         with self._admitted(scope, limits):
-            tables = self._tables(scope, as_of_version)
+            tables = {} if scope is OPERATOR else self._tables(scope, as_of_version)
             data_version = (
                 (-1 - as_of_version,)  # negative: never the same as a current snapshot's
                 if as_of_version is not None
-                else tuple(-1 if table is None else table.version for table in tables.values())
+                else self._versions(scope, tables)
             )
             result_key = (scope, statement, data_version, limits)
             with self._lock:
@@ -193,22 +193,35 @@ class QueryService:
     def close(self) -> None:
         self._newest.close()
 
-    def _tables(self, scope: str | None, as_of_version: int | None) -> dict[str, TableFiles | None]:
-        """The scope's tables' files at the versions the statement reads (None: a table not
+    def _tables(self, tenant: str, as_of_version: int | None) -> dict[str, TableFiles | None]:
+        """The tenant's tables' files at the versions the statement reads (None: a table not
         written yet, or without that version; Spark's views say so)."""
         tables: dict[str, TableFiles | None] = {}
-        for spec in LAKE_TABLES if scope is OPERATOR else ALL_TABLES:
+        for spec in ALL_TABLES:
             try:
                 if as_of_version is None:
-                    files = self._newest.files(spec, tenant=scope)
+                    files = self._newest.files(spec, tenant)
                 else:
                     table = self.lake.open(spec)
                     table.load_as_version(as_of_version)
-                    files = TableFiles.of_table(table, only_tenant=scope)
+                    files = TableFiles.of_table(table, only_tenant=tenant)
             except Exception:
                 files = None
             tables[spec.name] = files
         return tables
+
+    def _versions(self, scope: str | None, tables: dict[str, TableFiles | None]) -> tuple[int, ...]:
+        """The newest versions of the scope's tables (-1: not written yet): a tenant's, those
+        of its files; the operator's, read without indexing a file, since Spark reads them."""
+        if scope is not OPERATOR:
+            return tuple(-1 if table is None else table.version for table in tables.values())
+        versions = []
+        for spec in LAKE_TABLES:
+            try:
+                versions.append(self._newest.version(spec))
+            except Exception:
+                versions.append(-1)
+        return tuple(versions)
 
     def _answer_locally(
         self,

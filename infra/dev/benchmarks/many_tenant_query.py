@@ -178,7 +178,7 @@ def _wait_for_version(service: object, lake: Path, timeout_s: float) -> float:
     log_dir = lake / EVENTS.name / "_delta_log"
     newest = max(int(p.stem) for p in log_dir.glob("*.json"))
     while time.monotonic() - started < timeout_s:
-        if service._newest.files(EVENTS).version >= newest:
+        if service._newest.version(EVENTS) >= newest:
             return time.monotonic() - started
         time.sleep(0.5)
     raise TimeoutError("the service did not read the commits")

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from pyspark.sql import SparkSession
 
 from storage.lake.commits import FencedError
 from storage.lake.delta_lake import DeltaLake
@@ -31,12 +32,14 @@ from storage.lake.table_files import TableFiles
 from storage.lake.tables import EVENTS, STAGED, TENANT_STATUS
 from storage.lake.writer_lease import WriterLease
 from storage.lake.written_files import WrittenFile
+from storage.query.query_service import OPERATOR, QueryService
 from storage.upkeep.compaction import PACK_FILES, Compaction
 from storage.upkeep.compaction_tasks import read_staged_files, write_settled_files
 from storage.upkeep.stream_vacuum import StreamVacuum
 from streaming.observe.stream_status import latest_of_each, latest_per_key, latest_status_rows
 from streaming.state.configured_status import status_rows
 from streaming.state.union_rows import union_table
+from tenants.models import QueryLimits
 from tenants.settings import StreamSettings
 from tests.support.timestamps import T0_MS
 
@@ -236,7 +239,7 @@ def test_the_query_services_files_of_each_tenant_are_delta_rs_s_at_every_step(
 ) -> None:
     """`NewestTables` indexes a tenant's files on its own, from the checkpoint (none yet, then
     a compaction's) and the commits after it, read once for every tenant: batches and settles
-    list, tenant by tenant and for all, what delta-rs lists at that version."""
+    list, tenant by tenant, what delta-rs lists at that version, and the version is delta-rs'."""
     lake = _lake(tmp_path)
     epoch = WriterLease.for_stream(lake, StreamSettings(name="orders")).acquire()
     newest = NewestTables(lake)
@@ -250,7 +253,8 @@ def test_the_query_services_files_of_each_tenant_are_delta_rs_s_at_every_step(
             assert files.version == loaded.version()
             expected = TableFiles.of_table(loaded, only_tenant=tenant).files_of(tenant)
             assert files.files_of(tenant) == expected, tenant
-        assert newest.files(EVENTS).files_of(None) == TableFiles.of_table(loaded).files_of(None)
+        # What an operator's statement needs (Spark reads its files): no index of them.
+        assert newest.version(EVENTS) == loaded.version()
 
     batch_id = 0
     for compaction in range(3):  # no checkpoint, then the second compaction's
@@ -274,6 +278,30 @@ def test_the_query_services_files_of_each_tenant_are_delta_rs_s_at_every_step(
         same_as_delta_rs()
     finally:
         newest.close()
+
+
+def test_an_operators_statement_counts_every_tenant_and_sees_each_new_commit(
+    tmp_path: Path, spark: SparkSession
+) -> None:
+    """The operator's statements are Spark's to read: the service knows only the tables'
+    versions, and a remembered result is answered again only while they stand."""
+    lake = _lake(tmp_path)
+    epoch = WriterLease.for_stream(lake, StreamSettings(name="orders")).acquire()
+    service = QueryService(spark, lake, lambda scope: QueryLimits())
+    statement = "SELECT tenant, count(*) AS n FROM events GROUP BY tenant ORDER BY tenant"
+
+    def counts() -> dict[str, int]:
+        table = service.run(OPERATOR, statement).table
+        return dict(zip(table["tenant"].to_pylist(), table["n"].to_pylist(), strict=True))
+
+    assert _commit_batch(lake, "orders", epoch, 0, ["t0", "t1"])
+    assert counts() == {"t0": 1, "t1": 1}
+    assert _commit_batch(lake, "orders", epoch, 1, ["t1", "t2"])
+    assert counts() == {"t0": 1, "t1": 2, "t2": 1}
+    assert _settle(lake, "orders", epoch, 0)
+    assert counts() == {"t0": 1, "t1": 2, "t2": 1}
+    assert _commit_batch(lake, "orders", epoch, 2, ["t0"])
+    assert counts() == {"t0": 2, "t1": 2, "t2": 1}
 
 
 def test_four_streams_commit_into_one_lake_at_once_and_every_batch_lands(tmp_path: Path) -> None:
