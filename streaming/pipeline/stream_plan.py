@@ -69,7 +69,7 @@ def windowed_rows(
     """The union rows of every output table, packed (`storage.lake.packed_rows`), for one
     micro-batch of Kafka records; each bucket reports its keys to `key_summaries`, if given (the
     metrics)."""
-    routed = kafka_records.selectExpr(*KAFKA_COLUMNS_SQL).mapInPandas(
+    routed = kafka_records.selectExpr(*KAFKA_COLUMNS_SQL).mapInArrow(
         make_router(snapshots, settings.stream.max_record_bytes), ROUTED_SCHEMA
     )
     bucketed = routed.selectExpr("*", bucket_expression(settings.stream.state_buckets))

@@ -555,7 +555,7 @@ def _plan_stage(stage: str) -> Callable[[SparkSession, _Dataset], StageFigures]:
         if stage == "windowed":
             frame = windowed_rows(kafka, app.snapshots, settings)
         else:
-            frame = kafka.selectExpr(*KAFKA_COLUMNS_SQL).mapInPandas(
+            frame = kafka.selectExpr(*KAFKA_COLUMNS_SQL).mapInArrow(
                 make_router(app.snapshots, settings.stream.max_record_bytes), ROUTED_SCHEMA
             )
         if stage == "state_empty":
