@@ -24,7 +24,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage.lake.delta_log import Action, DeltaLog, checkpoint_metadata
+from storage.lake.delta_log import Action, DeltaLog, checkpoint_batches, checkpoint_metadata
 from storage.lake.table_files import MAX_COMMITS_PER_ADVANCE
 
 _HIGH_BATCH_ID = r'"maxValues":\{[^{}]*"batch_id":(?P<high>-?\d+)[,}]'
@@ -99,12 +99,14 @@ class BatchFileIndex:
         self._files = {}
         self._partition_columns = ()
         if checkpoint >= 0:
-            metadata = checkpoint_metadata(self._log.open_checkpoint(checkpoint))
+            # Opened once: its footer lists every row group (tens of ms at a million files).
+            opened = self._log.open_checkpoint(checkpoint)
+            metadata = checkpoint_metadata(opened)
             if metadata is None:
                 return False
             self._partition_columns = tuple(metadata.get("partitionColumns") or ())
             columns = ["add.path", "add.stats", "add.deletionVector.storageType"]
-            for batch in self._log.checkpoint_batches(checkpoint, columns):
+            for batch in checkpoint_batches(opened, columns):
                 adds = pc.drop_null(batch.column("add"))
                 if not len(adds):
                     continue

@@ -81,6 +81,15 @@ def checkpoint_metadata(checkpoint: pq.ParquetFile) -> Action | None:
     return values[0].as_py() if len(values) else None
 
 
+def checkpoint_batches(checkpoint: pq.ParquetFile, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    """An opened checkpoint's `columns` (top-level names or dotted paths into them), those
+    whose top-level column it has (a writer may leave out an action it has none of),
+    `CHECKPOINT_BATCH_ROWS` rows at a time: only those columns' pages are read."""
+    present = set(checkpoint.schema_arrow.names)
+    held = [column for column in columns if column.split(".", 1)[0] in present]
+    yield from checkpoint.iter_batches(batch_size=CHECKPOINT_BATCH_ROWS, columns=held)
+
+
 def log_path(path: str) -> str:
     """A data file's path relative to its table as Delta's log spells it: percent-encoded,
     folders' `/` and Hive's `=` left as they are (what delta-rs and Spark decode)."""
@@ -117,13 +126,8 @@ class DeltaLog:
         return pq.ParquetFile(self.checkpoint_file(version), filesystem=self.filesystem)
 
     def checkpoint_batches(self, version: int, columns: list[str]) -> Iterator[pa.RecordBatch]:
-        """Checkpoint `version`'s `columns` (top-level names or dotted paths into them), those
-        whose top-level column it has (a writer may leave out an action it has none of),
-        `CHECKPOINT_BATCH_ROWS` rows at a time: only those columns' pages are read."""
-        checkpoint = self.open_checkpoint(version)
-        present = set(checkpoint.schema_arrow.names)
-        held = [column for column in columns if column.split(".", 1)[0] in present]
-        yield from checkpoint.iter_batches(batch_size=CHECKPOINT_BATCH_ROWS, columns=held)
+        """Checkpoint `version`'s `columns`, a batch at a time (`checkpoint_batches`)."""
+        yield from checkpoint_batches(self.open_checkpoint(version), columns)
 
     def actions(self, version: int, with_files: bool = True) -> Iterator[Action] | None:
         """The actions of commit `version`, read a line at a time (a settle's commit at a
