@@ -2,7 +2,7 @@
 
 `python -m streaming.pipeline.archive_workload ARCHIVE WORKDIR` (`class_archive.build` runs it).
 The classes the product's driver loads come from the same Spark paths: a Python stream reader,
-`mapInPandas`, a shuffle into `applyInPandasWithState` with a processing-time timeout, and a
+`mapInArrow`, a shuffle into `applyInPandasWithState` with a processing-time timeout, and a
 `foreachBatch` that collects from `mapInArrow`. Two micro-batches of a read limit, then the JVM
 exits and writes the archive.
 """
@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
@@ -60,9 +61,10 @@ class _CountingReader(DataSourceStreamReader):
             yield (f"k{number % 3}", number)
 
 
-def _route(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    for frame in frames:
-        yield frame.assign(value=frame["value"] * 2)
+def _route(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        doubled = pc.multiply(batch.column("value"), 2)
+        yield pa.RecordBatch.from_arrays([batch.column("key"), doubled], ["key", "value"])
 
 
 def _count(
@@ -94,7 +96,7 @@ def main(archive: str, workdir: str) -> None:
     counts = (
         spark.readStream.format(_CountingSource.name())
         .load()
-        .mapInPandas(_route, "key string, value long")
+        .mapInArrow(_route, "key string, value long")
         .groupBy("key")
         .applyInPandasWithState(
             _count,
