@@ -3,12 +3,15 @@ checked: CI machines are noisy; what is checked is that they saw every record an
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka import KafkaAdminClient
 
 from infra.dev.benchmarks import continuous, noisy_neighbour, settle_keys
+from infra.dev.benchmarks.sample_lake import bench_settings
 from infra.dev.benchmarks.scale import parse_args, run, steady_ratios
 
 pytestmark = pytest.mark.integration
@@ -123,3 +126,40 @@ def test_the_continuous_stream_is_timed_from_launch_and_a_standby_takes_over(
     # The first minute's files: the tables' newest versions hold some of what is on disk.
     (sample,) = figures["minutes"]
     assert 0 < sample["table_files"] < sample["lake_files"], sample
+
+
+def test_the_continuous_benchmarks_topic_keeps_only_what_the_stream_has_not_committed(
+    kafka: Any, tmp_path: Path
+) -> None:
+    """As a broker's retention would, and never a record the stream has yet to read."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka.structs import OffsetAndMetadata
+
+    kafka.create_topic(continuous.TOPIC, 1)
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers)
+    for number in range(100):
+        producer.send(continuous.TOPIC, str(number).encode())
+    producer.flush()
+    producer.close()
+    settings = bench_settings(tmp_path, kafka.bootstrap_servers, continuous.TOPIC, tmp_path)
+    group = settings.kafka.group_id or settings.stream.name
+    partition = TopicPartition(continuous.TOPIC, 0)
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+    admin.alter_group_offsets(group, {partition: OffsetAndMetadata(60, "", -1)})
+    admin.close()
+
+    retention = continuous.TopicRetention(settings, interval_s=0.2)
+    retention.start()
+    try:
+        for _ in range(100):  # bounded: 10 s
+            if retention.deleted_below:
+                break
+            time.sleep(0.1)
+    finally:
+        retention.stop()
+    consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers)
+    try:
+        assert consumer.beginning_offsets([partition]) == {partition: 60}
+        assert consumer.end_offsets([partition]) == {partition: 100}
+    finally:
+        consumer.close()
