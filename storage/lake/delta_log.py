@@ -125,10 +125,6 @@ class DeltaLog:
         """Checkpoint `version`'s file, its footer read."""
         return pq.ParquetFile(self.checkpoint_file(version), filesystem=self.filesystem)
 
-    def checkpoint_batches(self, version: int, columns: list[str]) -> Iterator[pa.RecordBatch]:
-        """Checkpoint `version`'s `columns`, a batch at a time (`checkpoint_batches`)."""
-        yield from checkpoint_batches(self.open_checkpoint(version), columns)
-
     def actions(self, version: int, with_files: bool = True) -> Iterator[Action] | None:
         """The actions of commit `version`, read a line at a time (a settle's commit at a
         million keys was 1.5 GB); None if there is no such commit yet. Without `with_files`,

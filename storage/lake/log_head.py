@@ -22,7 +22,13 @@ from typing import Any
 
 import orjson
 
-from storage.lake.delta_log import Action, DeltaLog, plain_writer, table_configuration
+from storage.lake.delta_log import (
+    Action,
+    DeltaLog,
+    checkpoint_batches,
+    plain_writer,
+    table_configuration,
+)
 from storage.lake.tables import TableSpec
 
 _CHECKPOINT_COLUMNS = ["txn", "protocol", "metaData"]
@@ -75,7 +81,8 @@ def read_head(delta_log: DeltaLog) -> LogHead | None:
         return None
     reading = _Reading()
     if version >= 0:
-        for batch in delta_log.checkpoint_batches(version, _CHECKPOINT_COLUMNS):
+        opened = delta_log.open_checkpoint(version)
+        for batch in checkpoint_batches(opened, _CHECKPOINT_COLUMNS):
             reading.apply(
                 {name: value}
                 for name in batch.schema.names

@@ -20,7 +20,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage.lake.delta_log import Action, DeltaLog
+from storage.lake.delta_log import Action, DeltaLog, checkpoint_batches
 
 _CHECKPOINT_COLUMNS = [
     "add.path",
@@ -61,7 +61,8 @@ def partition_snapshot(delta_log: DeltaLog, column: str, value: str) -> Partitio
     if version is None:
         return None
     if version >= 0:
-        for batch in delta_log.checkpoint_batches(version, _CHECKPOINT_COLUMNS):
+        opened = delta_log.open_checkpoint(version)
+        for batch in checkpoint_batches(opened, _CHECKPOINT_COLUMNS):
             if not reading.checkpoint_rows(batch):
                 return None
     while (actions := delta_log.actions(version + 1)) is not None:

@@ -86,6 +86,7 @@ from infra.dev.benchmarks.stream_processes import kind_of
 from infra.dev.load_generator import LoadSpec, generate, send
 from infra.dev.local_stack import LocalKafka
 from storage.lake.delta_lake import DeltaLake, compaction_app_id
+from storage.lake.delta_log import checkpoint_batches
 from storage.lake.tables import ALL_TABLES, EVENTS, LATE_EVENTS, STAGED, TableSpec
 from storage.query.spark_views import register_views
 from streaming.app import StreamApp
@@ -448,7 +449,7 @@ def _counts_from_log(lake: DeltaLake, spec: TableSpec) -> tuple[pa.Table, int, i
     adds = pa.array([], adds_type)
     if checkpoint >= 0:
         columns = [f"add.{name}" for name in fields]
-        batches = delta_log.checkpoint_batches(checkpoint, columns)
+        batches = checkpoint_batches(delta_log.open_checkpoint(checkpoint), columns)
         read = pa.Table.from_batches(list(batches))
         adds = pc.drop_null(read.column("add")).combine_chunks()
     live: dict[str, dict[str, Any]] = {}

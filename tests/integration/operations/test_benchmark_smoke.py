@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaAdminClient
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.structs import OffsetAndMetadata
 
 from infra.dev.benchmarks import continuous, noisy_neighbour, settle_keys
 from infra.dev.benchmarks.sample_lake import bench_settings
@@ -132,9 +133,6 @@ def test_the_continuous_benchmarks_topic_keeps_only_what_the_stream_has_not_comm
     kafka: Any, tmp_path: Path
 ) -> None:
     """As a broker's retention would, and never a record the stream has yet to read."""
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-    from kafka.structs import OffsetAndMetadata
-
     kafka.create_topic(continuous.TOPIC, 1)
     producer = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers)
     for number in range(100):
