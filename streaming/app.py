@@ -24,11 +24,9 @@ Lifecycle, in the order the methods run:
 from __future__ import annotations
 
 import logging
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
@@ -41,7 +39,6 @@ from storage.lake.writer_lease import StreamLeaseHeldError, WriterLease
 from storage.upkeep.compaction import Compaction
 from storage.upkeep.settle_policy import SettlePolicy
 from storage.upkeep.stream_vacuum import StreamVacuum
-from storage.upkeep.work_thread import WorkThread
 from streaming.checkpoint.checkpoint_identity import (
     StreamIdentity,
     check_checkpoint,
@@ -56,11 +53,10 @@ from streaming.observe.batch_progress import BatchProgress, LastBatchFile, Progr
 from streaming.observe.stream_metrics import StreamMetrics
 from streaming.pipeline import worker_daemon
 from streaming.pipeline.batch_sink import MicroBatchSink
-from streaming.pipeline.compaction_schedule import CompactionSchedule, scheduler_conf
-from streaming.pipeline.spark_session import build_spark, spark_environment
+from streaming.pipeline.compaction_schedule import CompactionSchedule
 from streaming.pipeline.stream_plan import start_query, windowed_stream
+from streaming.pipeline.stream_session import StartingSession, start_stream_session
 from streaming.process import (
-    STATE_STORE_STOP_CONF,
     StopSignals,
     outage_cause,
     quiet_failure_logs,
@@ -403,6 +399,7 @@ def run_stream(
     spark_conf: Mapping[str, str] | None = None,
     on_batch: Callable[[BatchProgress], None] | None = None,
     standby: bool = False,
+    session: StartingSession | None = None,
 ) -> int:
     """Run the stream until it ends, fails or gets SIGTERM/SIGINT; the process's exit code.
 
@@ -410,14 +407,14 @@ def run_stream(
     and exits 0; a second one stops at once. `spark_conf` adds session settings, e.g. what
     ships the code to a cluster's executors; `on_batch` is told about each finished batch.
     With `standby`, it first waits, warm, until the running instance stops or dies
-    (`StreamApp.stand_by`); a signal while it waits stops it at once.
+    (`StreamApp.stand_by`); a signal while it waits stops it at once. `session` is the session
+    the caller started already (`start_stream_session` with the same settings).
     """
     # The JVM and the session start (2-3 s) while the config, the checkpoint and the lake are
     # checked and the stream claimed, which need no Spark. A start refused there does not wait
-    # for the session: the process ends, and its JVM with it. The environment is set first,
-    # while no other thread reads it.
-    spark_environment(master)
-    session = WorkThread(lambda: _timed_session(settings, master, spark_conf), "spark-session")
+    # for the session: the process ends, and its JVM with it.
+    if session is None:
+        session = start_stream_session(settings, master, spark_conf)
     app = StreamApp(settings, fault_hook=fault_hook, on_batch=on_batch)
     if standby:
         app.check()
@@ -466,34 +463,6 @@ def run_stream(
         log.error("the stream stopped: %s", app.lost)
         return 1
     return 0
-
-
-def stream_session(
-    settings: AppSettings,
-    master: str | None = None,
-    spark_conf: Mapping[str, str] | None = None,
-) -> SparkSession:
-    """The session a stream runs in: its scheduler pools, a JIT that stops at C1
-    (`spark_session.QUICK_JIT` says why), and a state store that stops within seconds
-    (`process.STATE_STORE_STOP_CONF`)."""
-    # Spark reads the scheduler pools' file when the session starts: it need not outlive it.
-    with tempfile.TemporaryDirectory(prefix="tw-run-") as pools_dir:
-        return build_spark(
-            settings.stream.name,
-            master,
-            settings.stream.shuffle_partitions,
-            {**scheduler_conf(Path(pools_dir)), **STATE_STORE_STOP_CONF, **(spark_conf or {})},
-            quick_jit=True,
-        )
-
-
-def _timed_session(
-    settings: AppSettings, master: str | None, spark_conf: Mapping[str, str] | None
-) -> tuple[SparkSession, float]:
-    """The stream's session, and the seconds it took to start."""
-    started = time.monotonic()
-    spark = stream_session(settings, master, spark_conf)
-    return spark, time.monotonic() - started
 
 
 def _now_ms() -> int:

@@ -47,14 +47,6 @@ STOPPING_LOGGERS = (
 # Spark takes for the stop it is; the error itself reaches Spark either way, and a batch that
 # fails for any other reason as the stream stops is told by `StreamApp.stop`.
 CALLBACK_LOGGER = "py4j.clientserver"
-# How long the stop waits for state store maintenance in flight (`stop_spark`), then for it to
-# give in to an interrupt: 300 s and 60 s by default. Maintenance cut short costs nothing (the
-# next start runs it again); an interrupted one may print a Java trace, so the first wait is
-# long enough for a snapshot to finish.
-STATE_STORE_STOP_CONF = {
-    "spark.sql.streaming.stateStore.maintenanceShutdownTimeout": "10s",
-    "spark.sql.streaming.stateStore.maintenanceForceShutdownTimeout": "1s",
-}
 
 
 class StopSignals:
@@ -128,8 +120,8 @@ def stop_spark(spark: SparkSession) -> None:
     The pool is stopped before the state store, not by it: Spark's `StateStore.stop()` holds the
     providers' lock while it waits for the pool, and maintenance in flight waits for that lock,
     so a stop that landed as maintenance ran waited out both of the pool's timeouts
-    (`STATE_STORE_STOP_CONF`; a SIGTERM once took over 300 s so), then printed the interrupted
-    task's trace.
+    (`stream_session.STATE_STORE_STOP_CONF`; a SIGTERM once took over 300 s so), then printed
+    the interrupted task's trace.
     """
     jvm = spark.sparkContext._jvm
     assert jvm is not None  # a classic session: the driver's JVM is at hand

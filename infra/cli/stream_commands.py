@@ -127,10 +127,15 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def _run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     _require_the_broker(settings)
-    # Only now: Spark's import and start cost seconds a broker that cannot be used would waste.
-    from streaming.app import run_stream
+    # Only now: Spark's start costs seconds a broker that cannot be used would waste. The JVM
+    # starts before the stream's modules are imported, which takes most of a second on one
+    # core: on the clock of every restart after a crash.
+    from streaming.pipeline.stream_session import start_stream_session
 
     spark_conf = cluster_conf(args.master)
+    session = start_stream_session(settings, args.master, spark_conf)
+    from streaming.app import run_stream
+
     bar = _progress_bar(settings) if args.available_now and sys.stderr.isatty() else None
     try:
         return run_stream(
@@ -141,6 +146,7 @@ def _run(args: argparse.Namespace) -> int:
             spark_conf,
             on_batch=bar,
             standby=args.standby,
+            session=session,
         )
     finally:
         if bar is not None:

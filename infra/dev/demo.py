@@ -17,8 +17,9 @@ from infra.progress_bar import ProgressBar
 from storage.lake.delta_lake import DeltaLake
 from storage.query.spark_views import register_views
 from storage.upkeep.work_thread import WorkThread
-from streaming.app import StreamApp, stream_session
+from streaming.app import StreamApp
 from streaming.observe.stream_status import backlog_records
+from streaming.pipeline.stream_session import stream_session
 from tenants.conf_reader import load_registry
 from tenants.settings import load_settings
 

@@ -6,11 +6,12 @@ batch) than the last compaction this instance started. An instance's first batch
 compaction is owed (`Compaction.owed`): one that an instance which died had not committed.
 
 It runs beside the batches that follow, in a thread of its own and in Spark's `compaction`
-scheduler pool, which gets only the cores the batches leave (`scheduler_conf`). Run between
-batches instead, the compaction of a 10-minute interval at 2,000 records/s held the stream up
-for 15-20 s. At most one runs at a time: a batch that finds one still running leaves the next
-to a later batch. A compaction's crash safety is its commits' (`storage.upkeep.compaction`):
-one cut short commits nothing, and the next instance finds its staged files owed.
+scheduler pool, which gets only the cores the batches leave (`stream_session.scheduler_conf`).
+Run between batches instead, the compaction of a 10-minute interval at 2,000 records/s held the
+stream up for 15-20 s. At most one runs at a time: a batch that finds one still running leaves
+the next to a later batch. A compaction's crash safety is its commits'
+(`storage.upkeep.compaction`): one cut short commits nothing, and the next instance finds its
+staged files owed.
 
 The stream's vacuum (`storage.upkeep.stream_vacuum`) runs in the same thread, after the first
 compaction of each `stream.vacuum_interval`: both remove files, and one at a time keeps the
@@ -27,7 +28,6 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -36,13 +36,9 @@ from storage.upkeep.stream_vacuum import StreamVacuum
 from storage.upkeep.work_thread import WorkThread
 from streaming.checkpoint.checkpoint_log import CheckpointLog
 from streaming.fault_points import NO_FAULTS, FaultHook, FaultPoint
+from streaming.pipeline.stream_session import COMPACTION_POOL
 
 log = logging.getLogger(__name__)
-
-COMPACTION_POOL = "compaction"
-"""The FAIR scheduler pool of compaction jobs; the batches' jobs stay in Spark's `default`."""
-BATCHES_MIN_SHARE = 1_000_000
-"""More cores than any cluster has: the `default` pool always comes first for a free core."""
 
 
 def compaction_due(now_ms: int, last_ms: int | None, interval_ms: int) -> bool:
@@ -68,23 +64,6 @@ def beside_batches(compaction: Compaction, spark: SparkSession) -> Compaction:
     compaction: a cluster's executors may register after the stream starts."""
     half_the_cores = max(1, spark.sparkContext.defaultParallelism // 2)
     return replace(compaction, tasks=min(compaction.tasks, half_the_cores))
-
-
-def scheduler_conf(directory: Path) -> dict[str, str]:
-    """Spark settings for a stream's session: FAIR scheduling in which the batches' pool always
-    gets a free core first and compaction takes the rest. Spark reads the allocation file,
-    written to `directory`, once, when the session starts."""
-    path = directory / "stream-pools.xml"
-    path.write_text(
-        '<?xml version="1.0"?>\n<allocations>\n'
-        f'  <pool name="default"><schedulingMode>FIFO</schedulingMode><weight>1</weight>'
-        f"<minShare>{BATCHES_MIN_SHARE}</minShare></pool>\n"
-        f'  <pool name="{COMPACTION_POOL}"><schedulingMode>FIFO</schedulingMode>'
-        "<weight>1</weight><minShare>0</minShare></pool>\n"
-        "</allocations>\n",
-        encoding="utf-8",
-    )
-    return {"spark.scheduler.mode": "FAIR", "spark.scheduler.allocation.file": str(path)}
 
 
 class CompactionStoppedError(RuntimeError):

@@ -1,18 +1,8 @@
-"""When a stream starts a compaction (`compaction_due`) and its vacuum (`vacuum_due`), and the
-scheduler pools that keep a compaction's tasks from holding its batches up (`scheduler_conf`)."""
+"""When a stream starts a compaction (`compaction_due`) and its vacuum (`vacuum_due`)."""
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ElementTree
-from pathlib import Path
-
-from streaming.pipeline.compaction_schedule import (
-    BATCHES_MIN_SHARE,
-    COMPACTION_POOL,
-    compaction_due,
-    scheduler_conf,
-    vacuum_due,
-)
+from streaming.pipeline.compaction_schedule import compaction_due, vacuum_due
 
 MINUTE_MS = 60_000
 NOW_MS = 1_795_000_200_000  # a whole ten minutes since the epoch
@@ -37,15 +27,3 @@ def test_a_vacuum_follows_the_first_compaction_of_each_interval_and_none_with_no
     assert not vacuum_due(hour_start_ms + hour_ms - 1, hour_start_ms, hour_ms)  # the same hour
     assert vacuum_due(hour_start_ms + hour_ms, hour_start_ms, hour_ms)
     assert not vacuum_due(hour_start_ms + 10 * hour_ms, hour_start_ms, 0)
-
-
-def test_the_batches_pool_comes_first_and_compaction_gets_its_own(tmp_path: Path) -> None:
-    conf = scheduler_conf(tmp_path)
-    assert conf["spark.scheduler.mode"] == "FAIR"
-    pools = {
-        pool.get("name"): pool
-        for pool in ElementTree.parse(conf["spark.scheduler.allocation.file"]).getroot()
-    }
-    assert set(pools) == {"default", COMPACTION_POOL}
-    assert pools["default"].findtext("minShare") == str(BATCHES_MIN_SHARE)
-    assert pools[COMPACTION_POOL].findtext("minShare") == "0"
