@@ -98,6 +98,7 @@ class StreamApp:
             lake_root=settings.lake.root,
             state_layout=STATE_LAYOUT,
             state_buckets=settings.stream.state_buckets,
+            balanced_for_tasks=settings.stream.shuffle_partitions,
         )
         self.snapshots = ConfigSnapshots(
             f"{settings.stream.checkpoint_dir.rstrip('/')}/tenant_config"
@@ -173,7 +174,7 @@ class StreamApp:
         """What `claim()` checks and prepares before it claims: the config (invalid at start is
         fatal), the checkpoint's identity, the tables."""
         self.watcher.check()
-        check_checkpoint(self.settings.stream.checkpoint_dir, self.identity)
+        self.identity = check_checkpoint(self.settings.stream.checkpoint_dir, self.identity)
         self.lake.ensure_tables()
 
     def stand_by(self, spark: SparkSession, stop: threading.Event) -> bool:
@@ -300,7 +301,7 @@ class StreamApp:
         self, spark: SparkSession, writer_epoch: int, available_now: bool
     ) -> StreamingQuery:
         settings = self.settings
-        claim_checkpoint(settings.stream.checkpoint_dir, self.identity)
+        self.identity = claim_checkpoint(settings.stream.checkpoint_dir, self.identity)
         self.watcher.publish_at_start(_now_ms())
         self._compaction = CompactionSchedule(
             Compaction(
@@ -353,6 +354,7 @@ class StreamApp:
                 spark,
                 self.settings,
                 self.snapshots,
+                self.identity,
                 self.fault_hook,
                 self.deferral,
                 None if self.metrics is None else self.metrics.track_keys(spark.sparkContext),

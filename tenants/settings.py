@@ -306,12 +306,13 @@ class StreamSettings(_Frozen):
         """How many tenants get metric series of their own; None: every tenant."""
         return None if self.metrics_all_tenants else self.metrics_top_tenants
 
-    state_buckets: int = Field(
-        default=64,
+    state_buckets: int | None = Field(
+        default=None,
         gt=0,
         description=(
             "Keys are grouped into this many hash buckets of state, so Spark's per-group cost "
-            "does not grow with the number of tenants; frozen once a checkpoint exists."
+            "does not grow with the number of tenants; frozen once a checkpoint exists. Unset: "
+            "the checkpoint's, or 16 for a new one."
         ),
     )
     compact_interval_ms: NonNegativeDurationMs = Field(

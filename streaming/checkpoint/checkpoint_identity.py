@@ -14,6 +14,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 IDENTITY_FILE = "tenant_windows_stream.json"
 
 
+NEW_CHECKPOINT_STATE_BUCKETS = 16
+"""The buckets of a new checkpoint's state when `stream.state_buckets` is unset. Each bucket is
+one call of the state function per batch, which costs its fixed ~7 ms of Python however few keys
+it holds; 16 is 4 per default shuffle partition."""
+
+
 class CheckpointMismatchError(RuntimeError):
     """The checkpoint was written by another stream, or is damaged."""
 
@@ -27,11 +33,17 @@ class StreamIdentity(BaseModel):
     state_layout: int = 1
     """How window state is kept; checkpoints written before this field existed are layout 1."""
     state_buckets: int | None = None
-    """How many hash buckets of keys the state has (layout 2 on)."""
+    """How many hash buckets of keys the state has (layout 2 on). Asked for: None takes the
+    checkpoint's, or `NEW_CHECKPOINT_STATE_BUCKETS` for a new one."""
+    balanced_for_tasks: int | None = None
+    """The stateful tasks the bucket numbers are balanced across (`bucket_placement`); None:
+    numbered by slot, as checkpoints written before this field existed are."""
 
 
-def check_checkpoint(checkpoint_dir: str, identity: StreamIdentity) -> None:
-    """Raise unless the checkpoint is new or belongs to `identity`; writes nothing."""
+def check_checkpoint(checkpoint_dir: str, identity: StreamIdentity) -> StreamIdentity:
+    """Raise unless the checkpoint is new or belongs to `identity`; writes nothing. The identity
+    the stream runs with: `identity` for a new checkpoint, otherwise the recorded one, whose
+    buckets and their placement the state was written in."""
     folder = Path(checkpoint_dir)
     path = folder / IDENTITY_FILE
     if not path.exists():
@@ -40,7 +52,9 @@ def check_checkpoint(checkpoint_dir: str, identity: StreamIdentity) -> None:
                 f"{folder} holds a Spark checkpoint without {IDENTITY_FILE}: it was not written "
                 "by tenant-windows. Use a new --checkpoint-dir."
             )
-        return
+        if identity.state_buckets is None:
+            return identity.model_copy(update={"state_buckets": NEW_CHECKPOINT_STATE_BUCKETS})
+        return identity
     try:
         recorded = StreamIdentity.model_validate(json.loads(path.read_text()))
     except (ValueError, ValidationError) as error:
@@ -65,18 +79,22 @@ def check_checkpoint(checkpoint_dir: str, identity: StreamIdentity) -> None:
             "running the version that wrote it, or stop it and reprocess with this version into "
             "a new checkpoint and lake (docs/operations.md, 'Reprocess from an offset')."
         )
-    if recorded.state_buckets != identity.state_buckets:
+    if identity.state_buckets not in (None, recorded.state_buckets):
         raise CheckpointMismatchError(
             f"checkpoint {folder} keeps its state in {recorded.state_buckets} buckets; this run "
             f"asks for {identity.state_buckets}. The number is frozen in the checkpoint: set "
-            f"stream.state_buckets to {recorded.state_buckets}, or use a new --checkpoint-dir."
+            f"stream.state_buckets to {recorded.state_buckets} (or leave it unset), or use a new "
+            "--checkpoint-dir."
         )
+    return recorded
 
 
-def claim_checkpoint(checkpoint_dir: str, identity: StreamIdentity) -> None:
-    """Record `identity` in a new checkpoint, or check it against the one recorded there."""
-    check_checkpoint(checkpoint_dir, identity)
+def claim_checkpoint(checkpoint_dir: str, identity: StreamIdentity) -> StreamIdentity:
+    """Record `identity` in a new checkpoint, or check it against the one recorded there; the
+    identity the stream runs with (`check_checkpoint`)."""
+    in_force = check_checkpoint(checkpoint_dir, identity)
     path = Path(checkpoint_dir) / IDENTITY_FILE
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(identity.model_dump_json(indent=2) + "\n")
+        path.write_text(in_force.model_dump_json(indent=2) + "\n")
+    return in_force

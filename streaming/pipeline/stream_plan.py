@@ -10,19 +10,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
+from streaming.checkpoint.checkpoint_identity import StreamIdentity
 from streaming.fault_points import NO_FAULTS, FaultHook
 from streaming.kafka.client import KafkaSecurity
 from streaming.kafka.deferral import Deferral
 from streaming.kafka.source import register as register_tw_kafka
 from streaming.pipeline.batch_sink import MicroBatchSink
 from streaming.records.routing import KAFKA_COLUMNS_SQL, ROUTED_SCHEMA, make_router
-from streaming.state.bucket_processor import (
-    BUCKET_COLUMN,
-    STATE_SCHEMA,
-    KeySummaries,
-    bucket_expression,
-    make_bucket_processor,
-)
+from streaming.state.bucket_placement import BUCKET_COLUMN, bucket_expression
+from streaming.state.bucket_processor import STATE_SCHEMA, KeySummaries, make_bucket_processor
 from streaming.state.union_rows import PACKED_OUTPUT_SCHEMA
 from tenants.config_store import ConfigSnapshots
 from tenants.settings import AppSettings
@@ -63,16 +59,20 @@ def windowed_rows(
     kafka_records: DataFrame,
     snapshots: ConfigSnapshots,
     settings: AppSettings,
+    identity: StreamIdentity,
     fault_hook: FaultHook = NO_FAULTS,
     key_summaries: KeySummaries | None = None,
 ) -> DataFrame:
     """The union rows of every output table, packed (`storage.lake.packed_rows`), for one
-    micro-batch of Kafka records; each bucket reports its keys to `key_summaries`, if given (the
-    metrics)."""
+    micro-batch of Kafka records, in the state buckets of the checkpoint's `identity`; each
+    bucket reports its keys to `key_summaries`, if given (the metrics)."""
     routed = kafka_records.selectExpr(*KAFKA_COLUMNS_SQL).mapInArrow(
         make_router(snapshots, settings.stream.max_record_bytes), ROUTED_SCHEMA
     )
-    bucketed = routed.selectExpr("*", bucket_expression(settings.stream.state_buckets))
+    assert identity.state_buckets is not None  # `check_checkpoint` settles it
+    bucketed = routed.selectExpr(
+        "*", bucket_expression(identity.state_buckets, identity.balanced_for_tasks)
+    )
     return bucketed.groupBy(BUCKET_COLUMN).applyInPandasWithState(
         make_bucket_processor(
             snapshots, settings.stream.config_recheck_interval_ms, fault_hook, key_summaries
@@ -90,6 +90,7 @@ def windowed_stream(
     spark: SparkSession,
     settings: AppSettings,
     snapshots: ConfigSnapshots,
+    identity: StreamIdentity,
     fault_hook: FaultHook = NO_FAULTS,
     deferral: Deferral | None = None,
     key_summaries: KeySummaries | None = None,
@@ -97,7 +98,7 @@ def windowed_stream(
     """The query's plan, not started: building it registers the Kafka Data Source and has Spark
     create it in Python, which a standby does while it waits."""
     records = read_kafka(spark, settings, fault_hook, deferral)
-    return windowed_rows(records, snapshots, settings, fault_hook, key_summaries)
+    return windowed_rows(records, snapshots, settings, identity, fault_hook, key_summaries)
 
 
 def start_query(

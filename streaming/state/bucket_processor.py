@@ -1,9 +1,8 @@
 """Spark stage 2: `applyInPandasWithState` per hash bucket of keys, around `key_windows.advance`.
 
 Spark pays a fixed cost for every group it hands to Python, so grouping by (tenant, source)
-made 10,000 tenants many times slower than 10. The stream therefore groups by
-`bucket = pmod(xxhash64(tenant, source), state_buckets)`, and each group call does, for all the
-keys of its bucket at once:
+made 10,000 tenants many times slower than 10. The stream therefore groups by a hash bucket of
+the key (`bucket_placement`), and each group call does, for all the keys of its bucket at once:
 
 1. sort the bucket's records by (tenant, source, partition, offset): contract §2's per-key order;
 2. when the tenant config changed since the bucket last looked, close the keys whose config
@@ -67,14 +66,6 @@ from streaming.windowing.key_windows import advance
 from tenants.config_store import ConfigSnapshots
 from tenants.models import WindowRules
 from tenants.registry import ResolvedSource, TenantRegistry
-
-BUCKET_COLUMN = "bucket"
-
-
-def bucket_expression(state_buckets: int) -> str:
-    """The SQL that buckets a routed record; frozen once a checkpoint exists."""
-    return f"pmod(xxhash64(tenant, source), {state_buckets}) AS {BUCKET_COLUMN}"
-
 
 # pyspark 4.2 lower-cases nested state schemas on the worker: keep the state flat.
 STATE_SCHEMA = StructType(

@@ -93,7 +93,8 @@ from streaming.app import StreamApp
 from streaming.pipeline.spark_session import build_spark
 from streaming.pipeline.stream_plan import read_kafka, windowed_rows
 from streaming.records.routing import KAFKA_COLUMNS_SQL, ROUTED_SCHEMA, make_router
-from streaming.state.bucket_processor import BUCKET_COLUMN, STATE_SCHEMA, bucket_expression
+from streaming.state.bucket_placement import BUCKET_COLUMN, bucket_expression
+from streaming.state.bucket_processor import STATE_SCHEMA
 from streaming.state.union_rows import PACKED_OUTPUT_SCHEMA
 from tenants.api_keys import issue_key
 from tenants.conf_reader import load_registry
@@ -552,16 +553,21 @@ def _plan_stage(stage: str) -> Callable[[SparkSession, _Dataset], StageFigures]:
         app = StreamApp(dataset.settings)
         app.watcher.publish_at_start(0)  # what `run` does first: executors read this snapshot
         settings = dataset.settings
+        app.check()  # settles the state buckets, as `run` does
+        identity = app.identity
+        assert identity.state_buckets is not None
         kafka = read_kafka(spark, settings)
         if stage == "windowed":
-            frame = windowed_rows(kafka, app.snapshots, settings)
+            frame = windowed_rows(kafka, app.snapshots, settings, identity)
         else:
             frame = kafka.selectExpr(*KAFKA_COLUMNS_SQL).mapInArrow(
                 make_router(app.snapshots, settings.stream.max_record_bytes), ROUTED_SCHEMA
             )
         if stage == "state_empty":
             frame = (
-                frame.selectExpr("*", bucket_expression(settings.stream.state_buckets))
+                frame.selectExpr(
+                    "*", bucket_expression(identity.state_buckets, identity.balanced_for_tasks)
+                )
                 .groupBy(BUCKET_COLUMN)
                 .applyInPandasWithState(
                     _nothing,

@@ -10,6 +10,7 @@ import pytest
 
 from streaming.checkpoint.checkpoint_identity import (
     IDENTITY_FILE,
+    NEW_CHECKPOINT_STATE_BUCKETS,
     CheckpointMismatchError,
     StreamIdentity,
     claim_checkpoint,
@@ -71,3 +72,30 @@ def test_a_damaged_or_foreign_checkpoint_is_refused(tmp_path: Path) -> None:
     (tmp_path / "spark-only" / "offsets").mkdir(parents=True)
     with pytest.raises(CheckpointMismatchError, match="not written by tenant-windows"):
         claim_checkpoint(str(tmp_path / "spark-only"), IDENTITY)
+
+
+def test_unset_buckets_take_a_new_checkpoints_default_and_an_existing_checkpoints_own(
+    tmp_path: Path,
+) -> None:
+    unset = IDENTITY.model_copy(update={"state_layout": STATE_LAYOUT, "balanced_for_tasks": 4})
+    in_force = claim_checkpoint(str(tmp_path / "new"), unset)
+    assert in_force.state_buckets == NEW_CHECKPOINT_STATE_BUCKETS
+    assert in_force.balanced_for_tasks == 4
+    recorded = json.loads((tmp_path / "new" / IDENTITY_FILE).read_text())
+    assert (recorded["state_buckets"], recorded["balanced_for_tasks"]) == (16, 4)
+    # What a checkpoint written before balanced buckets and with the old default recorded: it
+    # resumes in its own 64 buckets, numbered by slot, not the new default's.
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / IDENTITY_FILE).write_text(
+        json.dumps(
+            {
+                "stream_name": "orders",
+                "topic": "events",
+                "lake_root": "/lake",
+                "state_layout": STATE_LAYOUT,
+                "state_buckets": 64,
+            }
+        )
+    )
+    resumed = claim_checkpoint(str(tmp_path / "old"), unset)
+    assert (resumed.state_buckets, resumed.balanced_for_tasks) == (64, None)
