@@ -37,19 +37,20 @@ def bucket_expression(state_buckets: int, balanced_for_tasks: int | None) -> str
 def balanced_bucket_ids(state_buckets: int, shuffle_partitions: int) -> tuple[int, ...]:
     """For each slot `s`, the smallest unused bucket number that Spark's hash partitioning
     sends to task `s % shuffle_partitions`."""
-    free: list[list[int]] = [[] for _ in range(shuffle_partitions)]
+    chosen: list[list[int]] = [[] for _ in range(shuffle_partitions)]
     wanted = [0] * shuffle_partitions
     for slot in range(state_buckets):
         wanted[slot % shuffle_partitions] += 1
     candidate = 0
     # Bounded: about `shuffle_partitions` candidates per bucket, as the hash spreads evenly.
-    while any(len(free[task]) < wanted[task] for task in range(shuffle_partitions)):
+    while any(len(chosen[task]) < wanted[task] for task in range(shuffle_partitions)):
         task = spark_partition(candidate, shuffle_partitions)
-        if len(free[task]) < wanted[task]:
-            free[task].append(candidate)
+        if len(chosen[task]) < wanted[task]:
+            chosen[task].append(candidate)
         candidate += 1
     return tuple(
-        free[slot % shuffle_partitions][slot // shuffle_partitions] for slot in range(state_buckets)
+        chosen[slot % shuffle_partitions][slot // shuffle_partitions]
+        for slot in range(state_buckets)
     )
 
 
