@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ from streaming.fault_points import FaultPoint
 log = logging.getLogger(__name__)
 # This module's name whether imported or run with `python -m` (then `__name__` is "__main__").
 MODULE = __spec__.name if __spec__ is not None else __name__
+PAUSE_SETTLE_S = 0.5
+"""How long a paused thread waits for its own SIGSTOP to take hold."""
 
 
 def cli_command(cli_args: Sequence[str], fault: Sequence[str] = ()) -> list[str]:
@@ -69,6 +72,9 @@ class PauseAt(_AtPoint):
         if self._hit(point, first, last):
             log.warning("fault injection: SIGSTOP at %s", point.value)
             os.kill(os.getpid(), signal.SIGSTOP)
+            # The stop reaches every thread a moment after `kill` returns (a CI run's driver
+            # finished its batch's commits first): wait here for it, not past the point.
+            time.sleep(PAUSE_SETTLE_S)
 
 
 def main(argv: list[str]) -> int:
