@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
@@ -55,7 +55,7 @@ from streaming.pipeline import worker_daemon
 from streaming.pipeline.batch_sink import MicroBatchSink
 from streaming.pipeline.compaction_schedule import CompactionSchedule
 from streaming.pipeline.stream_plan import start_query, windowed_stream
-from streaming.pipeline.stream_session import StartingSession, start_stream_session
+from streaming.pipeline.stream_session import StartingSession
 from streaming.process import (
     StopSignals,
     outage_cause,
@@ -395,28 +395,24 @@ class StreamApp:
 
 def run_stream(
     settings: AppSettings,
-    master: str | None = None,
+    session: StartingSession,
     available_now: bool = False,
     fault_hook: FaultHook = NO_FAULTS,
-    spark_conf: Mapping[str, str] | None = None,
     on_batch: Callable[[BatchProgress], None] | None = None,
     standby: bool = False,
-    session: StartingSession | None = None,
 ) -> int:
     """Run the stream until it ends, fails or gets SIGTERM/SIGINT; the process's exit code.
 
-    A first signal lets the batch in progress finish (at most `stream.stop_grace`), then stops
-    and exits 0; a second one stops at once. `spark_conf` adds session settings, e.g. what
-    ships the code to a cluster's executors; `on_batch` is told about each finished batch.
-    With `standby`, it first waits, warm, until the running instance stops or dies
-    (`StreamApp.stand_by`); a signal while it waits stops it at once. `session` is the session
-    the caller started already (`start_stream_session` with the same settings).
+    `session` is the stream's session as the caller started it (`start_stream_session`, with
+    what ships the code to a cluster's executors). A first signal lets the batch in progress
+    finish (at most `stream.stop_grace`), then stops and exits 0; a second one stops at once.
+    `on_batch` is told about each finished batch. With `standby`, it first waits, warm, until
+    the running instance stops or dies (`StreamApp.stand_by`); a signal while it waits stops it
+    at once.
     """
     # The JVM and the session start (2-3 s) while the config, the checkpoint and the lake are
     # checked and the stream claimed, which need no Spark. A start refused there does not wait
     # for the session: the process ends, and its JVM with it.
-    if session is None:
-        session = start_stream_session(settings, master, spark_conf)
     app = StreamApp(settings, fault_hook=fault_hook, on_batch=on_batch)
     if standby:
         app.check()

@@ -132,21 +132,18 @@ def _run(args: argparse.Namespace) -> int:
     # core: on the clock of every restart after a crash.
     from streaming.pipeline.stream_session import start_stream_session
 
-    spark_conf = cluster_conf(args.master)
-    session = start_stream_session(settings, args.master, spark_conf)
+    session = start_stream_session(settings, args.master, cluster_conf(args.master))
     from streaming.app import run_stream
 
     bar = _progress_bar(settings) if args.available_now and sys.stderr.isatty() else None
     try:
         return run_stream(
             settings,
-            args.master,
+            session,
             args.available_now,
             args.fault_hook,
-            spark_conf,
             on_batch=bar,
             standby=args.standby,
-            session=session,
         )
     finally:
         if bar is not None:
