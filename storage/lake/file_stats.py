@@ -5,7 +5,9 @@ Stats let readers skip files. Column-wise throughout: no Python per row.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Collection
+from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
@@ -49,31 +51,64 @@ def run_starts(rows: pa.Table, columns: tuple[str, ...]) -> np.ndarray:
     return np.flatnonzero(np.concatenate([[True], changes]))
 
 
-def split_by_partition(
-    rows: pa.Table, partition_by: tuple[str, ...], stats_columns: Collection[str] | None = None
-) -> list[tuple[dict[str, str | None], pa.Table, str]]:
-    """(partition values, that partition's rows, their Delta stats) for each partition; the
-    stats of `stats_columns` only, if given (e.g. `SETTLED_FILE_STATS`).
+@dataclass(frozen=True)
+class Partitions:
+    """A table's rows with each partition's rows next to each other, and each partition's
+    values and the Delta statistics of its file."""
 
-    Each partition's rows must be next to each other, so that a partition is a zero-copy slice;
-    they are sorted only when they are not (a table's `sort_by` and a staged file's single
-    partition already are). One grouped aggregation gives every partition's stats at once.
+    rows: pa.Table
+    bounds: list[int]
+    """Partition i holds rows [bounds[i], bounds[i + 1])."""
+    values: list[dict[str, str | None]]
+    """Each partition's values, as Delta's log spells them."""
+    stats: list[str]
+
+    def splits(self) -> list[tuple[dict[str, str | None], pa.Table, str]]:
+        """(values, rows, stats) of each partition; the rows a zero-copy slice."""
+        return [
+            (values, self.rows.slice(first, end - first), stats)
+            for values, (first, end), stats in zip(
+                self.values, itertools.pairwise(self.bounds), self.stats, strict=True
+            )
+        ]
+
+
+def partitioned(
+    rows: pa.Table, partition_by: tuple[str, ...], stats_columns: Collection[str] | None = None
+) -> Partitions:
+    """`rows` by partition, with the stats of `stats_columns` only, if given (e.g.
+    `SETTLED_FILE_STATS`).
+
+    The rows are sorted only when a partition's rows are not next to each other already (a
+    table's `sort_by` and a staged file's single partition are). One grouped aggregation gives
+    every partition's stats at once.
     """
     stats = _partition_stats(rows, partition_by, stats_columns)
     if not partition_by:
-        return [({}, rows, stats[()])]
+        return Partitions(rows, [0, rows.num_rows], [{}], [stats[()]])
     starts = run_starts(rows, partition_by)
     if len(starts) != len(stats):
         rows = sorted_rows(rows, partition_by)
         starts = run_starts(rows, partition_by)
-    ends = [*starts[1:].tolist(), rows.num_rows]
     first_rows = rows.select(list(partition_by)).take(pa.array(starts)).to_pylist()
-    splits = []
-    for first, last, values in zip(starts.tolist(), ends, first_rows, strict=True):
-        key = tuple(values[column] for column in partition_by)
-        texts = {column: partition_text(value) for column, value in values.items()}
-        splits.append((texts, rows.slice(first, last - first), stats[key]))
-    return splits
+    keys = [tuple(values[column] for column in partition_by) for values in first_rows]
+    return Partitions(
+        rows=rows,
+        bounds=[*starts.tolist(), rows.num_rows],
+        values=[
+            {column: partition_text(value) for column, value in values.items()}
+            for values in first_rows
+        ],
+        stats=[stats[key] for key in keys],
+    )
+
+
+def split_by_partition(
+    rows: pa.Table, partition_by: tuple[str, ...], stats_columns: Collection[str] | None = None
+) -> list[tuple[dict[str, str | None], pa.Table, str]]:
+    """(partition values, that partition's rows, their Delta stats) for each partition
+    (`partitioned`)."""
+    return partitioned(rows, partition_by, stats_columns).splits()
 
 
 def _partition_stats(

@@ -21,6 +21,7 @@ from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -29,12 +30,14 @@ from pyarrow import fs
 from storage.lake.file_names import BatchFiles, SettledFiles
 from storage.lake.file_stats import (
     SETTLED_FILE_STATS,
+    Partitions,
+    partitioned,
     run_starts,
     sorted_rows,
-    split_by_partition,
 )
 from storage.lake.lake_filesystem import filesystem_of, lake_endpoint, make_folder
 from storage.lake.packed_rows import unpacked
+from storage.lake.plain_parquet import PlainParquet
 from storage.lake.tables import ALL_TABLES, TableSpec, rows_for_table, with_layout
 from storage.lake.written_files import WrittenFile, written_batch
 
@@ -47,7 +50,7 @@ PARTITIONS_PER_CHUNK = 4_096
 """A task writes its files this many partitions at a time (`_partition_chunks`)."""
 PLAIN_FILE_ROWS = 256
 """A file of this many rows or fewer is written plainly: no dictionary, no compression and no
-statistics inside it (`_write_file`)."""
+statistics inside it, one page per column (`storage.lake.plain_parquet`)."""
 
 
 def spark_task_partition() -> int:
@@ -146,16 +149,59 @@ def write_partitions(
     partition's folder; `row_group_rows` bounds its row groups (None: pyarrow's default), and
     its statistics are those of `stats_columns` (None: every column's that has some)."""
 
-    def write(split: tuple[dict[str, str | None], pa.Table, str]) -> WrittenFile:
-        return _write_file(filesystem, base, spec, file_name, doing, target, row_group_rows, *split)
+    def write(partition: tuple[dict[str, str | None], pa.Table, str, bytes | None]) -> WrittenFile:
+        values, part, stats, content = partition
+        data = part.drop_columns(list(spec.partition_by))
+        if content is None:
+            content = _compressed(data, row_group_rows)
+        path = _write_file(filesystem, base, spec, file_name, doing, target, values, content)
+        return WrittenFile(
+            table_name=spec.name,
+            path=path,
+            size=len(content),
+            partition_values=values,
+            modification_time=time.time_ns() // 1_000_000,
+            stats=stats,
+            num_records=data.num_rows,
+            # Only a batch's files are counted: the stream's metrics read them, never a
+            # compaction's.
+            value_counts=(
+                _value_counts(part, spec.counted_by) if isinstance(target, BatchFiles) else {}
+            ),
+        )
 
     threads = writer_threads(filesystem)
     written: list[WrittenFile] = []
     with ThreadPoolExecutor(max_workers=threads) as pool:
         each = pool.map if threads > 1 else map
         for chunk in _partition_chunks(rows, spec.partition_by):
-            written += each(write, split_by_partition(chunk, spec.partition_by, stats_columns))
+            partitions = partitioned(chunk, spec.partition_by, stats_columns)
+            plain = _plain_files(partitions, spec.partition_by)
+            written += each(
+                write,
+                (
+                    (*split, content)
+                    for split, content in zip(partitions.splits(), plain, strict=True)
+                ),
+            )
     return written
+
+
+def _plain_files(partitions: Partitions, partition_by: tuple[str, ...]) -> list[bytes | None]:
+    """Each partition's file if it has at most `PLAIN_FILE_ROWS` rows, all encoded at once
+    (`PlainParquet`); None for a bigger one (or a schema the plain writer declines)."""
+    data = partitions.rows.drop_columns(list(partition_by))
+    encoder = PlainParquet.of(data.schema)
+    sizes = np.diff(partitions.bounds)
+    small = sizes <= PLAIN_FILE_ROWS
+    if encoder is None or not small.any():
+        return [None] * len(sizes)
+    if not small.all():
+        # Only the small partitions' rows: the plain writer encodes every row it is given.
+        data = data.filter(pa.array(np.repeat(small, sizes)))
+    ends = np.cumsum(sizes[small]).tolist()
+    encoded = iter(encoder.encode(data, list(zip([0, *ends[:-1]], ends, strict=True))))
+    return [next(encoded) if is_small else None for is_small in small.tolist()]
 
 
 def writer_threads(filesystem: fs.FileSystem) -> int:
@@ -187,6 +233,23 @@ def _partition_chunks(rows: pa.Table, partition_by: tuple[str, ...]) -> Iterator
         yield rows.slice(first, end - first)
 
 
+def _compressed(data: pa.Table, row_group_rows: int | None) -> pa.Buffer:
+    """A file of more than `PLAIN_FILE_ROWS` rows: Snappy, which encodes about twice as fast as
+    zstd here, dictionaries and in-file statistics."""
+    encoded = pa.BufferOutputStream()
+    pq.write_table(
+        data,
+        encoded,
+        compression="snappy",
+        row_group_size=row_group_rows,
+        # The Arrow schema pyarrow copies into each file's footer by default was 1.3 KB of a
+        # settled file's 3.2: every column's Parquet type already reads back as the table's
+        # Arrow type (the file-writer tests read each table's files back in its schema).
+        store_schema=False,
+    )
+    return encoded.getvalue()
+
+
 def _write_file(
     filesystem: fs.FileSystem,
     base: str,
@@ -194,34 +257,13 @@ def _write_file(
     file_name: Callable[[str], str],
     doing: str,
     target: BatchFiles | SettledFiles,
-    row_group_rows: int | None,
     partition_values: dict[str, str | None],
-    part: pa.Table,
-    stats: str,
-) -> WrittenFile:
+    content: bytes | pa.Buffer,
+) -> str:
+    """Write a partition's file; its path in the table."""
     folder = "/".join(f"{column}={_escape(value)}" for column, value in partition_values.items())
     name = file_name(folder)
     relative = f"{folder}/{name}" if folder else name
-    data = part.drop_columns(list(spec.partition_by))
-    # A settle at many tenants writes a file of a few rows per key, and encoding them was most
-    # of its time: for so few rows (one row group) dictionaries, compression and in-file
-    # statistics save nothing, since readers skip files by the log's statistics. Bigger files
-    # get Snappy, which encodes about twice as fast as zstd here.
-    plain = data.num_rows <= PLAIN_FILE_ROWS
-    encoded = pa.BufferOutputStream()
-    pq.write_table(
-        data,
-        encoded,
-        compression="none" if plain else "snappy",
-        use_dictionary=not plain,
-        write_statistics=not plain,
-        row_group_size=row_group_rows,
-        # The Arrow schema pyarrow copies into each file's footer by default was 1.3 KB of a
-        # settled file's 3.2: every column's Parquet type already reads back as the table's
-        # Arrow type (the file-writer tests read each table's files back in its schema).
-        store_schema=False,
-    )
-    content = encoded.getvalue()
     full_path = f"{base}/{spec.name}/{relative}"
     try:
         make_folder(filesystem, full_path.rsplit("/", 1)[0])
@@ -235,17 +277,7 @@ def _write_file(
             f"the lake {target.root} is unreachable at {lake_endpoint(target.storage_options)} "
             f"while writing {doing}'s file {spec.name}/{relative}: {error}"
         ) from error
-    return WrittenFile(
-        table_name=spec.name,
-        path=relative,
-        size=content.size,
-        partition_values=partition_values,
-        modification_time=time.time_ns() // 1_000_000,
-        stats=stats,
-        num_records=data.num_rows,
-        # Only a batch's files are counted: the stream's metrics read them, a compaction's never.
-        value_counts=_value_counts(part, spec.counted_by) if isinstance(target, BatchFiles) else {},
-    )
+    return relative
 
 
 def _value_counts(rows: pa.Table, column: str | None) -> dict[str, int]:
