@@ -30,7 +30,6 @@ from pyarrow import fs
 from storage.lake.file_names import BatchFiles, SettledFiles
 from storage.lake.file_stats import (
     SETTLED_FILE_STATS,
-    Partitions,
     partitioned,
     run_starts,
     sorted_rows,
@@ -149,11 +148,17 @@ def write_partitions(
     partition's folder; `row_group_rows` bounds its row groups (None: pyarrow's default), and
     its statistics are those of `stats_columns` (None: every column's that has some)."""
 
-    def write(partition: tuple[dict[str, str | None], pa.Table, str, bytes | None]) -> WrittenFile:
-        values, part, stats, content = partition
-        data = part.drop_columns(list(spec.partition_by))
+    def write(
+        laid_out: pa.Table,
+        data: pa.Table,
+        partition: tuple[dict[str, str | None], int, int, str, bytes | None],
+    ) -> WrittenFile:
+        """The file of one partition: rows [first, end) of `laid_out`, whose `data` columns
+        it holds."""
+        values, first, end, stats, content = partition
+        # Sliced only where needed: at a file per key the slices cost more than the writes.
         if content is None:
-            content = _compressed(data, row_group_rows)
+            content = _compressed(data.slice(first, end - first), row_group_rows)
         path = _write_file(filesystem, base, spec, file_name, doing, target, values, content)
         return WrittenFile(
             table_name=spec.name,
@@ -162,11 +167,13 @@ def write_partitions(
             partition_values=values,
             modification_time=time.time_ns() // 1_000_000,
             stats=stats,
-            num_records=data.num_rows,
+            num_records=end - first,
             # Only a batch's files are counted: the stream's metrics read them, never a
             # compaction's.
             value_counts=(
-                _value_counts(part, spec.counted_by) if isinstance(target, BatchFiles) else {}
+                _value_counts(laid_out.slice(first, end - first), spec.counted_by)
+                if isinstance(target, BatchFiles)
+                else {}
             ),
         )
 
@@ -176,23 +183,25 @@ def write_partitions(
         each = pool.map if threads > 1 else map
         for chunk in _partition_chunks(rows, spec.partition_by):
             partitions = partitioned(chunk, spec.partition_by, stats_columns)
-            plain = _plain_files(partitions, spec.partition_by)
-            written += each(
-                write,
-                (
-                    (*split, content)
-                    for split, content in zip(partitions.splits(), plain, strict=True)
-                ),
+            data = partitions.rows.drop_columns(list(spec.partition_by))
+            files = zip(
+                partitions.values,
+                partitions.bounds,
+                partitions.bounds[1:],
+                partitions.stats,
+                _plain_files(data, partitions.bounds),
+                strict=False,  # `bounds` has one more
             )
+            written += each(functools.partial(write, partitions.rows, data), files)
     return written
 
 
-def _plain_files(partitions: Partitions, partition_by: tuple[str, ...]) -> list[bytes | None]:
-    """Each partition's file if it has at most `PLAIN_FILE_ROWS` rows, all encoded at once
-    (`PlainParquet`); None for a bigger one (or a schema the plain writer declines)."""
-    data = partitions.rows.drop_columns(list(partition_by))
+def _plain_files(data: pa.Table, bounds: list[int]) -> list[bytes | None]:
+    """The file of each partition ([bounds[i], bounds[i + 1]) of `data`) that has at most
+    `PLAIN_FILE_ROWS` rows, all encoded at once (`PlainParquet`); None for a bigger one (or for
+    every one, of a schema the plain writer declines)."""
     encoder = PlainParquet.of(data.schema)
-    sizes = np.diff(partitions.bounds)
+    sizes = np.diff(bounds)
     small = sizes <= PLAIN_FILE_ROWS
     if encoder is None or not small.any():
         return [None] * len(sizes)

@@ -189,20 +189,25 @@ class _Levels:
         # Changes before each entry: a range [a, b) is one run when none falls within (a, b).
         changes = np.concatenate([[0], np.cumsum(levels[1:] != levels[:-1])])
         self._changes = changes.tolist()
+        self._runs: dict[tuple[int, int], bytes] = {}
+        """Encoded runs by (length, level): most files' levels are one run of a few."""
 
     def encode(self, first: int, end: int) -> bytes:
         """Levels [first, end) in the RLE/bit-packed hybrid, behind their 4-byte length: one
         RLE run when they are all equal (the usual case), else bit-packed."""
         count = end - first
         if self._changes[end - 1] == self._changes[first]:
-            body = varint(count << 1) + bytes([int(self._levels[first])])
-        else:
-            groups = -(-count // 8)
-            padded = np.zeros(groups * 8, dtype=np.uint8)
-            padded[:count] = self._levels[first:end]
-            bits = (padded[:, None] >> np.arange(self._bit_width, dtype=np.uint8)) & 1
-            packed = np.packbits(bits.ravel(), bitorder="little").tobytes()
-            body = varint(groups << 1 | 1) + packed
+            run = (count, int(self._levels[first]))
+            encoded = self._runs.get(run)
+            if encoded is None:
+                body = varint(count << 1) + bytes([run[1]])
+                encoded = self._runs[run] = len(body).to_bytes(4, "little") + body
+            return encoded
+        groups = -(-count // 8)
+        padded = np.zeros(groups * 8, dtype=np.uint8)
+        padded[:count] = self._levels[first:end]
+        bits = (padded[:, None] >> np.arange(self._bit_width, dtype=np.uint8)) & 1
+        body = varint(groups << 1 | 1) + np.packbits(bits.ravel(), bitorder="little").tobytes()
         return len(body).to_bytes(4, "little") + body
 
 

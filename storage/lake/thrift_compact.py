@@ -29,6 +29,7 @@ def _compute_varint(value: int) -> bytes:
 
 
 _VARINTS = tuple(_compute_varint(value) for value in range(_SMALL_VARINTS))
+_SMALL_ZIGZAGS = tuple(_VARINTS[value << 1] for value in range(_SMALL_VARINTS >> 1))
 
 
 def varint(value: int) -> bytes:
@@ -38,6 +39,8 @@ def varint(value: int) -> bytes:
 
 def zigzag(value: int) -> bytes:
     """An i16, i32 or i64 value."""
+    if 0 <= value < _SMALL_VARINTS >> 1:
+        return _SMALL_ZIGZAGS[value]
     return varint(value << 1 if value >= 0 else (-value << 1) - 1)
 
 
