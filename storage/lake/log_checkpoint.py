@@ -22,9 +22,11 @@ from functools import cached_property
 from typing import Any
 from urllib.parse import unquote
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from storage.lake.checkpoint_tenants import SORTED_RUN_ROWS, ranges_metadata, sorted_row_groups
@@ -39,6 +41,9 @@ from storage.lake.tables import tenant_partition_column
 
 BATCH_ROWS = 50_000
 """Rows read from the older checkpoint, or gathered from the commits, before each write."""
+_JSON_BLOCK_BYTES = 16 << 20
+"""A commit's lines are parsed this many bytes at a time: a settle's commit at a million keys
+was 1.5 GB."""
 DEFAULT_TOMBSTONE_RETENTION_MS = 7 * 24 * 3_600_000
 """Delta's default `delta.deletedFileRetentionDuration`: tombstones older are dropped."""
 
@@ -68,13 +73,13 @@ def write_checkpoint(delta_log: DeltaLog, version: int | None = None) -> bool:
     # The older checkpoint's partitioning: should the commits since change it, the ranges
     # name a column the new metadata does not partition by, and readers do not use them.
     tenant_column = tenant_partition_column((metadata or {}).get("partitionColumns") or ())
-    tail = _Tail(delta_log, base_version + 1, version)
+    partition_columns = tuple((metadata or {}).get("partitionColumns") or ())
+    tail = _Tail(delta_log, base_version + 1, version, schema, partition_columns)
     path = delta_log.checkpoint_file(version)
     try:
         with _Writer(delta_log, path, schema, cutoff_ms, tenant_column) as writer:
-            for rows in tail.rows():
-                for table in _tables_of(rows, schema):
-                    writer.write(table)
+            for table in tail.tables():
+                writer.write(table)
             for batch in base.iter_batches(batch_size=BATCH_ROWS):
                 writer.write(pa.Table.from_batches([tail.unreplaced(batch)], schema))
     except _DeclinedError:
@@ -97,11 +102,18 @@ def write_checkpoint(delta_log: DeltaLog, version: int | None = None) -> bool:
 class _Tail:
     """The commits after the older checkpoint, read newest first: the first action met on a
     path is its last word (a live file, or a tombstone), and so on for transaction ids,
-    metadata and protocol."""
+    metadata and protocol.
+
+    A commit's file actions (a settle's are tens of thousands) are parsed column-wise by
+    pyarrow's JSON reader, in the checkpoint's types; its few others a line at a time."""
 
     delta_log: DeltaLog
     first: int
     last: int
+    schema: pa.Schema
+    """The checkpoint's."""
+    partition_columns: tuple[str, ...]
+    """The table's, which name the keys of each file action's `partitionValues`."""
     touched: set[str] = field(default_factory=set)
     """Every path an action of these commits names (decoded): the older checkpoint's row of
     such a path is replaced."""
@@ -109,46 +121,103 @@ class _Tail:
     replaced: set[str] = field(default_factory=set)
     """`metaData` and `protocol`, where these commits hold a newer one."""
 
-    def rows(self) -> Iterator[list[Action]]:
-        """The commits' surviving actions, `BATCH_ROWS` at a time. Fills `touched`, `app_ids`
-        and `replaced` as it goes: `unreplaced` is for after."""
-        rows: list[Action] = []
+    def tables(self) -> Iterator[pa.Table]:
+        """The commits' surviving actions as checkpoint rows, at least `BATCH_ROWS` a table
+        but for the last (the writer sorts what it is given together: a table per commit would
+        scatter a tenant's rows over more row groups). Fills `touched`, `app_ids` and
+        `replaced` as it goes: `unreplaced` is for after."""
+        pending: list[pa.Table] = []
+        pending_rows = 0
+        for table in self._commit_tables():
+            pending.append(table)
+            pending_rows += table.num_rows
+            if pending_rows >= BATCH_ROWS:
+                yield pa.concat_tables(pending)
+                pending, pending_rows = [], 0
+        if pending:
+            yield pa.concat_tables(pending)
+
+    def _commit_tables(self) -> Iterator[pa.Table]:
         for version in range(self.last, self.first - 1, -1):
-            actions = self.delta_log.actions(version)
-            if actions is None:
+            others = self.delta_log.actions(version, with_files=False)
+            if others is None:
                 raise RuntimeError(f"{self.delta_log.table_uri}: commit {version} is missing")
-            for action in actions:
-                row = self._surviving(action)
-                if row is not None:
-                    rows.append(row)
-                if len(rows) >= BATCH_ROWS:
-                    yield rows
-                    rows = []
-        if rows:
-            yield rows
+            rows = [row for action in others if (row := self._surviving(action)) is not None]
+            yield from _tables_of(rows, self.schema)
+            yield from self._file_actions(version)
 
     def _surviving(self, action: Action) -> Action | None:
         if "domainMetadata" in action or "checkpointMetadata" in action:
             raise _DeclinedError
-        for kind in ("add", "remove"):
-            if (file_action := action.get(kind)) is not None:
-                if file_action.get("deletionVector"):
-                    raise _DeclinedError
-                path = unquote(file_action["path"])
-                if path in self.touched:
-                    return None
-                self.touched.add(path)
-                return {kind: file_action}
         if (txn := action.get("txn")) is not None:
             if txn["appId"] in self.app_ids:
                 return None
             self.app_ids.add(txn["appId"])
             return {"txn": txn}
+        # The file actions' partition values are read as these columns' values.
+        partition_columns = action.get("metaData", {}).get("partitionColumns")
+        if partition_columns is not None and tuple(partition_columns) != self.partition_columns:
+            raise _DeclinedError
         for kind in ("metaData", "protocol"):
             if kind in action and kind not in self.replaced:
                 self.replaced.add(kind)
                 return {kind: action[kind]}
         return None
+
+    def _file_actions(self, version: int) -> Iterator[pa.Table]:
+        """Commit `version`'s `add` and `remove` actions that survive, as checkpoint rows."""
+        stream = self.delta_log.filesystem.open_input_stream(self.delta_log.commit_file(version))
+        try:
+            with stream:
+                reader = pa_json.open_json(
+                    stream,
+                    read_options=pa_json.ReadOptions(block_size=_JSON_BLOCK_BYTES),
+                    parse_options=pa_json.ParseOptions(
+                        explicit_schema=self._json_schema, unexpected_field_behavior="ignore"
+                    ),
+                )
+                for batch in reader:
+                    yield from self._surviving_files(batch)
+        except pa.ArrowInvalid as error:
+            # A line the JSON reader cannot type as the checkpoint's fields.
+            raise _DeclinedError from error
+
+    def _surviving_files(self, batch: pa.RecordBatch) -> Iterator[pa.Table]:
+        paths = pc.coalesce(
+            pc.struct_field(batch.column("add"), "path"),
+            pc.struct_field(batch.column("remove"), "path"),
+        )
+        keep = []
+        # A set lookup a row, in the commit's order: the first action met on a path wins.
+        for path in _decoded(paths).to_pylist():
+            surviving = path is not None and path not in self.touched
+            if surviving:
+                self.touched.add(path)
+            keep.append(surviving)
+        batch = batch.filter(pa.array(keep, pa.bool_()))
+        for kind in ("add", "remove"):
+            actions = batch.column(kind).drop_null()
+            if not len(actions):
+                continue
+            column = _checkpoint_struct(
+                actions, self.schema.field(kind).type, self.partition_columns
+            )
+            yield pa.table(
+                [
+                    column if name == kind else _nulls(len(actions), self.schema.field(name).type)
+                    for name in self.schema.names
+                ],
+                schema=self.schema,
+            )
+
+    @cached_property
+    def _json_schema(self) -> pa.Schema:
+        return pa.schema(
+            [
+                (kind, _json_type(self.schema.field(kind).type, self.partition_columns))
+                for kind in ("add", "remove")
+            ]
+        )
 
     def unreplaced(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """The older checkpoint's rows these commits did not replace."""
@@ -166,12 +235,7 @@ class _Tail:
             pc.struct_field(batch.column("add"), "path"),
             pc.struct_field(batch.column("remove"), "path"),
         )
-        if pc.any(pc.fill_null(pc.match_substring(paths, "%"), False)).as_py():
-            paths = pa.array(
-                [None if path is None else unquote(path) for path in paths.to_pylist()],
-                pa.string(),
-            )
-        return pc.is_in(paths, self._touched_array)
+        return pc.is_in(_decoded(paths), self._touched_array)
 
     # Built once, for every batch of the older checkpoint, after `rows` has filled the sets.
     @cached_property
@@ -251,10 +315,77 @@ class _Writer:
         self._delta_log.filesystem.move(self._written, self._path)
 
 
+def _json_type(struct_type: pa.StructType, partition_columns: tuple[str, ...]) -> pa.StructType:
+    """The type pyarrow's JSON reader reads a file action as: the checkpoint's fields, with
+    `partitionValues` a struct of the partition columns (the reader has no maps) and every
+    other map or struct an empty struct, which says only whether the action has one."""
+    fields = []
+    for child in struct_type:
+        if child.name == "partitionValues":
+            fields.append(
+                (child.name, pa.struct([(name, pa.string()) for name in partition_columns]))
+            )
+        elif pa.types.is_map(child.type) or pa.types.is_struct(child.type):
+            fields.append((child.name, pa.struct([])))
+        else:
+            fields.append((child.name, child.type))
+    return pa.struct(fields)
+
+
+def _checkpoint_struct(
+    actions: pa.StructArray, struct_type: pa.StructType, partition_columns: tuple[str, ...]
+) -> pa.StructArray:
+    """File actions read by `_json_type` in the checkpoint's `struct_type`. Declines actions
+    with a value this writer would drop (tags, deletion vectors): delta-rs then writes the
+    checkpoint."""
+    children = []
+    for child in struct_type:
+        values = actions.field(child.name)
+        if child.name == "partitionValues":
+            children.append(_map_of(values, partition_columns, child.type))
+        elif pa.types.is_map(child.type) or pa.types.is_struct(child.type):
+            if values.null_count < len(values):
+                raise _DeclinedError
+            children.append(_nulls(len(values), child.type))
+        else:
+            children.append(values)
+    return pa.StructArray.from_arrays(children, fields=list(struct_type))
+
+
+def _map_of(values: pa.StructArray, keys: tuple[str, ...], map_type: pa.MapType) -> pa.MapArray:
+    """A struct of string fields `keys` as a map from each key to its value, every key in each
+    row (a null value included); a null struct as a null map."""
+    rows, width = len(values), len(keys)
+    # Row-major: row r's value for key k is at r * width + k.
+    columns = (
+        pa.concat_arrays([values.field(index) for index in range(width)])
+        if width
+        else pa.array([], pa.string())
+    )
+    order = (np.arange(width)[None, :] * rows + np.arange(rows)[:, None]).ravel()
+    offsets = pa.array(np.arange(0, rows * width + 1, width, dtype=np.int32))
+    return pa.MapArray.from_arrays(
+        offsets,
+        pa.array(np.tile(np.array(keys, dtype=object), rows), pa.string()),
+        columns.take(pa.array(order, pa.int64())),
+        type=map_type,
+        mask=values.is_null() if values.null_count else None,
+    )
+
+
+def _decoded(paths: pa.Array) -> pa.Array:
+    """Paths as the log encodes them (URI-escaped) decoded, as `unquote` would."""
+    if not pc.any(pc.fill_null(pc.match_substring(paths, "%"), False)).as_py():
+        return paths
+    return pa.array(
+        [None if path is None else unquote(path) for path in paths.to_pylist()], pa.string()
+    )
+
+
 def _tables_of(rows: list[Action], schema: pa.Schema) -> Iterator[pa.Table]:
     """Log actions as checkpoint rows of `schema`, a table per kind of action (a checkpoint's
-    rows are a set: their order means nothing). Built a field at a time: a settle's million
-    `add`s would spend most of the checkpoint's time converted row by row."""
+    rows are a set: their order means nothing). Built a field at a time: for the few actions
+    besides files (`_Tail._file_actions` reads those)."""
     by_kind: dict[str, list[Action]] = {}
     for row in rows:
         ((kind, action),) = row.items()
