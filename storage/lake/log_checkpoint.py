@@ -10,7 +10,8 @@ The memory this takes is a batch of rows and the set of paths those commits touc
 It writes the classic single-file checkpoint, in the schema of the checkpoint it starts from
 (delta-rs's, which Spark reads too). It declines (returns False; the caller has delta-rs write
 the checkpoint) where that is not enough: no earlier checkpoint, a multi-part or V2 one, or
-actions it would have to understand (deletion vectors, domain metadata).
+actions it would have to understand (deletion vectors, file tags, domain metadata, a change of
+the partition columns).
 """
 
 from __future__ import annotations
