@@ -166,3 +166,39 @@ def test_it_declines_a_log_without_a_checkpoint_to_start_from(tmp_path: Path) ->
 
     assert not write_checkpoint(DeltaLog(uri, None), 1)
     assert not list((Path(uri) / "_delta_log").glob("*.parquet"))
+
+
+def test_partition_values_keep_their_nulls_and_a_tagged_file_leaves_the_checkpoint_to_delta_rs(
+    tmp_path: Path,
+) -> None:
+    uri = str(tmp_path / "events")
+    rows = pa.table({"tenant": ["acme", None], "day": ["d1", None], "value": [1, 2]})
+    write_deltalake(uri, rows, partition_by=["tenant", "day"])
+    DeltaTable(uri).create_checkpoint()
+    write_deltalake(uri, rows, mode="append", partition_by=["tenant", "day"])
+    expected = _state_by_partition(uri)
+    delta_log = DeltaLog(uri, None)
+
+    assert write_checkpoint(delta_log, 1)
+    assert _state_by_partition(_from_checkpoint_alone(uri, tmp_path / "alone")) == expected
+
+    # Tags the checkpoint would drop: this writer declines, and writes nothing.
+    tagged = {
+        "add": {
+            "path": "tenant=zeta/day=d1/tagged.parquet",
+            "partitionValues": {"tenant": "zeta", "day": "d1"},
+            "size": 1,
+            "modificationTime": 1_795_000_000_000,
+            "dataChange": True,
+            "tags": {"origin": "elsewhere"},
+        }
+    }
+    assert delta_log.try_commit(2, [{"commitInfo": {"timestamp": 1_795_000_000_000}}, tagged])
+    assert not write_checkpoint(delta_log, 2)
+    assert not (Path(uri) / "_delta_log" / f"{2:020d}.checkpoint.parquet").exists()
+
+
+def _state_by_partition(uri: str) -> list[dict[str, object]]:
+    adds = pa.table(DeltaTable(uri).get_add_actions(flatten=True))
+    columns = ["path", "size_bytes", "partition.tenant", "partition.day", "num_records"]
+    return sorted(adds.select(columns).to_pylist(), key=lambda row: str(row["path"]))
