@@ -49,7 +49,9 @@ PARTITIONS_PER_CHUNK = 4_096
 """A task writes its files this many partitions at a time (`_partition_chunks`)."""
 PLAIN_FILE_ROWS = 256
 """A file of this many rows or fewer is written plainly: no dictionary, no compression and no
-statistics inside it, one page per column (`storage.lake.plain_parquet`)."""
+statistics inside it, one page per column (`storage.lake.plain_parquet`). For so few rows those
+save nothing (readers skip files by the log's statistics), and a settle at many tenants writes
+a file of a few rows per key."""
 
 
 def spark_task_partition() -> int:
@@ -151,11 +153,11 @@ def write_partitions(
     def write(
         laid_out: pa.Table,
         data: pa.Table,
-        partition: tuple[dict[str, str | None], int, int, str, bytes | None],
+        partition: tuple[dict[str, str | None], tuple[int, int], str, bytes | None],
     ) -> WrittenFile:
         """The file of one partition: rows [first, end) of `laid_out`, whose `data` columns
         it holds."""
-        values, first, end, stats, content = partition
+        values, (first, end), stats, content = partition
         # Sliced only where needed: at a file per key the slices cost more than the writes.
         if content is None:
             content = _compressed(data.slice(first, end - first), row_group_rows)
@@ -186,11 +188,10 @@ def write_partitions(
             data = partitions.rows.drop_columns(list(spec.partition_by))
             files = zip(
                 partitions.values,
-                partitions.bounds,
-                partitions.bounds[1:],
+                itertools.pairwise(partitions.bounds),
                 partitions.stats,
                 _plain_files(data, partitions.bounds),
-                strict=False,  # `bounds` has one more
+                strict=True,
             )
             written += each(functools.partial(write, partitions.rows, data), files)
     return written

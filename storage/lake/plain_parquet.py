@@ -23,6 +23,7 @@ import functools
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -96,14 +97,18 @@ def _physical_type(arrow_type: pa.DataType) -> str | None:
     return None
 
 
+_Part = Literal["value", "element", "key", "item"]
+"""Which part of a top-level field a leaf column holds: the value itself, a list's elements, a
+map's keys or items."""
+
+
 @dataclass(frozen=True)
 class _Leaf:
     """A leaf column: a flat field, a list's elements, or a map's keys or values."""
 
     field_index: int
     """The top-level field it is in."""
-    child: int | None
-    """None: the field itself; -1: a list's elements; 0, 1: a map's keys, values."""
+    part: _Part
     slot_nullable: bool
     """The top-level field may be null."""
     value_nullable: bool
@@ -112,14 +117,14 @@ class _Leaf:
 
     @property
     def max_definition(self) -> int:
-        if self.child is None:
+        if self.part == "value":
             return int(self.slot_nullable)
         # The optional list or map, its repeated group, the optional element.
         return int(self.slot_nullable) + 1 + int(self.value_nullable)
 
     @property
     def max_repetition(self) -> int:
-        return 0 if self.child is None else 1
+        return 0 if self.part == "value" else 1
 
 
 def _leaves(schema: pa.Schema) -> list[_Leaf] | None:
@@ -127,18 +132,18 @@ def _leaves(schema: pa.Schema) -> list[_Leaf] | None:
     leaves = []
     for index, field in enumerate(schema):
         field_type = field.type
-        children: list[tuple[int | None, pa.Field]]
+        parts: list[tuple[_Part, pa.Field]]
         if pa.types.is_map(field_type):
-            children = [(0, field_type.key_field), (1, field_type.item_field)]
+            parts = [("key", field_type.key_field), ("item", field_type.item_field)]
         elif pa.types.is_list(field_type):
-            children = [(-1, field_type.value_field)]
+            parts = [("element", field_type.value_field)]
         else:
-            children = [(None, field)]
-        for child, value_field in children:
+            parts = [("value", field)]
+        for part, value_field in parts:
             physical = _physical_type(value_field.type)
             if physical is None:
                 return None
-            leaves.append(_Leaf(index, child, field.nullable, value_field.nullable, physical))
+            leaves.append(_Leaf(index, part, field.nullable, value_field.nullable, physical))
     return leaves
 
 
@@ -325,7 +330,7 @@ def _column_pages(leaf: _Leaf, column: pa.Array) -> _ColumnPages:
     """`leaf`'s levels and values over every row of `column` (its top-level field)."""
     rows = len(column)
     slot_valid = _validity(column)
-    if leaf.child is None:
+    if leaf.part == "value":
         values = column
         row_entries = np.arange(rows + 1)
         definition = slot_valid.astype(np.uint8) if leaf.max_definition else None
@@ -337,8 +342,8 @@ def _column_pages(leaf: _Leaf, column: pa.Array) -> _ColumnPages:
         # A null slot may still span children in Arrow; they are not its elements.
         lengths = np.where(slot_valid, np.diff(offsets), 0)
         children = column.values.slice(offsets[0], offsets[-1] - offsets[0])
-        if leaf.child >= 0:
-            children = children.field(leaf.child)
+        if leaf.part != "element":
+            children = children.field(0 if leaf.part == "key" else 1)
         kept = np.repeat(slot_valid, np.diff(offsets))
         if not kept.all():
             children = children.filter(pa.array(kept))
