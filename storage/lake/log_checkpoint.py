@@ -364,7 +364,7 @@ def _map_of(values: pa.StructArray, keys: tuple[str, ...], map_type: pa.MapType)
         else pa.array([], pa.string())
     )
     order = (np.arange(width)[None, :] * rows + np.arange(rows)[:, None]).ravel()
-    offsets = pa.array(np.arange(0, rows * width + 1, width, dtype=np.int32))
+    offsets = pa.array(np.arange(rows + 1, dtype=np.int32) * width)
     return pa.MapArray.from_arrays(
         offsets,
         pa.array(np.tile(np.array(keys, dtype=object), rows), pa.string()),

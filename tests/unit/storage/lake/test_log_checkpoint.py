@@ -202,3 +202,16 @@ def _state_by_partition(uri: str) -> list[dict[str, object]]:
     adds = pa.table(DeltaTable(uri).get_add_actions(flatten=True))
     columns = ["path", "size_bytes", "partition.tenant", "partition.day", "num_records"]
     return sorted(adds.select(columns).to_pylist(), key=lambda row: str(row["path"]))
+
+
+def test_a_table_without_partitions_is_checkpointed_with_empty_partition_values(
+    tmp_path: Path,
+) -> None:
+    uri = str(tmp_path / "status")
+    write_deltalake(uri, pa.table({"tenant": ["acme"], "value": [1]}))
+    DeltaTable(uri).create_checkpoint()
+    write_deltalake(uri, pa.table({"tenant": ["zeta"], "value": [2]}), mode="append")
+
+    assert write_checkpoint(DeltaLog(uri, None), 1)
+    alone = DeltaTable(_from_checkpoint_alone(uri, tmp_path / "alone"))
+    assert sorted(alone.to_pyarrow_table()["value"].to_pylist()) == [1, 2]
