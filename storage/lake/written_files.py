@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import pyarrow as pa
 
 WRITTEN_FILE_FIELDS = [
@@ -51,12 +52,40 @@ class WrittenFile:
             table_name=row["table_name"],
             path=row["path"],
             size=int(row["size"]),
-            partition_values=json.loads(row["partition_values_json"]),
+            partition_values=orjson.loads(row["partition_values_json"]),
             modification_time=int(row["modification_time"]),
             stats=row["stats"],
             num_records=int(row["num_records"]),
-            value_counts=json.loads(row.get("value_counts_json") or "{}"),
+            value_counts=_counts(row.get("value_counts_json")),
         )
+
+    @classmethod
+    def from_table(cls, rows: pa.Table) -> list[WrittenFile]:
+        """`from_row` of each row of `rows` (`WRITTEN_FILE_SCHEMA`), read a column at a time: a
+        settle's driver reads a row per settled file, a million at a million tenants."""
+        columns = [rows.column(name).to_pylist() for name, _ in WRITTEN_FILE_FIELDS]
+        return [
+            cls(
+                table_name=table_name,
+                path=path,
+                size=size,
+                partition_values=orjson.loads(partition_values),
+                modification_time=modification_time,
+                stats=stats,
+                num_records=num_records,
+                value_counts=_counts(value_counts),
+            )
+            for (
+                table_name,
+                path,
+                size,
+                partition_values,
+                modification_time,
+                stats,
+                num_records,
+                value_counts,
+            ) in zip(*columns, strict=True)
+        ]
 
     def to_row(self) -> dict[str, Any]:
         """The row `from_row` reads: what an executor sends the driver for this file."""
@@ -70,6 +99,14 @@ class WrittenFile:
             "num_records": self.num_records,
             "value_counts_json": json.dumps(self.value_counts),
         }
+
+
+def _counts(value_counts_json: str | None) -> dict[str, int]:
+    # Most files count nothing ("{}"): only a batch's files of a counted table do.
+    if not value_counts_json or value_counts_json == "{}":
+        return {}
+    counts: dict[str, int] = orjson.loads(value_counts_json)
+    return counts
 
 
 def written_batch(written: list[WrittenFile]) -> pa.RecordBatch:

@@ -81,9 +81,11 @@ class Manifests:
             else [("bucket", ">=", buckets.start), ("bucket", "<", buckets.stop)]
         )
         return [
-            WrittenFile.from_row(row)
+            file
             for path in paths
-            for row in pq.read_table(path, filesystem=filesystem, filters=filters).to_pylist()
+            for file in WrittenFile.from_table(
+                pq.read_table(path, filesystem=filesystem, filters=filters)
+            )
         ]
 
     def files_per_bucket(self, paths: list[str]) -> np.ndarray:
