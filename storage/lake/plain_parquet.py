@@ -336,9 +336,12 @@ def _column_pages(leaf: _Leaf, column: pa.Array) -> _ColumnPages:
         definition = slot_valid.astype(np.uint8) if leaf.max_definition else None
         repetition = None
     else:
-        offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)[
-            column.offset : column.offset + rows + 1
-        ]
+        offsets_buffer = column.buffers()[1]
+        offsets = (
+            np.frombuffer(offsets_buffer, dtype=np.int32)[column.offset : column.offset + rows + 1]
+            if offsets_buffer is not None
+            else np.zeros(rows + 1, dtype=np.int32)
+        )
         # A null slot may still span children in Arrow; they are not its elements.
         lengths = np.where(slot_valid, np.diff(offsets), 0)
         children = column.values.slice(offsets[0], offsets[-1] - offsets[0])
