@@ -2,8 +2,9 @@
 
 Writing: a struct whose fields are always the same (`StructLayout`) gets its field headers
 computed once; its values are encoded by the caller (`zigzag`, `binary`, `list_of`, or a nested
-struct's bytes). Reading: `read_struct` finds where each field of a struct lies, to copy a field
-pyarrow wrote as it is.
+struct's bytes). A message most of whose values never change is encoded once with markers where
+the others go (`Holes`), and each copy joins the constant pieces with its values. Reading:
+`read_struct` finds where each field of a struct lies, to copy a field pyarrow wrote as it is.
 
 Spec: https://github.com/apache/thrift/blob/master/doc/specs/thrift-compact-protocol.md
 """
@@ -130,9 +131,6 @@ class StructFields:
         """A field's value, encoded as it was."""
         _, first, end = self.spans[field_id]
         return self.data[first:end]
-
-    def type_of(self, field_id: int) -> int:
-        return self.spans[field_id][0]
 
 
 def read_struct(data: bytes, position: int = 0) -> StructFields:
