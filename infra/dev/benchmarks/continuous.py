@@ -503,8 +503,9 @@ def _produce(
 
 
 class TopicRetention:
-    """Deletes, every `RETENTION_INTERVAL_S`, the records below the offsets the stream has
-    committed to its consumer group: those its checkpoint is past, so no start reads them."""
+    """Deletes, every `RETENTION_INTERVAL_S`, the records of the stream's topic below the
+    offsets it has committed to its consumer group: those its checkpoint is past, so no start
+    reads them."""
 
     def __init__(self, settings: AppSettings, interval_s: float = RETENTION_INTERVAL_S) -> None:
         self._kafka = settings.kafka
@@ -536,9 +537,9 @@ class TopicRetention:
                 try:
                     committed = admin.list_group_offsets(self._group_id)[self._group_id]
                     below = {
-                        TopicPartition(TOPIC, tp.partition): meta.offset
+                        TopicPartition(self._kafka.topic, tp.partition): meta.offset
                         for tp, meta in committed.items()
-                        if tp.topic == TOPIC
+                        if tp.topic == self._kafka.topic
                         and meta.offset > self.deleted_below.get(tp.partition, 0)
                     }
                     if below:

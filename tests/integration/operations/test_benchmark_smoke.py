@@ -133,15 +133,18 @@ def test_the_continuous_benchmarks_topic_keeps_only_what_the_stream_has_not_comm
     kafka: Any, tmp_path: Path
 ) -> None:
     """As a broker's retention would, and never a record the stream has yet to read."""
-    kafka.create_topic(continuous.TOPIC, 1)
+    # A topic of its own: the benchmark's run above leaves records in the session broker's
+    # `continuous` topic, and its group's offsets.
+    topic = f"{continuous.TOPIC}-retention"
+    kafka.create_topic(topic, 1)
     producer = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers)
     for number in range(100):
-        producer.send(continuous.TOPIC, str(number).encode())
+        producer.send(topic, str(number).encode())
     producer.flush()
     producer.close()
-    settings = bench_settings(tmp_path, kafka.bootstrap_servers, continuous.TOPIC, tmp_path)
+    settings = bench_settings(tmp_path, kafka.bootstrap_servers, topic, tmp_path)
     group = settings.kafka.group_id or settings.stream.name
-    partition = TopicPartition(continuous.TOPIC, 0)
+    partition = TopicPartition(topic, 0)
     admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
     admin.alter_group_offsets(group, {partition: OffsetAndMetadata(60, "", -1)})
     admin.close()
