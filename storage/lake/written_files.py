@@ -48,15 +48,15 @@ class WrittenFile:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> WrittenFile:
-        return cls(
-            table_name=row["table_name"],
-            path=row["path"],
-            size=int(row["size"]),
-            partition_values=orjson.loads(row["partition_values_json"]),
-            modification_time=int(row["modification_time"]),
-            stats=row["stats"],
-            num_records=int(row["num_records"]),
-            value_counts=_counts(row.get("value_counts_json")),
+        return cls._from_values(
+            row["table_name"],
+            row["path"],
+            row["size"],
+            row["partition_values_json"],
+            row["modification_time"],
+            row["stats"],
+            row["num_records"],
+            row.get("value_counts_json"),
         )
 
     @classmethod
@@ -64,28 +64,31 @@ class WrittenFile:
         """`from_row` of each row of `rows` (`WRITTEN_FILE_SCHEMA`), read a column at a time: a
         settle's driver reads a row per settled file, a million at a million tenants."""
         columns = [rows.column(name).to_pylist() for name, _ in WRITTEN_FILE_FIELDS]
-        return [
-            cls(
-                table_name=table_name,
-                path=path,
-                size=size,
-                partition_values=orjson.loads(partition_values),
-                modification_time=modification_time,
-                stats=stats,
-                num_records=num_records,
-                value_counts=_counts(value_counts),
-            )
-            for (
-                table_name,
-                path,
-                size,
-                partition_values,
-                modification_time,
-                stats,
-                num_records,
-                value_counts,
-            ) in zip(*columns, strict=True)
-        ]
+        return [cls._from_values(*values) for values in zip(*columns, strict=True)]
+
+    @classmethod
+    def _from_values(
+        cls,
+        table_name: str,
+        path: str,
+        size: int,
+        partition_values_json: str,
+        modification_time: int,
+        stats: str,
+        num_records: int,
+        value_counts_json: str | None,
+    ) -> WrittenFile:
+        """A row's values, in `WRITTEN_FILE_FIELDS`' order."""
+        return cls(
+            table_name=table_name,
+            path=path,
+            size=int(size),
+            partition_values=orjson.loads(partition_values_json),
+            modification_time=int(modification_time),
+            stats=stats,
+            num_records=int(num_records),
+            value_counts=_counts(value_counts_json),
+        )
 
     def to_row(self) -> dict[str, Any]:
         """The row `from_row` reads: what an executor sends the driver for this file."""
