@@ -73,8 +73,8 @@ def write_checkpoint(delta_log: DeltaLog, version: int | None = None) -> bool:
     cutoff_ms = int(time.time() * 1000) - _tombstone_retention_ms(metadata)
     # The older checkpoint's partitioning: should the commits since change it, the ranges
     # name a column the new metadata does not partition by, and readers do not use them.
-    tenant_column = tenant_partition_column((metadata or {}).get("partitionColumns") or ())
     partition_columns = tuple((metadata or {}).get("partitionColumns") or ())
+    tenant_column = tenant_partition_column(partition_columns)
     tail = _Tail(delta_log, base_version + 1, version, schema, partition_columns)
     path = delta_log.checkpoint_file(version)
     try:
@@ -184,13 +184,9 @@ class _Tail:
             raise _DeclinedError from error
 
     def _surviving_files(self, batch: pa.RecordBatch) -> Iterator[pa.Table]:
-        paths = pc.coalesce(
-            pc.struct_field(batch.column("add"), "path"),
-            pc.struct_field(batch.column("remove"), "path"),
-        )
         keep = []
         # A set lookup a row, in the commit's order: the first action met on a path wins.
-        for path in _decoded(paths).to_pylist():
+        for path in _file_paths(batch).to_pylist():
             surviving = path is not None and path not in self.touched
             if surviving:
                 self.touched.add(path)
@@ -203,13 +199,7 @@ class _Tail:
             column = _checkpoint_struct(
                 actions, self.schema.field(kind).type, self.partition_columns
             )
-            yield pa.table(
-                [
-                    column if name == kind else _nulls(len(actions), self.schema.field(name).type)
-                    for name in self.schema.names
-                ],
-                schema=self.schema,
-            )
+            yield _table_of_kind(kind, column, self.schema)
 
     @cached_property
     def _json_schema(self) -> pa.Schema:
@@ -232,11 +222,7 @@ class _Tail:
         return batch.filter(keep)
 
     def _path_touched(self, batch: pa.RecordBatch) -> pa.Array:
-        paths = pc.coalesce(
-            pc.struct_field(batch.column("add"), "path"),
-            pc.struct_field(batch.column("remove"), "path"),
-        )
-        return pc.is_in(_decoded(paths), self._touched_array)
+        return pc.is_in(_file_paths(batch), self._touched_array)
 
     # Built once, for every batch of the older checkpoint, after `rows` has filled the sets.
     @cached_property
@@ -374,8 +360,13 @@ def _map_of(values: pa.StructArray, keys: tuple[str, ...], map_type: pa.MapType)
     )
 
 
-def _decoded(paths: pa.Array) -> pa.Array:
-    """Paths as the log encodes them (URI-escaped) decoded, as `unquote` would."""
+def _file_paths(batch: pa.RecordBatch) -> pa.Array:
+    """Each row's `add` or `remove` path (null for other actions), decoded as `unquote` would:
+    the log URI-escapes them."""
+    paths = pc.coalesce(
+        pc.struct_field(batch.column("add"), "path"),
+        pc.struct_field(batch.column("remove"), "path"),
+    )
     if not pc.any(pc.fill_null(pc.match_substring(paths, "%"), False)).as_py():
         return paths
     return pa.array(
@@ -392,14 +383,18 @@ def _tables_of(rows: list[Action], schema: pa.Schema) -> Iterator[pa.Table]:
         ((kind, action),) = row.items()
         by_kind.setdefault(kind, []).append(action)
     for kind, actions in by_kind.items():
-        column = _struct_column(actions, schema.field(kind).type)
-        yield pa.table(
-            [
-                column if name == kind else _nulls(len(actions), schema.field(name).type)
-                for name in schema.names
-            ],
-            schema=schema,
-        )
+        yield _table_of_kind(kind, _struct_column(actions, schema.field(kind).type), schema)
+
+
+def _table_of_kind(kind: str, column: pa.StructArray, schema: pa.Schema) -> pa.Table:
+    """Checkpoint rows of one kind of action: `column` in its kind's column, the others null."""
+    return pa.table(
+        [
+            column if name == kind else _nulls(len(column), schema.field(name).type)
+            for name in schema.names
+        ],
+        schema=schema,
+    )
 
 
 def _struct_column(actions: list[Action], struct_type: pa.StructType) -> pa.StructArray:
