@@ -165,11 +165,8 @@ class _ColumnPages:
     values: bytes | np.ndarray
     """Every value PLAIN-encoded one after another; booleans as an array, bit-packed per page."""
 
-    def entries(self, first_row: int, end_row: int) -> int:
-        return self.row_entries[end_row] - self.row_entries[first_row]
-
-    def page_body(self, first_row: int, end_row: int) -> list[bytes]:
-        """The data page's body for rows [first_row, end_row), in pieces."""
+    def page_body(self, first_row: int, end_row: int) -> tuple[int, list[bytes]]:
+        """(entries, the data page's body in pieces) for rows [first_row, end_row)."""
         first, end = self.row_entries[first_row], self.row_entries[end_row]
         first_value, end_value = self.entry_values[first], self.entry_values[end]
         pieces = []
@@ -182,7 +179,7 @@ class _ColumnPages:
             pieces.append(np.packbits(values, bitorder="little").tobytes())
         else:
             pieces.append(self.values[self.value_ends[first_value] : self.value_ends[end_value]])
-        return pieces
+        return end - first, pieces
 
 
 class _Levels:
@@ -300,8 +297,8 @@ class PlainParquet:
         chunks = [self._columns_header]
         offset = len(_MAGIC)
         for chunk, column in zip(self._column_chunks, pages, strict=True):
-            entries = zigzag(column.entries(first_row, end_row))
-            body = column.page_body(first_row, end_row)
+            entry_count, body = column.page_body(first_row, end_row)
+            entries = zigzag(entry_count)
             body_size = sum(len(piece) for piece in body)
             encoded_body_size = zigzag(body_size)
             header = _PAGE_HEADER.pieces(encoded_body_size, encoded_body_size, entries)
