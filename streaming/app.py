@@ -142,7 +142,7 @@ class StreamApp:
             _each(on_batch, None if self.metrics is None else self.metrics.observe),
             self.deferral.store,
             tenant_limit=settings.stream.metrics_tenant_limit,
-            mirror=None if self.group_offsets is None else self.group_offsets.mirror,
+            group_offsets=self.group_offsets,
         )
         # Its rate limit spans the batches of this instance: one object, owned here.
         self.quarantine_log = QuarantineLog(self.lake, settings.quarantine_log)

@@ -118,6 +118,14 @@ class KafkaSettings(_Frozen):
         default=True,
         description="Mirror the committed offsets to `group_id`; false: no consumer group.",
     )
+    mirror_interval_ms: int = Field(
+        default=5_000,
+        ge=0,
+        description="The least time between two mirrors of the offsets, as Kafka's own "
+        "consumers commit every `auto.commit.interval.ms`: the group trails the checkpoint by at "
+        "most this long while batches run, and holds its offsets once the stream is idle or "
+        "stopped; 0: after every batch.",
+    )
 
     @model_validator(mode="after")
     def _security_is_complete(self) -> KafkaSettings:

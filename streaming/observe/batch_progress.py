@@ -15,8 +15,8 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from pyarrow import fs
 from pydantic import BaseModel, ConfigDict
@@ -34,6 +34,9 @@ from streaming.kafka.deferral import DeferralStore, batch_key
 from streaming.kafka.options import partition_offsets
 from streaming.state.key_summary import top_with_remainder
 from streaming.windowing.key_state import Timing
+
+if TYPE_CHECKING:
+    from streaming.kafka.group_offsets import GroupOffsets
 
 progress_log = logging.getLogger("tenant_windows.progress")
 log = logging.getLogger(__name__)
@@ -92,7 +95,7 @@ class BatchProgress(BaseModel):
     (`key_summary.top_with_remainder`); the tenant of unreadable records is ""."""
     offsets_mirrored: bool | None = None
     """Whether the batch's end offsets reached the consumer group (`kafka.group_id`); None
-    when they are not mirrored."""
+    when they are not mirrored, or held for a later mirror (`kafka.mirror_interval_ms`)."""
 
 
 NO_OFFSETS = frozenset({"", "None", "null"})
@@ -182,12 +185,12 @@ class ProgressListener(StreamingQueryListener):
         deferral: DeferralStore | None = None,
         *,
         tenant_limit: int | None,
-        mirror: Callable[[Mapping[int, int]], bool] | None = None,
+        group_offsets: GroupOffsets | None = None,
     ) -> None:
         """`tenant_limit`: how many tenants a batch's `tenant_backlog` names (None: all);
-        `mirror` is given each committed batch's end offsets (`group_offsets`)."""
+        `group_offsets` is given each committed batch's end offsets to mirror."""
         self.stream = stream
-        self.mirror = mirror
+        self.group_offsets = group_offsets
         self.deferral = deferral
         self.tenant_limit = tenant_limit
         self.last_batch = last_batch
@@ -218,8 +221,9 @@ class ProgressListener(StreamingQueryListener):
             return
         with self._changed:
             outcome = self._pending.pop(progress.batchId, None)
-        if outcome is None:
-            return  # a trigger that ran no batch
+        if outcome is None:  # a trigger that ran no batch
+            self._mirror_held_offsets()
+            return
         try:
             self._report(outcome, progress)
         except Exception:
@@ -230,7 +234,16 @@ class ProgressListener(StreamingQueryListener):
                 self._changed.notify_all()
 
     def onQueryIdle(self, event: QueryIdleEvent) -> None:  # noqa: N802
-        return None
+        self._mirror_held_offsets()
+
+    def _mirror_held_offsets(self) -> None:
+        """An idle stream runs no batch to mirror the offsets its last batches held back."""
+        if self.group_offsets is None:
+            return
+        try:
+            self.group_offsets.mirror_if_due()
+        except Exception:
+            log.exception("could not mirror the offsets held back")
 
     def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:  # noqa: N802
         return None
@@ -256,11 +269,12 @@ class ProgressListener(StreamingQueryListener):
                     ),
                 }
             )
-        if self.mirror is not None:
+        if self.group_offsets is not None:
             ends = [offsets_per_partition(source.endOffset) for source in progress.sources]
             end = next((offsets for offsets in ends if offsets), None)
             if end is not None:
-                summary = summary.model_copy(update={"offsets_mirrored": self.mirror(end)})
+                mirrored = self.group_offsets.mirror(end)
+                summary = summary.model_copy(update={"offsets_mirrored": mirrored})
         progress_log.info(summary.model_dump_json())
         self.last_batch.write(summary)
         if self.observer is not None:
