@@ -81,7 +81,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
     )
     serve.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
-    serve.add_argument("--master", help="Spark master, as for run (default local[2])")
+    serve.add_argument(
+        "--master", help="Spark master, as for run (default local[N]: two task slots a core)"
+    )
     serve.add_argument(
         "--pg-port",
         type=int,
@@ -105,7 +107,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     serve_jdbc.add_argument(
         "--port", type=int, default=10000, help="port to listen on (default 10000)"
     )
-    serve_jdbc.add_argument("--master", help="Spark master, as for run (default local[2])")
+    serve_jdbc.add_argument(
+        "--master", help="Spark master, as for run (default local[N]: two task slots a core)"
+    )
     serve_jdbc.set_defaults(handler=_serve_jdbc)
 
 

@@ -47,8 +47,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     run.add_argument(
         "--master",
-        help="Spark master; default local[2] outside spark-submit. A cluster master "
-        "(spark://, yarn, k8s://) gets the code and executor dependencies shipped",
+        help="Spark master; outside spark-submit, default local[N]: two task slots a core. A "
+        "cluster master (spark://, yarn, k8s://) gets the code and executor dependencies shipped",
     )
     run.set_defaults(handler=_run)
 

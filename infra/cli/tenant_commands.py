@@ -69,7 +69,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     reprocess.add_argument(
         "--dry-run", action="store_true", help="say what would change; write nothing"
     )
-    reprocess.add_argument("--master", help="Spark master, as for run (default local[2])")
+    reprocess.add_argument(
+        "--master", help="Spark master, as for run (default local[N]: two task slots a core)"
+    )
     reprocess.set_defaults(handler=_reprocess)
     issue_key = tenant_commands.add_parser(
         "issue-key",

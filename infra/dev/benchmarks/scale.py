@@ -90,7 +90,7 @@ from storage.lake.delta_log import checkpoint_batches
 from storage.lake.tables import ALL_TABLES, EVENTS, LATE_EVENTS, STAGED, TableSpec
 from storage.query.spark_views import register_views
 from streaming.app import StreamApp
-from streaming.pipeline.spark_session import build_spark
+from streaming.pipeline.spark_session import build_spark, session_master
 from streaming.pipeline.stream_plan import read_kafka, windowed_rows
 from streaming.records.routing import KAFKA_COLUMNS_SQL, ROUTED_SCHEMA, make_router
 from streaming.state.bucket_placement import BUCKET_COLUMN, bucket_expression
@@ -131,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with LocalKafka(workdir / "kafka") as kafka:
             # The JIT the stream runs with (`run_stream`), so that its rates are the product's.
-            spark = build_spark("tenant-windows-scale", shuffle_partitions=4, quick_jit=True)
+            spark = build_spark(
+                "tenant-windows-scale", args.master, shuffle_partitions=4, quick_jit=True
+            )
             try:
                 results = run(spark, kafka, workdir, args)
             finally:
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     args.json.write_text(
         json.dumps(
             {
-                "machine": _machine(),
+                "machine": _machine(session_master(args.master)),
                 "results": [asdict(r) for r in results],
                 "steady_ratios": steady_ratios(results),
             },
@@ -169,6 +171,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--stages", default="read,builtin,product")
     parser.add_argument(
         "--state-buckets", type=int, default=None, help="stream.state_buckets (app.yaml's if unset)"
+    )
+    parser.add_argument(
+        "--master",
+        default=None,
+        help="the Spark master of every stage (default: the stream's, local[N] with two task "
+        "slots a core), e.g. local[2] for a baseline",
     )
     parser.add_argument(
         "--peer-processes",
@@ -933,9 +941,10 @@ def _report(results: list[StageFigures]) -> str:
     return "\n".join(lines)
 
 
-def _machine() -> dict[str, Any]:
+def _machine(master: str | None) -> dict[str, Any]:
     return {
         "cpus": os.cpu_count(),
+        "spark_master": master,
         "load_average": os.getloadavg(),
         "when": pd.Timestamp.now(tz="UTC").isoformat(),
     }
