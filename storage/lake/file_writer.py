@@ -160,7 +160,7 @@ def write_partitions(
         values, (first, end), stats, content = partition
         # Sliced only where needed: at a file per key the slices cost more than the writes.
         if content is None:
-            content = _compressed(data.slice(first, end - first), row_group_rows)
+            content = _compressed(data.slice(first, end - first), row_group_rows, spec)
         path = _write_file(filesystem, base, spec, file_name, doing, target, values, content)
         return WrittenFile(
             table_name=spec.name,
@@ -243,14 +243,19 @@ def _partition_chunks(rows: pa.Table, partition_by: tuple[str, ...]) -> Iterator
         yield rows.slice(first, end - first)
 
 
-def _compressed(data: pa.Table, row_group_rows: int | None) -> pa.Buffer:
+def _compressed(data: pa.Table, row_group_rows: int | None, spec: TableSpec) -> pa.Buffer:
     """A file of more than `PLAIN_FILE_ROWS` rows: Snappy, which encodes about twice as fast as
-    zstd here, dictionaries and in-file statistics."""
+    zstd here, dictionaries but for `spec.row_unique`, and in-file statistics."""
     encoded = pa.BufferOutputStream()
     pq.write_table(
         data,
         encoded,
         compression="snappy",
+        use_dictionary=(
+            [name for name in data.column_names if name not in spec.row_unique]
+            if spec.row_unique
+            else True
+        ),
         row_group_size=row_group_rows,
         # The Arrow schema pyarrow copies into each file's footer by default was 1.3 KB of a
         # settled file's 3.2: every column's Parquet type already reads back as the table's

@@ -56,6 +56,10 @@ class TableSpec:
     counted_by: str | None = None
     """A column whose values every written file counts (`WrittenFile.value_counts`): the
     stream's metrics, without reading a row back on the driver."""
+    row_unique: tuple[str, ...] = ()
+    """Columns whose value is nearly every row's own (a record's id, payload, offset and
+    times): a compressed file writes them without a dictionary, which for them was half of a
+    batch's `events` file's encoding time and made the file no smaller."""
 
     @property
     def staged(self) -> bool:
@@ -122,6 +126,7 @@ EVENTS = TableSpec(
         "batch_id",
     ),
     counted_by="timing",
+    row_unique=("event_time", "event_id", "offset", "kafka_timestamp", "payload"),
 )
 WINDOWS = TableSpec(
     "windows",
@@ -160,6 +165,7 @@ LATE_EVENTS = TableSpec(
     ),
     **_settled("tenant", "source"),
     sort_by=("tenant", "source", "topic", "partition", "offset", "window_start", "batch_id"),
+    row_unique=("event_time", "event_id", "offset", "kafka_timestamp", "key", "value"),
 )
 QUARANTINE = TableSpec(
     "quarantine",
@@ -176,6 +182,7 @@ QUARANTINE = TableSpec(
         ]
     ),
     ("reason", "ingest_date"),
+    row_unique=("offset", "kafka_timestamp", "key", "value"),
 )
 TENANT_STATUS = TableSpec(
     "tenant_status",
