@@ -110,8 +110,17 @@ def session_master(master: str | None) -> str | None:
     """`master`, or `local[N]` when none is given outside spark-submit (None: spark-submit's),
     N = `LOCAL_SLOTS_PER_CORE` a core this process may run on."""
     if master is None and not _under_spark_submit():
-        return f"local[{LOCAL_SLOTS_PER_CORE * len(os.sched_getaffinity(0))}]"
+        return f"local[{LOCAL_SLOTS_PER_CORE * _usable_cores()}]"
     return master
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (`taskset` narrows them); where the system cannot say
+    (`sched_getaffinity` is Linux's), the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 def spark_environment(master: str | None) -> None:
