@@ -83,10 +83,11 @@ def partitioned(
     table's `sort_by` and a staged file's single partition are). One grouped aggregation gives
     every partition's stats at once.
     """
-    stats = _partition_stats(rows, partition_by, stats_columns)
     if not partition_by:
+        stats = _partition_stats(rows, partition_by, stats_columns)
         return Partitions(rows, [0, rows.num_rows], [{}], [stats[()]])
     starts = run_starts(rows, partition_by)
+    stats = _partition_stats(rows, partition_by, stats_columns, one_partition=len(starts) == 1)
     if len(starts) != len(stats):
         rows = sorted_rows(rows, partition_by)
         starts = run_starts(rows, partition_by)
@@ -112,9 +113,13 @@ def split_by_partition(
 
 
 def _partition_stats(
-    rows: pa.Table, partition_by: tuple[str, ...], stats_columns: Collection[str] | None
+    rows: pa.Table,
+    partition_by: tuple[str, ...],
+    stats_columns: Collection[str] | None,
+    one_partition: bool = False,
 ) -> dict[tuple[Any, ...], str]:
-    """Each partition's Delta stats (JSON), by its partition values.
+    """Each partition's Delta stats (JSON), by its partition values; `one_partition`: all of
+    `rows` are in one.
 
     Column-wise up to the JSON itself: at a file per key a settle writes a file of a few rows per
     partition, and turning every aggregate into a Python object first (dates and timestamps
@@ -124,12 +129,16 @@ def _partition_stats(
     if stats_columns is not None:
         ranged = [column for column in ranged if column in stats_columns]
         counted = [column for column in counted if column in stats_columns]
-    aggregated = rows.group_by(list(partition_by), use_threads=False).aggregate(
-        [
-            ([], "count_all"),
-            *((column, kind) for column in ranged for kind in ("min", "max")),
-            *((column, "count", pc.CountOptions(mode="only_null")) for column in counted),
-        ]
+    aggregated = (
+        _whole_table_aggregates(rows, partition_by, ranged, counted)
+        if one_partition or not partition_by
+        else rows.group_by(list(partition_by), use_threads=False).aggregate(
+            [
+                ([], "count_all"),
+                *((column, kind) for column in ranged for kind in ("min", "max")),
+                *((column, "count", pc.CountOptions(mode="only_null")) for column in counted),
+            ]
+        )
     )
     # pyarrow names each `<column>_<function>`.
     minimums = {c: _json_values(aggregated[f"{c}_min"]) for c in ranged}
@@ -150,6 +159,25 @@ def _partition_stats(
         ).decode()
         for index, key in enumerate(keys if partition_by else [()])
     }
+
+
+def _whole_table_aggregates(
+    rows: pa.Table, partition_by: tuple[str, ...], ranged: list[str], counted: list[str]
+) -> pa.Table:
+    """The one group `group_by(partition_by).aggregate` gives for rows of one partition, with
+    its columns' names, from scalar aggregates: a staged file's rows are all in one partition,
+    and hashing each of them to find that out cost as much as writing the file."""
+    columns: dict[str, pa.Array] = {
+        column: rows[column].slice(0, 1).combine_chunks() for column in partition_by
+    }
+    columns["count_all"] = pa.array([rows.num_rows], pa.int64())
+    for column in ranged:
+        extremes = pc.min_max(rows[column])
+        columns[f"{column}_min"] = pa.array([extremes["min"]], rows[column].type)
+        columns[f"{column}_max"] = pa.array([extremes["max"]], rows[column].type)
+    for column in counted:
+        columns[f"{column}_count"] = pa.array([rows[column].null_count], pa.int64())
+    return pa.table(columns)
 
 
 def _ranged_columns(schema: pa.Schema, partition_by: tuple[str, ...]) -> list[str]:

@@ -307,7 +307,11 @@ def rows_for_table(batch: pa.Table, spec: TableSpec, batch_id: int) -> pa.Table:
     """The rows of `batch` (`UNION_ROWS`, from the stateful stage) that belong to `spec`.
 
     Column-wise only: at 100,000 tenants a batch has a `tenant_status` row per key."""
-    rows = batch.filter(pc.equal(batch["kind"], spec.name))
+    # Only the union columns this table reads are filtered: a batch's union rows have 33
+    # columns, `events` reads 8 of them, and each table's filter copied every column.
+    rows = batch.select(_union_columns(spec, batch.schema)).filter(
+        pc.equal(batch["kind"], spec.name)
+    )
 
     def column(name: str) -> pa.ChunkedArray | pa.Array:
         if name in _DERIVED_TIMES:
@@ -328,6 +332,24 @@ def rows_for_table(batch: pa.Table, spec: TableSpec, batch_id: int) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=spec.schema)
 
 
+def _union_columns(spec: TableSpec, union: pa.Schema) -> list[str]:
+    """The union columns `rows_for_table` reads for `spec`."""
+    wanted = {
+        _DERIVED_TIMES.get(field.name, _DERIVED_COLUMNS.get(field.name, field.name))
+        for field in spec.schema
+    }
+    return [name for name in union.names if name in wanted]
+
+
+_DERIVED_COLUMNS = {
+    "window_date": "window_start_ms",
+    "ingest_date": "kafka_timestamp_ms",
+    "payload": "value",
+}
+"""Table columns that `rows_for_table` derives from another union column (besides
+`_DERIVED_TIMES`)."""
+
+
 def _typed(
     values: pa.ChunkedArray | pa.Array, arrow_type: pa.DataType
 ) -> pa.ChunkedArray | pa.Array:
@@ -344,7 +366,7 @@ def with_layout(rows: pa.Table, spec: TableSpec, settled: bool) -> pa.Table:
         else:
             staged_value = STAGED if name == spec.partition_by[0] else None
             field_type = spec.schema.field(settles_by).type
-            columns.append(pa.array([staged_value] * rows.num_rows, field_type))
+            columns.append(pa.repeat(pa.scalar(staged_value, field_type), rows.num_rows))
     return pa.Table.from_arrays(columns, schema=spec.storage_schema)
 
 

@@ -307,8 +307,8 @@ class _Work:
     @classmethod
     def of_batch(
         cls,
-        tenants: list[str | None],
-        sources: list[str | None],
+        tenants: np.ndarray,
+        sources: np.ndarray,
         firsts: np.ndarray,
         lengths: np.ndarray,
         routes: list[ResolvedSource | None],
@@ -527,20 +527,20 @@ def _event_times(batch: pd.DataFrame) -> np.ndarray:
     return times.astype(np.int64)
 
 
-def _strings(column: pd.Series) -> list[str | None]:
-    # Nulls may arrive as None or NaN; both mean "no key".
-    return [value if isinstance(value, str) else None for value in column.tolist()]
+def _strings(column: pd.Series) -> np.ndarray:
+    """A string column as objects, None where missing: nulls may arrive as None or NaN, and
+    both mean "no key"."""
+    values: np.ndarray = column.to_numpy(dtype=object, copy=True)
+    values[pd.isna(values)] = None
+    return values
 
 
-def _key_runs(
-    tenants: list[str | None], sources: list[str | None]
-) -> tuple[np.ndarray, np.ndarray]:
-    """The first index and the length of each run of equal (tenant, source) in a sorted batch."""
-    if not tenants:
+def _key_runs(tenants: np.ndarray, sources: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The first index and the length of each run of equal (tenant, source) in a sorted batch
+    (`_strings`)."""
+    if not len(tenants):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    tenant_column = np.array(tenants, dtype=object)
-    source_column = np.array(sources, dtype=object)
-    changes = (tenant_column[1:] != tenant_column[:-1]) | (source_column[1:] != source_column[:-1])
+    changes = (tenants[1:] != tenants[:-1]) | (sources[1:] != sources[:-1])
     firsts = np.r_[0, np.flatnonzero(changes) + 1].astype(np.int64)
     return firsts, np.diff(np.r_[firsts, len(tenants)])
 

@@ -121,7 +121,7 @@ class UnionRows:
             self.tables.append(
                 union_table(
                     {
-                        "kind": [WINDOWS.name] * len(panes.key),
+                        "kind": _repeated(WINDOWS.name, len(panes.key)),
                         "tenant": keys.tenant[panes.key],
                         "source": keys.source[panes.key],
                         "window_id": window_ids(panes.window_start_ms, panes.window_end_ms),
@@ -142,7 +142,7 @@ class UnionRows:
         self.tables.append(
             union_table(
                 {
-                    "kind": [TENANT_STATUS.name] * count,
+                    "kind": _repeated(TENANT_STATUS.name, count),
                     "tenant": keys.tenant,
                     "source": keys.source,
                     "watermark_ms": optional_times(keys.watermark_ms),
@@ -154,7 +154,7 @@ class UnionRows:
                     "late_records": keys.late_records,
                     "too_late_records": keys.too_late_records,
                     "quarantined_records": keys.quarantined_records,
-                    "lifecycle": [Lifecycle.ACTIVE.value] * count,
+                    "lifecycle": _repeated(Lifecycle.ACTIVE.value, count),
                 },
                 count,
             )
@@ -240,7 +240,7 @@ class UnionRows:
         """The batch's columns of these records, and their keys."""
         return {
             **self._batch_columns(rows, [*_RECORD_COLUMNS, "event_time_ms", "event_id"]),
-            "kind": [kind] * len(rows),
+            "kind": _repeated(kind, len(rows)),
             "tenant": tenants,
             "source": sources,
         }
@@ -253,7 +253,10 @@ class UnionRows:
             return None
         columns = ["tenant", "source", *_RECORD_COLUMNS, "event_id", "reason", "error"]
         return union_table(
-            {**self._batch_columns(indexes, columns), "kind": [QUARANTINE.name] * len(indexes)},
+            {
+                **self._batch_columns(indexes, columns),
+                "kind": _repeated(QUARANTINE.name, len(indexes)),
+            },
             len(indexes),
         )
 
@@ -277,7 +280,7 @@ class UnionRows:
         panes = [pane for _, pane in self.panes]
         return union_table(
             {
-                "kind": [WINDOWS.name] * len(panes),
+                "kind": _repeated(WINDOWS.name, len(panes)),
                 "tenant": [key[0] for key, _ in self.panes],
                 "source": [key[1] for key, _ in self.panes],
                 "window_id": [p.window_id for p in panes],
@@ -301,7 +304,7 @@ class UnionRows:
         states = [stored.key_state for stored in stored_keys]
         return union_table(
             {
-                "kind": [TENANT_STATUS.name] * len(states),
+                "kind": _repeated(TENANT_STATUS.name, len(states)),
                 "tenant": [key[0] for key, _, _, _ in self.statuses],
                 "source": [key[1] for key, _, _, _ in self.statuses],
                 "watermark_ms": [state.watermark_ms for state in states],
@@ -331,6 +334,11 @@ def union_table(columns: dict[str, Any], rows: int) -> pa.Table:
         for field in OUTPUT_ARROW_SCHEMA
     ]
     return pa.Table.from_arrays(arrays, schema=OUTPUT_ARROW_SCHEMA)
+
+
+def _repeated(value: str, rows: int) -> pa.Array:
+    """`value` in every row: built by Arrow, not from a Python list of `rows` strings."""
+    return pa.repeat(pa.scalar(value, pa.string()), rows)
 
 
 def _no_merged_ids(rows: int) -> pa.ListArray:

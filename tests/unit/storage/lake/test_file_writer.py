@@ -464,6 +464,51 @@ def test_rows_split_into_one_slice_per_partition_whatever_their_order() -> None:
     ]
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_a_partitions_statistics_do_not_depend_on_the_rows_beside_it(seed: int) -> None:
+    # A staged file's rows are all in one partition, whose statistics come from whole-column
+    # aggregates; in a table of several partitions they come from a grouped aggregation. Both
+    # must say the same of the same rows: nulls, empty strings, one row, several chunks.
+    rng = random.Random(seed)
+    rows = rng.randint(1, 30)
+
+    def maybe(value: object) -> object:
+        return None if rng.random() < 0.25 else value
+
+    start = datetime(2026, 11, 30, tzinfo=UTC)
+    mine = pa.table(
+        {
+            "layout": pa.array(["_staged"] * rows),
+            "tenant": pa.array(
+                [maybe(rng.choice(["", "a", "b", "\u00e9t\u00e9"])) for _ in range(rows)]
+            ),
+            "offset": pa.array([maybe(rng.randint(-9, 9)) for _ in range(rows)], pa.int64()),
+            "at": pa.array(
+                [
+                    maybe(start + timedelta(microseconds=rng.randint(0, 10**11)))
+                    for _ in range(rows)
+                ],
+                pa.timestamp("us", tz="UTC"),
+            ),
+            "day": pa.array([maybe(date(2026, 11, rng.randint(1, 30))) for _ in range(rows)]),
+            "score": pa.array([maybe(rng.random()) for _ in range(rows)], pa.float64()),
+        }
+    )
+    if rng.random() < 0.5:
+        mine = pa.Table.from_batches(mine.to_batches(max_chunksize=rng.randint(1, 5)))
+    other = mine.slice(0, 1).set_column(0, "layout", pa.array(["settled"]))
+    for stats_columns in (None, ("tenant", "offset")):
+        [(_, _, alone)] = split_by_partition(mine, ("layout",), stats_columns)
+        beside = {
+            values["layout"]: stats
+            for values, _, stats in split_by_partition(
+                pa.concat_tables([other, mine]), ("layout",), stats_columns
+            )
+        }
+        assert json.loads(alone) == json.loads(beside["_staged"])
+        assert json.loads(alone)["numRecords"] == rows
+
+
 def test_a_compaction_without_a_shuffle_settles_each_write_tasks_keys_on_their_own(
     tmp_path: Path,
 ) -> None:
