@@ -33,6 +33,8 @@ from typing import Any
 
 import orjson
 
+from storage.lake.delta_log import DeltaLog
+from storage.lake.log_checkpoint import write_checkpoint
 from storage.lake.tables import EVENTS, LATE_EVENTS, WINDOWS, TableSpec
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -75,7 +77,12 @@ def add_settled_tenants(table_path: Path, spec: TableSpec, tenants: int) -> int:
                 "stats": orjson.dumps(stats).decode(),
             }
             commit.write(orjson.dumps({"add": add}) + b"\n")
-    DeltaTable(str(table_path)).create_checkpoint()
+    # As the stream checkpoints its log: from the previous checkpoint (delta-rs writes the
+    # first, of the few versions before), sorted by tenant with each row group's tenant range
+    # (`log_checkpoint`), which a one-tenant reader skips by.
+    DeltaTable(str(table_path), version=version).create_checkpoint()
+    if not write_checkpoint(DeltaLog(str(table_path), None), version + 1):
+        raise RuntimeError(f"the stream's checkpoint writer declined {table_path}")
     return version + 1
 
 
