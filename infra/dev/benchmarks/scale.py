@@ -34,7 +34,9 @@ size, peak RSS of the driver and of the Python workers, and for the product:
 - the compaction that settles the run's staged rows: its time and the files it wrote;
 - object-store PUTs (data files and log commits) per million records, while streaming and with
   the compaction, and at `stream.compact_interval` and the measured rate;
-- one tenant's query time before and after that compaction.
+- one tenant's query time before and after that compaction;
+
+and for every stage the test broker's CPU seconds while it ran (`broker_cpu_s`).
 
 Figures of one run are comparable with each other only.
 """
@@ -84,6 +86,7 @@ from infra.dev.benchmarks.sample_lake import (
 )
 from infra.dev.benchmarks.stream_processes import kind_of
 from infra.dev.load_generator import LoadSpec, generate, send
+from infra.dev.local_process import cpu_seconds
 from infra.dev.local_stack import LocalKafka
 from storage.lake.delta_lake import DeltaLake, compaction_app_id
 from storage.lake.delta_log import checkpoint_batches
@@ -203,8 +206,14 @@ def run(
     results = []
     for tenants in (int(n) for n in args.tenants.split(",")):
         dataset = _Dataset.create(kafka, workdir / f"t{tenants}", tenants, args)
+        assert kafka.pid is not None  # started by `main`
         for stage in args.stages.split(","):
+            broker_cpu_s = cpu_seconds(kafka.pid)
             figures = _STAGES[stage](spark, dataset)
+            # The test broker rewrites its whole store at every offset commit, which a Kafka
+            # broker does not: the stages that commit offsets (the product's offsets mirror,
+            # the peer) pay it on the same cores, the others do not.
+            figures.extra["broker_cpu_s"] = round(cpu_seconds(kafka.pid) - broker_cpu_s, 2)
             results.append(figures)
             print(_row(figures), flush=True)
     return results

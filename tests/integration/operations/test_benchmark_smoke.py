@@ -44,6 +44,9 @@ def test_every_stage_reads_every_record_and_reports_its_figures(
         # `--max-offsets`, the other stages' batch size.
         assert figures.records == 400, figures
         assert figures.batches == 3 and figures.steady_rate > 0, figures
+        # The broker's CPU while the stage ran is reported beside it (in clock ticks: a short
+        # stage's may round to none).
+        assert figures.extra["broker_cpu_s"] >= 0, figures
     assert all("product/peer" in ratios for ratios in steady_ratios(results).values())
     product = results[-2]
     assert product.stage == "product"
