@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from kafka import KafkaAdminClient
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.errors import TopicAlreadyExistsError
 
 from infra.dev.local_process import LocalProcess, log_tail
@@ -140,6 +140,26 @@ class LocalKafka(LocalProcess):
     def create_topic(self, name: str, partitions: int) -> None:
         """Create `name` with `partitions` partitions; a topic that already exists is left as is."""
         create_topic(self._admin(), name, partitions)
+
+    def delete_records(self, topic: str) -> int:
+        """Delete every record `topic` holds now (`DeleteRecords` to each partition's end), as
+        a broker's retention would; the records deleted."""
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap_servers)
+        admin = self._admin()
+        try:
+            partitions = [
+                TopicPartition(topic, partition)
+                for partition in sorted(consumer.partitions_for_topic(topic) or ())
+            ]
+            ends = consumer.end_offsets(partitions)
+            firsts = consumer.beginning_offsets(partitions)
+            held = {partition: end for partition, end in ends.items() if end > firsts[partition]}
+            if held:
+                admin.delete_records(held)
+            return sum(end - firsts[partition] for partition, end in held.items())
+        finally:
+            admin.close()
+            consumer.close()
 
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost"})
