@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 import time
 from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +35,7 @@ from storage.lake.file_stats import (
     run_starts,
     sorted_rows,
 )
-from storage.lake.lake_filesystem import filesystem_of, lake_endpoint, make_folder
+from storage.lake.lake_filesystem import filesystem_of, lake_endpoint, make_folder, write_file
 from storage.lake.packed_rows import unpacked
 from storage.lake.plain_parquet import PlainParquet
 from storage.lake.tables import ALL_TABLES, TableSpec, rows_for_table, with_layout
@@ -282,8 +283,7 @@ def _write_file(
     full_path = f"{base}/{spec.name}/{relative}"
     try:
         make_folder(filesystem, full_path.rsplit("/", 1)[0])
-        with filesystem.open_output_stream(full_path) as out:
-            out.write(content)
+        write_file(filesystem, full_path, content)
     except OSError as error:
         if target.storage_options is None:
             raise
@@ -304,4 +304,11 @@ def _value_counts(rows: pa.Table, column: str | None) -> dict[str, int]:
 
 def _escape(value: str | None) -> str:
     # Hive's convention, which Spark and Delta readers understand.
-    return "__HIVE_DEFAULT_PARTITION__" if value is None else quote(value, safe="-_.")
+    if value is None:
+        return "__HIVE_DEFAULT_PARTITION__"
+    # Most values (tenant ids, sources, dates) need no quoting: checked at a tenth of the cost.
+    return value if _UNQUOTED.fullmatch(value) else quote(value, safe="-_.")
+
+
+_UNQUOTED = re.compile(r"[A-Za-z0-9_.\-]*")
+"""What `quote(value, safe="-_.")` leaves as it is."""

@@ -7,8 +7,10 @@ readers load no writer.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
+import pyarrow as pa
 from pyarrow import fs
 
 # pyarrow's default retries each request 3 times; with a timeout per attempt, a stalled store
@@ -56,6 +58,33 @@ def make_folder(filesystem: fs.FileSystem, folder: str) -> None:
     a settled file, and a settle writes one per key."""
     if not isinstance(filesystem, fs.S3FileSystem):
         filesystem.create_dir(folder, recursive=True)
+
+
+def write_file(filesystem: fs.FileSystem, path: str, content: bytes | pa.Buffer) -> None:
+    """Write `content` as the file at `path` (replacing one there), in a folder that exists.
+
+    A local file is written by the system calls themselves: a settle writes a file per key, and
+    for a file of a few KB pyarrow's stream object cost 10-12 µs against the calls' 8."""
+    if not isinstance(filesystem, fs.LocalFileSystem):
+        with filesystem.open_output_stream(path) as out:
+            out.write(content)
+        return
+    data = memoryview(content)
+    descriptor = os.open(path, _NEW_FILE, 0o666)
+    try:
+        while data:
+            data = data[os.write(descriptor, data) :]
+    finally:
+        os.close(descriptor)
+
+
+_NEW_FILE = (
+    os.O_WRONLY
+    | os.O_CREAT
+    | os.O_TRUNC
+    | getattr(os, "O_CLOEXEC", 0)  # POSIX
+    | getattr(os, "O_BINARY", 0)  # Windows
+)
 
 
 def lake_endpoint(storage_options: Mapping[str, str]) -> str:

@@ -165,8 +165,8 @@ class _ColumnPages:
     values: bytes | np.ndarray
     """Every value PLAIN-encoded one after another; booleans as an array, bit-packed per page."""
 
-    def page_body(self, first_row: int, end_row: int) -> tuple[int, list[bytes]]:
-        """(entries, the data page's body in pieces) for rows [first_row, end_row)."""
+    def page_body(self, first_row: int, end_row: int) -> tuple[int, list[bytes], int]:
+        """(entries, the data page's body in pieces, its size) for rows [first_row, end_row)."""
         first, end = self.row_entries[first_row], self.row_entries[end_row]
         first_value, end_value = self.entry_values[first], self.entry_values[end]
         pieces = []
@@ -179,7 +179,9 @@ class _ColumnPages:
             pieces.append(np.packbits(values, bitorder="little").tobytes())
         else:
             pieces.append(self.values[self.value_ends[first_value] : self.value_ends[end_value]])
-        return end - first, pieces
+        # Summed here, where the pieces are at most three: a file has a page per column.
+        size = len(pieces[0]) if len(pieces) == 1 else sum(map(len, pieces))
+        return end - first, pieces, size
 
 
 class _Levels:
@@ -297,9 +299,8 @@ class PlainParquet:
         chunks = [self._columns_header]
         offset = len(_MAGIC)
         for chunk, column in zip(self._column_chunks, pages, strict=True):
-            entry_count, body = column.page_body(first_row, end_row)
+            entry_count, body, body_size = column.page_body(first_row, end_row)
             entries = zigzag(entry_count)
-            body_size = sum(len(piece) for piece in body)
             encoded_body_size = zigzag(body_size)
             header = _PAGE_HEADER.pieces(encoded_body_size, encoded_body_size, entries)
             size = (

@@ -8,11 +8,13 @@ import functools
 import itertools
 import json
 import random
+import uuid
 import zlib
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +35,7 @@ from storage.lake.file_names import (
 )
 from storage.lake.file_stats import SETTLED_FILE_STATS, split_by_partition
 from storage.lake.file_writer import PLAIN_FILE_ROWS, write_task_files
+from storage.lake.lake_filesystem import write_file
 from storage.lake.packed_rows import packed_table
 from storage.lake.tables import (
     ALL_TABLES,
@@ -462,6 +465,34 @@ def test_rows_split_into_one_slice_per_partition_whatever_their_order() -> None:
         [0, 2],
         [1, 4],
     ]
+
+
+def test_a_file_written_again_is_replaced_whole(tmp_path: Path) -> None:
+    # A retried task writes its files again under the same names, maybe shorter.
+    path = str(tmp_path / "part.parquet")
+    write_file(LocalFileSystem(), path, b"a longer first attempt")
+    write_file(LocalFileSystem(), path, pa.py_buffer(b"retry"))
+    assert (tmp_path / "part.parquet").read_bytes() == b"retry"
+
+
+@pytest.mark.parametrize(
+    "value", ["t000042", "web", "2026-11-30", "", "a b", "x/y", "\u00e9t\u00e9", "100%", "a=b"]
+)
+def test_a_settled_files_folder_and_name_are_those_earlier_releases_wrote(value: str) -> None:
+    # A retried settle must name its files as the attempt before it did, whichever release
+    # that was: Hive-quoted partition folders, and a name digest from uuid5.
+    target = SettledFiles(
+        root="/lake",
+        storage_options=None,
+        stream="s",
+        writer_epoch=3,
+        inputs_digest="c" * 16,
+        table_name="events",
+    )
+    folder = file_writer._escape(value)
+    assert folder == quote(value, safe="-_.")
+    digest = uuid.uuid5(uuid.NAMESPACE_URL, f"events/layout_tenant={folder}").hex[:12]
+    assert target.file_name(f"layout_tenant={folder}").endswith(f"-t00000-{digest}.parquet")
 
 
 @pytest.mark.parametrize("seed", range(40))
