@@ -93,7 +93,13 @@ def checkpoint_batches(checkpoint: pq.ParquetFile, columns: list[str]) -> Iterat
 def log_path(path: str) -> str:
     """A data file's path relative to its table as Delta's log spells it: percent-encoded,
     folders' `/` and Hive's `=` left as they are (what delta-rs and Spark decode)."""
-    return quote(path, safe="/=:")
+    # Most paths need no encoding; checked at a tenth of `quote`'s cost, which was half of a
+    # settle's commit of 25,000 files.
+    return path if _UNQUOTED_PATH.fullmatch(path) else quote(path, safe="/=:")
+
+
+_UNQUOTED_PATH = re.compile(r"[A-Za-z0-9_.\-/=:]*")
+"""What `quote(path, safe="/=:")` leaves as it is."""
 
 
 @dataclass(frozen=True)
