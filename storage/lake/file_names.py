@@ -11,10 +11,12 @@ which lets compaction settle each write task's keys without a shuffle.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import uuid
 from dataclasses import dataclass
+from urllib.parse import quote
 
 
 @dataclass(frozen=True)
@@ -155,3 +157,16 @@ def _digest(table_name: str, partition_values: str) -> str:
 
 
 _URL_NAMESPACE = uuid.NAMESPACE_URL.bytes
+
+
+def percent_encoded(text: str, safe: str) -> str:
+    """`urllib.parse.quote(text, safe=safe)`, without calling it where nothing needs encoding:
+    a settle names and commits a file per key, and quoting each part was half of a slice's
+    commit on the driver."""
+    return text if _unencoded(safe).fullmatch(text) else quote(text, safe=safe)
+
+
+@functools.cache
+def _unencoded(safe: str) -> re.Pattern[str]:
+    """Text that `quote(text, safe=safe)` leaves as it is (`quote` also keeps `~`, left to it)."""
+    return re.compile(f"[A-Za-z0-9_.\\-{re.escape(safe)}]*")

@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import functools
 import itertools
-import re
 import time
 from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import quote
 
 import numpy as np
 import pyarrow as pa
@@ -28,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs
 
-from storage.lake.file_names import BatchFiles, SettledFiles
+from storage.lake.file_names import BatchFiles, SettledFiles, percent_encoded
 from storage.lake.file_stats import (
     SETTLED_FILE_STATS,
     partitioned,
@@ -304,11 +302,4 @@ def _value_counts(rows: pa.Table, column: str | None) -> dict[str, int]:
 
 def _escape(value: str | None) -> str:
     # Hive's convention, which Spark and Delta readers understand.
-    if value is None:
-        return "__HIVE_DEFAULT_PARTITION__"
-    # Most values (tenant ids, sources, dates) need no quoting: checked at a tenth of the cost.
-    return value if _UNQUOTED.fullmatch(value) else quote(value, safe="-_.")
-
-
-_UNQUOTED = re.compile(r"[A-Za-z0-9_.\-]*")
-"""What `quote(value, safe="-_.")` leaves as it is."""
+    return "__HIVE_DEFAULT_PARTITION__" if value is None else percent_encoded(value, "-_.")

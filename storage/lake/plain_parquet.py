@@ -179,9 +179,7 @@ class _ColumnPages:
             pieces.append(np.packbits(values, bitorder="little").tobytes())
         else:
             pieces.append(self.values[self.value_ends[first_value] : self.value_ends[end_value]])
-        # Summed here, where the pieces are at most three: a file has a page per column.
-        size = len(pieces[0]) if len(pieces) == 1 else sum(map(len, pieces))
-        return end - first, pieces, size
+        return end - first, pieces, sum(map(len, pieces))
 
 
 class _Levels:

@@ -314,19 +314,17 @@ def rows_for_table(batch: pa.Table, spec: TableSpec, batch_id: int) -> pa.Table:
     )
 
     def column(name: str) -> pa.ChunkedArray | pa.Array:
-        if name in _DERIVED_TIMES:
-            return _timestamp(rows[_DERIVED_TIMES[name]])
         if name == "batch_id":
             return pa.array(np.full(rows.num_rows, batch_id, np.int64))
-        if name == "window_date":
-            return pc.cast(_timestamp(rows["window_start_ms"]), pa.date32())
-        if name == "ingest_date":
-            # From the Kafka timestamp, not the clock, so a replay lands identically.
-            return pc.cast(_timestamp(rows["kafka_timestamp_ms"]), pa.date32())
+        values = rows[_union_column(name)]
+        if name in _DERIVED_TIMES:
+            return _timestamp(values)
+        if name in _DERIVED_DATES:
+            return pc.cast(_timestamp(values), pa.date32())
         if name == "payload":
             # Accepted values were decoded as UTF-8 JSON objects upstream: this cannot fail.
-            return pc.cast(rows["value"], pa.string())
-        return rows[name]
+            return pc.cast(values, pa.string())
+        return values
 
     columns = [_typed(column(field.name), field.type) for field in spec.schema]
     return pa.Table.from_arrays(columns, schema=spec.schema)
@@ -334,20 +332,23 @@ def rows_for_table(batch: pa.Table, spec: TableSpec, batch_id: int) -> pa.Table:
 
 def _union_columns(spec: TableSpec, union: pa.Schema) -> list[str]:
     """The union columns `rows_for_table` reads for `spec`."""
-    wanted = {
-        _DERIVED_TIMES.get(field.name, _DERIVED_COLUMNS.get(field.name, field.name))
-        for field in spec.schema
-    }
+    wanted = {_union_column(field.name) for field in spec.schema}
     return [name for name in union.names if name in wanted]
 
 
-_DERIVED_COLUMNS = {
+def _union_column(name: str) -> str:
+    """The union column a table column is read from."""
+    return _DERIVED_TIMES.get(name) or _DERIVED_DATES.get(name) or _PAYLOAD.get(name, name)
+
+
+_DERIVED_DATES = {
     "window_date": "window_start_ms",
+    # From the Kafka timestamp, not the clock, so a replay lands identically.
     "ingest_date": "kafka_timestamp_ms",
-    "payload": "value",
 }
-"""Table columns that `rows_for_table` derives from another union column (besides
-`_DERIVED_TIMES`)."""
+"""Table columns that are a union column's epoch ms as a UTC date."""
+_PAYLOAD = {"payload": "value"}
+"""The record's value, as text."""
 
 
 def _typed(

@@ -204,9 +204,9 @@ def run(
 ) -> list[StageFigures]:
     """Every stage for every tenant count, in `spark`, over topics preloaded into `kafka`."""
     results = []
+    assert kafka.pid is not None  # started by `main`
     for tenants in (int(n) for n in args.tenants.split(",")):
         dataset = _Dataset.create(kafka, workdir / f"t{tenants}", tenants, args)
-        assert kafka.pid is not None  # started by `main`
         for stage in args.stages.split(","):
             broker_cpu_s = cpu_seconds(kafka.pid)
             figures = _STAGES[stage](spark, dataset)
