@@ -460,6 +460,12 @@ class DeltaLake:
             if not write_checkpoint(self.log(spec)):
                 self.open(spec).create_checkpoint()
             clean_up_expired_logs(self.log(spec))
+        # A checkpoint's batches are the largest buffers a stream's driver frees, and they grow
+        # with the table's tombstones for `deletedFileRetentionDuration`. glibc keeps a freed
+        # heap's high-water mark for the next allocation: without giving it back here, the
+        # driver grew a few MiB at every checkpoint for as long as the tombstones grew (the
+        # system pool's `release_unused` is glibc's `malloc_trim`).
+        pa.default_memory_pool().release_unused()
 
     def _checkpoint_after_batch(self, spec: TableSpec, version: int) -> None:
         """Checkpoint the log every `delta.checkpointInterval` commits, as Delta writers do:
