@@ -102,7 +102,8 @@ class Holes:
                 raise ValueError(f"hole {index} is not in the encoding, or out of order")
             segments.append(before)
         segments.append(rest)
-        self._segments = tuple(segments)
+        self.segments = tuple(segments)
+        """The constant bytes before each value, then after the last."""
         self.constant_size = sum(len(segment) for segment in segments)
         """The bytes besides the values."""
 
@@ -113,7 +114,7 @@ class Holes:
 
     def pieces(self, *values: bytes) -> list[bytes]:
         pieces: list[bytes] = [b""] * (2 * len(values) + 1)
-        pieces[0::2] = self._segments
+        pieces[0::2] = self.segments
         pieces[1::2] = values
         return pieces
 

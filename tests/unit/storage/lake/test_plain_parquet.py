@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from storage.lake import plain_parquet
 from storage.lake.plain_parquet import CREATED_BY, PlainParquet
 from storage.lake.tables import ALL_TABLES, TableSpec
 from storage.lake.thrift_compact import I32, I64, Holes, StructLayout, read_struct, zigzag
@@ -65,6 +66,57 @@ def _rows_and_ranges(draw: st.DrawFn, schema: pa.Schema) -> tuple[pa.Table, list
     cuts = sorted(draw(st.sets(st.integers(min_value=1, max_value=count - 1))) if count > 1 else [])
     bounds = [0, *cuts, count]
     return rows, list(itertools.pairwise(bounds))
+
+
+@st.composite
+def _files_of_keys(draw: st.DrawFn, schema: pa.Schema) -> tuple[pa.Table, list[tuple[int, int]]]:
+    """Rows cut into files as a settle cuts them, a key's each: in most files a column is
+    all null or has no null (levels of one run), in some it mixes them."""
+    sizes = draw(st.lists(st.integers(min_value=1, max_value=4), min_size=1, max_size=40))
+    bounds = [0, *itertools.accumulate(sizes)]
+    columns: dict[str, list[Any]] = {field.name: [] for field in schema}
+    for size in sizes:
+        for field in schema:
+            nulls = draw(
+                st.sampled_from(["none", "all", "some"]) if field.nullable else st.just("none")
+            )
+            values = st.none() | _values(field.type) if nulls == "some" else _values(field.type)
+            columns[field.name] += (
+                [None] * size
+                if nulls == "all"
+                else draw(st.lists(values, min_size=size, max_size=size))
+            )
+    return pa.table(columns, schema=schema), list(itertools.pairwise(bounds))
+
+
+_FLAT_TABLES = [
+    spec
+    for spec in ALL_TABLES
+    if not any(
+        pa.types.is_nested(field.type) or pa.types.is_boolean(field.type) for field in spec.schema
+    )
+]
+
+
+@pytest.mark.parametrize("spec", _FLAT_TABLES, ids=lambda spec: spec.name)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_many_files_encoded_column_wise_are_the_bytes_of_one_by_one(
+    spec: TableSpec, data: st.DataObject
+) -> None:
+    rows, ranges = data.draw(_files_of_keys(spec.schema))
+    writer = PlainParquet.of(spec.schema)
+    assert writer is not None
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plain_parquet, "COLUMNWISE_FILES", 1)
+        column_wise = writer.encode(rows, ranges)
+        patch.setattr(plain_parquet, "COLUMNWISE_FILES", len(ranges) + 1)
+        one_by_one = writer.encode(rows, ranges)
+
+    assert column_wise == one_by_one
+    for content, (first, end) in zip(column_wise, ranges, strict=True):
+        assert _read(content).to_pylist() == rows.slice(first, end - first).to_pylist()
 
 
 def _read(content: bytes) -> pa.Table:
