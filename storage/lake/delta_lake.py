@@ -511,7 +511,7 @@ class DeltaLake:
         spec: TableSpec,
         checked_version: int,
         removed: list[LakeFile],
-        settled: list[WrittenFile],
+        settled: list[WrittenFile] | pa.Table,
         app_id: str,
         compaction_version: int,
         writer_epoch: int,

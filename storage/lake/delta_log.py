@@ -24,12 +24,13 @@ from typing import Any
 import boto3
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from storage.lake.file_names import percent_encoded
+from storage.lake.file_names import percent_encoded, unencoded_pattern
 from storage.lake.lake_filesystem import duration_s, filesystem_of
 from storage.lake.s3_options import MAX_RETRIES
 
@@ -90,10 +91,28 @@ def checkpoint_batches(checkpoint: pq.ParquetFile, columns: list[str]) -> Iterat
     yield from checkpoint.iter_batches(batch_size=CHECKPOINT_BATCH_ROWS, columns=held)
 
 
+_LOG_PATH_SAFE = "/=:"
+
+
 def log_path(path: str) -> str:
     """A data file's path relative to its table as Delta's log spells it: percent-encoded,
     folders' `/` and Hive's `=` left as they are (what delta-rs and Spark decode)."""
-    return percent_encoded(path, "/=:")
+    return percent_encoded(path, _LOG_PATH_SAFE)
+
+
+def log_paths(paths: pa.Array) -> pa.Array:
+    """`log_path` of each path, looked at column-wise: only a path that needs encoding is
+    encoded on its own."""
+    plain = pc.match_substring_regex(paths, f"^{unencoded_pattern(_LOG_PATH_SAFE)}$")
+    if pc.all(plain).as_py():
+        return paths
+    return pa.array(
+        [
+            path if is_plain else log_path(path)
+            for path, is_plain in zip(paths.to_pylist(), plain.to_pylist(), strict=True)
+        ],
+        pa.string(),
+    )
 
 
 @dataclass(frozen=True)
@@ -167,9 +186,10 @@ class DeltaLog:
             return None
         return int(last["version"])
 
-    def try_commit(self, version: int, actions: list[Action]) -> bool:
-        """Write commit `version` unless it exists; False if another writer's is there."""
-        body = b"".join(orjson.dumps(action) + b"\n" for action in actions)
+    def try_commit(self, version: int, actions: list[Action], lines: bytes = b"") -> bool:
+        """Write commit `version` unless it exists; False if another writer's is there.
+        `lines`: more actions after `actions`, encoded already (a line each)."""
+        body = b"".join(orjson.dumps(action) + b"\n" for action in actions) + lines
         if self._s3_bucket_key is None:
             return self._link_new(self.commit_file(version), body)
         bucket, key = self._s3_bucket_key

@@ -168,5 +168,10 @@ def percent_encoded(text: str, safe: str) -> str:
 
 @functools.cache
 def _unencoded(safe: str) -> re.Pattern[str]:
-    """Text that `quote(text, safe=safe)` leaves as it is (`quote` also keeps `~`, left to it)."""
-    return re.compile(f"[A-Za-z0-9_.\\-{re.escape(safe)}]*")
+    return re.compile(unencoded_pattern(safe))
+
+
+def unencoded_pattern(safe: str) -> str:
+    """A regular expression (Python's and RE2's) of the text that `quote(text, safe=safe)`
+    leaves as it is (`quote` also keeps `~`, left to it)."""
+    return f"[A-Za-z0-9_.\\-{re.escape(safe)}]*"

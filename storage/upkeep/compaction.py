@@ -70,6 +70,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+import pyarrow.compute as pc
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -557,13 +558,13 @@ class _Written:
         settled_files = records = 0
         for index, buckets in enumerate(slices):
             removed = runs_of.get(index, [])
-            written = self.manifests.read(self.paths, buckets)
-            if bool(removed) != bool(written):
+            written = self.manifests.read_rows(self.paths, buckets)
+            if bool(removed) != bool(written.num_rows):
                 raise RuntimeError(
                     f"compacting {spec.name}: slice {index} has {len(removed)} runs and "
-                    f"{len(written)} settled files; a slice needs both or neither"
+                    f"{written.num_rows} settled files; a slice needs both or neither"
                 )
-            if not written:
+            if not written.num_rows:
                 continue
             if settled_files:
                 hooks.between_slices()
@@ -579,14 +580,14 @@ class _Written:
             )
             if checked is None:
                 return None
-            settled_files += len(written)
-            records += sum(file.num_records for file in written)
+            settled_files += written.num_rows
+            records += pc.sum(written.column("num_records")).as_py()
             log.info(
                 "compacting %s: slice %d of %d committed, %d settled files",
                 spec.name,
                 index + 1,
                 len(slices),
-                len(written),
+                written.num_rows,
             )
         checkpoint_at = compaction.log_checkpoint_files
         if checkpoint_at is not None and settled_files + len(swap.staged) >= checkpoint_at:

@@ -74,19 +74,26 @@ class Manifests:
     def read(self, paths: list[str], buckets: range | None = None) -> list[WrittenFile]:
         """The files the manifests at `paths` list; with `buckets`, only those whose tenant is
         in one of them."""
+        return WrittenFile.from_table(self.read_rows(paths, buckets))
+
+    def read_rows(self, paths: list[str], buckets: range | None = None) -> pa.Table:
+        """`read`'s files as rows (`WRITTEN_FILE_SCHEMA`), for a commit that encodes them
+        column-wise (`log_commits.add_lines`)."""
         filesystem, _ = filesystem_of(self.root, self.storage_options)
         filters = (
             None
             if buckets is None
             else [("bucket", ">=", buckets.start), ("bucket", "<", buckets.stop)]
         )
-        return [
-            file
-            for path in paths
-            for file in WrittenFile.from_table(
-                pq.read_table(path, filesystem=filesystem, filters=filters)
-            )
-        ]
+        return pa.concat_tables(
+            [
+                pq.read_table(
+                    path, filesystem=filesystem, filters=filters, columns=WRITTEN_FILE_SCHEMA.names
+                )
+                for path in paths
+            ]
+            or [WRITTEN_FILE_SCHEMA.empty_table()]
+        )
 
     def files_per_bucket(self, paths: list[str]) -> np.ndarray:
         """How many files the manifests at `paths` list in each slice bucket."""

@@ -9,12 +9,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from storage.lake.commits import FencedError, fence_app_id
 from storage.lake.delta_lake import LakeFile
 from storage.lake.delta_log import DeltaLog, lines
-from storage.lake.log_commits import FencedCommit, commit_fenced
-from storage.lake.written_files import WrittenFile
+from storage.lake.log_commits import FencedCommit, _commit_actions, add_lines, commit_fenced
+from storage.lake.written_files import WRITTEN_FILE_SCHEMA, WrittenFile
 
 STREAM = "orders"
 EPOCH = 3
@@ -145,3 +147,35 @@ def test_a_commit_is_read_a_line_at_a_time_whatever_the_chunks() -> None:
     for chunk_bytes in (1, 3, 7, 1 << 20):
         read = list(lines(pa.BufferReader(text), chunk_bytes))
         assert read == [b'{"a": 1}', b'{"b": 22}', b'{"c": 333}'], chunk_bytes
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    files=st.lists(
+        st.builds(
+            WrittenFile,
+            table_name=st.just("events"),
+            path=st.text(min_size=1, max_size=30).map(lambda name: f"tenant={name}/f.parquet"),
+            size=st.integers(min_value=0, max_value=2**40),
+            partition_values=st.dictionaries(
+                st.sampled_from(["tenant", "source", "window_date"]), st.none() | st.text()
+            ),
+            modification_time=st.integers(min_value=0, max_value=2**45),
+            # Statistics as the writers make them (JSON text), and any text besides.
+            stats=st.dictionaries(st.text(max_size=5), st.text() | st.integers()).map(json.dumps)
+            | st.text(),
+            num_records=st.integers(min_value=0, max_value=10),
+        ),
+        max_size=20,
+    ),
+    data_change=st.booleans(),
+)
+def test_files_as_rows_commit_the_add_actions_of_the_files_as_objects(
+    files: list[WrittenFile], data_change: bool
+) -> None:
+    rows = pa.Table.from_pylist([file.to_row() for file in files], schema=WRITTEN_FILE_SCHEMA)
+    as_objects = FencedCommit((), files, STREAM, EPOCH, ("t", 1), data_change)
+
+    actions = [json.loads(line) for line in add_lines(rows, data_change).splitlines()]
+
+    assert actions == [action for action in _commit_actions(as_objects, "id") if "add" in action]
