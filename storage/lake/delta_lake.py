@@ -398,7 +398,7 @@ class DeltaLake:
         self,
         spec: TableSpec,
         staged: list[LakeFile],
-        settled: list[WrittenFile],
+        settled: list[WrittenFile] | pa.Table,
         app_id: str,
         compaction_version: int,
         writer_epoch: int,

@@ -70,6 +70,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
@@ -461,19 +462,21 @@ class _Swap:
         slice_of_bucket = slice_of_buckets(slices)
         cut = compaction._manifests(spec, "slices")
         try:
-            return cut.read(
-                self._tasks(
-                    lambda task: write_slice_runs(
-                        replace(runs_target, write_task=task), slice_of_bucket
-                    ),
-                    cut,
-                )
+            paths = self._tasks(
+                lambda task: write_slice_runs(
+                    replace(runs_target, write_task=task), slice_of_bucket
+                ),
+                cut,
             )
+            return WrittenFile.from_table(cut.read(paths))
         finally:
             cut.remove()
 
     def commit(
-        self, added: list[WrittenFile], hooks: _Hooks, log_checkpoint_files: int | None
+        self,
+        added: list[WrittenFile] | pa.Table,
+        hooks: _Hooks,
+        log_checkpoint_files: int | None,
     ) -> int | None:
         """Swap the listed staged files for `added`; the version committed, or None if they
         were taken meanwhile."""
@@ -520,14 +523,13 @@ class _Written:
                 return None
         finally:
             self.discard()
-        if not self.settles_all:
-            settled = [file for file in written if run_oldest_ms(file.path) is None]
-            return _Swapped(
-                settled_files=len(settled),
-                run_files=len(written) - len(settled),
-                records=sum(file.num_records for file in settled),
-            )
-        return _Swapped(len(written), 0, sum(file.num_records for file in written))
+        is_settled = [run_oldest_ms(path) is None for path in written.column("path").to_pylist()]
+        settled = written.filter(pa.array(is_settled, pa.bool_()))
+        return _Swapped(
+            settled_files=settled.num_rows,
+            run_files=written.num_rows - settled.num_rows,
+            records=_records(settled),
+        )
 
     def _in_slices(self, slices: list[range], hooks: _Hooks) -> _Swapped | None:
         """Swap the staged files for the runs (the same rows), then each slice's runs for its
@@ -558,7 +560,7 @@ class _Written:
         settled_files = records = 0
         for index, buckets in enumerate(slices):
             removed = runs_of.get(index, [])
-            written = self.manifests.read_rows(self.paths, buckets)
+            written = self.manifests.read(self.paths, buckets)
             if bool(removed) != bool(written.num_rows):
                 raise RuntimeError(
                     f"compacting {spec.name}: slice {index} has {len(removed)} runs and "
@@ -581,7 +583,7 @@ class _Written:
             if checked is None:
                 return None
             settled_files += written.num_rows
-            records += pc.sum(written.column("num_records")).as_py()
+            records += _records(written)
             log.info(
                 "compacting %s: slice %d of %d committed, %d settled files",
                 spec.name,
@@ -608,6 +610,11 @@ class _Written:
         if version is not None and compaction.lake.log(spec).last_checkpoint() is None:
             compaction.lake.checkpoint_log(spec)
         return version
+
+
+def _records(files: pa.Table) -> int:
+    """The rows of `files` (`WRITTEN_FILE_SCHEMA`)."""
+    return int(pc.sum(files.column("num_records")).as_py() or 0)
 
 
 def _discard(pending: WorkThread[_Written | None]) -> None:

@@ -16,7 +16,7 @@ from pyarrow import fs
 
 from storage.lake.file_writer import MapInArrow, spark_task_partition
 from storage.lake.lake_filesystem import filesystem_of, make_folder
-from storage.lake.written_files import WRITTEN_FILE_SCHEMA, WrittenFile
+from storage.lake.written_files import WRITTEN_FILE_SCHEMA
 from storage.upkeep.settle_slices import SLICE_BUCKETS, tenant_bucket
 
 log = logging.getLogger(__name__)
@@ -71,14 +71,10 @@ class Manifests:
 
         return write
 
-    def read(self, paths: list[str], buckets: range | None = None) -> list[WrittenFile]:
-        """The files the manifests at `paths` list; with `buckets`, only those whose tenant is
-        in one of them."""
-        return WrittenFile.from_table(self.read_rows(paths, buckets))
-
-    def read_rows(self, paths: list[str], buckets: range | None = None) -> pa.Table:
-        """`read`'s files as rows (`WRITTEN_FILE_SCHEMA`), for a commit that encodes them
-        column-wise (`log_commits.add_lines`)."""
+    def read(self, paths: list[str], buckets: range | None = None) -> pa.Table:
+        """The files the manifests at `paths` list, as rows (`WRITTEN_FILE_SCHEMA`: a commit
+        encodes them column-wise, `log_commits.add_lines`); with `buckets`, only those whose
+        tenant is in one of them."""
         filesystem, _ = filesystem_of(self.root, self.storage_options)
         filters = (
             None

@@ -411,14 +411,14 @@ def test_tasks_list_their_files_in_manifests_the_driver_reads_back(tmp_path: Pat
         ]
     assert [row["files"] for row in rows] == [3, 2]  # a task that wrote nothing lists nothing
     paths = [row["manifest"] for row in rows]
-    read = manifests.read(paths)
+    read = WrittenFile.from_table(manifests.read(paths))
     assert sorted(read, key=_path) == sorted(_written(0, 3) + _written(2, 2), key=_path)
     # And one slice of tenants at a time (`settle_slices`): each file in exactly one slice.
     per_bucket = manifests.files_per_bucket(paths)
     assert per_bucket.sum() == 5
     slices = plan_slices(per_bucket, slice_files=2)
     assert len(slices) >= 3
-    by_slice = [manifests.read(paths, buckets) for buckets in slices]
+    by_slice = [WrittenFile.from_table(manifests.read(paths, buckets)) for buckets in slices]
     assert all(len(files) <= 2 for files in by_slice)
     assert sorted((f for files in by_slice for f in files), key=_path) == sorted(read, key=_path)
     for buckets, files in zip(slices, by_slice, strict=True):
@@ -622,7 +622,7 @@ def test_a_settle_in_slices_cuts_runs_holding_exactly_each_slices_settled_rows(
             replace(runs_target, write_task=task), slice_of_buckets(slices)
         ),
     )
-    runs = cut.read(run_paths)
+    runs = WrittenFile.from_table(cut.read(run_paths))
     slice_of_digest = {
         slice_digest(settled.inputs_digest, index): index for index in range(len(slices))
     }
@@ -639,7 +639,7 @@ def test_a_settle_in_slices_cuts_runs_holding_exactly_each_slices_settled_rows(
         mine = [run for run in runs if slice_of_digest[run_inputs_digest(run.path) or ""] == index]
         assert all(write_task_of_staged_file(run.path) in (0, 1) for run in mine)
         assert all(run.partition_values["layout_tenant"] == STAGED for run in mine)
-        assert rows_of(mine) == rows_of(manifests.read(paths, buckets))
+        assert rows_of(mine) == rows_of(WrittenFile.from_table(manifests.read(paths, buckets)))
     assert sum(run.num_records for run in runs) == union.num_rows
 
 
