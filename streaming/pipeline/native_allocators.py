@@ -17,7 +17,8 @@ The processes live for days, so what an allocator keeps after a peak is kept for
   steps at every merge. With two arenas, a merge a minute at 2,000 records/s, minute
   1 to 7: the driver +15 MiB and the JVM +17 (+36 and +74 with glibc's default), one run each.
 
-With both, an hour at 500 records/s grew 1.2 MiB a minute from minute 10 on, 4.3 before
+With both, and the driver giving back what each checkpoint of a table's log freed
+(`DeltaLake.checkpoint_log`), an hour at 500 records/s held 1.47-1.54 GB from minute 10 on
 (`continuous --tenants 12 --rate 500 --seconds 3600`, docs/sizing.md).
 
 Both are read as a process starts, so `use_long_lived_allocators` runs where the command line
