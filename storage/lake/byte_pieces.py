@@ -21,6 +21,9 @@ _VARINT_BYTES = 10
 
 @dataclass(frozen=True)
 class _Piece:
+    """One piece of every string: a constant, varints, 4-byte ints or ranges of `source`,
+    whichever field is set."""
+
     lengths: np.ndarray
     """Bytes per string."""
     constant: np.ndarray | None = None
