@@ -41,7 +41,7 @@ ROUTED_SCHEMA = StructType(
         StructField("kafka_timestamp_ms", LongType()),
         StructField("event_time_ms", LongType()),
         StructField("event_id", StringType()),
-        StructField("metric_values_json", StringType()),
+        StructField("metric_values", BinaryType()),
         StructField("reason", StringType()),
         StructField("error", StringType()),
     ]
@@ -86,7 +86,7 @@ def route_batch(
         "source": pa.array(parsed.source, pa.string()),
         "event_time_ms": pa.array(parsed.event_time_ms, pa.int64()),
         "event_id": pa.array(parsed.event_id, pa.string()),
-        "metric_values_json": pa.array(parsed.metric_values_json, pa.string()),
+        "metric_values": pa.array(parsed.metric_values, pa.binary()),
         "reason": pa.array(parsed.reason, pa.string()),
         "error": pa.array(parsed.error, pa.string()),
     }
@@ -105,7 +105,7 @@ def route_frame(
     routed["source"] = parsed.source
     routed["event_time_ms"] = pd.array(parsed.event_time_ms, dtype="Int64")
     routed["event_id"] = parsed.event_id
-    routed["metric_values_json"] = parsed.metric_values_json
+    routed["metric_values"] = parsed.metric_values
     routed["reason"] = parsed.reason
     routed["error"] = parsed.error
     return routed[ROUTED_SCHEMA.fieldNames()]

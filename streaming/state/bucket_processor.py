@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import orjson
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -47,6 +46,7 @@ from pyspark.sql.types import (
 
 from storage.lake.packed_rows import PACKED_COLUMN, packed
 from streaming.fault_points import NO_FAULTS, FaultHook, FaultPoint
+from streaming.records.bulk_parsing import METRIC_VALUE_DTYPE, unpacked_metric_values
 from streaming.records.parsing import QuarantineReason
 from streaming.state.bucket_state import STATE_LAYOUT, BucketState, Key, StoredKey
 from streaming.state.key_summary import BucketSummary, summarise_bucket
@@ -221,8 +221,8 @@ def _process_bucket(
     sources = _strings(batch["source"])
     event_times = _event_times(batch)
     metric_values = (
-        batch["metric_values_json"].to_numpy(dtype=object)
-        if "metric_values_json" in batch
+        batch["metric_values"].to_numpy(dtype=object)
+        if "metric_values" in batch
         else np.zeros(0, dtype=object)
     )
     if keys.checked_fingerprint != registry.fingerprint:
@@ -406,40 +406,44 @@ class _Records:
     """The batch's event times and metric inputs, for the keys' rows to pick from."""
 
     event_times_ms: np.ndarray
-    metric_values_json: np.ndarray
-    """As the router wrote them: a JSON array per record (object), in the source's metric
-    order; None: no metric values. Empty: the batch has no such column."""
+    metric_values: np.ndarray
+    """As the router packed them (`bulk_parsing.packed_metric_values`), a value per record
+    (object), in the source's metric order; None: no metric values. Empty: the batch has no
+    such column."""
 
     def metric_matrix(self, rows: np.ndarray, rules: WindowRules) -> np.ndarray:
         """A row per record, a column per metric in `metric_names` order; NaN: no value."""
         names = list(rules.metrics)
         if not names or not len(rows):
             return np.zeros((len(rows), len(names)), np.float64)
-        # One parse for all the rows: each is a JSON array of the source's metrics.
-        texts = self._values_json(rows, len(names))
-        values = np.array(orjson.loads("[" + ",".join(texts) + "]"), dtype=np.float64)
+        # The rows' values side by side are the matrix's bytes: nothing to parse.
+        packed = b"".join(self._packed(rows, len(names)))
+        values = np.frombuffer(packed, METRIC_VALUE_DTYPE).astype(np.float64)
         stored_order = [names.index(name) for name in metric_names(rules)]
         return values.reshape(len(rows), len(names))[:, stored_order]
 
     def inputs(self, rows: np.ndarray, rules: WindowRules) -> list[RecordInput]:
         names = list(rules.metrics)
-        texts = self._values_json(rows, len(names))
+        packed = self._packed(rows, len(names))
         return [
             RecordInput(
                 int(self.event_times_ms[row]),
-                dict(zip(names, orjson.loads(text), strict=True)) if names else {},
+                dict(zip(names, unpacked_metric_values(values), strict=True)) if names else {},
             )
-            for row, text in zip(rows.tolist(), texts, strict=True)
+            for row, values in zip(rows.tolist(), packed, strict=True)
         ]
 
-    def _values_json(self, rows: np.ndarray, metrics: int) -> list[str]:
-        """These records' JSON arrays, one of nulls where a record has none."""
-        nothing = "[" + ",".join(["null"] * metrics) + "]"
-        if not len(self.metric_values_json):
+    def _packed(self, rows: np.ndarray, metrics: int) -> list[bytes]:
+        """These records' packed values, one of no values where a record has none."""
+        nothing = np.full(metrics, np.nan, METRIC_VALUE_DTYPE).tobytes()
+        if not len(self.metric_values):
             return [nothing] * len(rows)
-        texts = self.metric_values_json[rows]
-        missing = pd.isna(texts) | (texts == "")
-        return list(np.where(missing, nothing, texts).tolist() if missing.any() else texts.tolist())
+        values = self.metric_values[rows]
+        missing = pd.isna(values)
+        if missing.any():
+            values = np.where(missing, nothing, values)
+        packed: list[bytes] = values.tolist()
+        return packed
 
 
 def _advance_columns(

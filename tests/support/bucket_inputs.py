@@ -38,7 +38,7 @@ def routed_records(rows: list[tuple[str | None, int, int, int]]) -> pd.DataFrame
             "kafka_timestamp_ms": T0_MS,
             "event_time_ms": pd.array([t if tenant else None for tenant, _, _, t in rows], "Int64"),
             "event_id": None,
-            "metric_values_json": None,
+            "metric_values": None,
             "reason": [None if tenant else "malformed_json" for tenant, _, _, _ in rows],
             "error": [None if tenant else "truncated" for tenant, _, _, _ in rows],
         }

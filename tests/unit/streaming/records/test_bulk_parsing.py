@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streaming.records.bulk_parsing import RoutedColumns, parse_values
+from streaming.records.bulk_parsing import RoutedColumns, parse_values, unpacked_metric_values
 from streaming.records.parsing import parse_value
 from tenants.conf_reader import load_registry
 from tenants.registry import TenantRegistry
@@ -117,5 +117,8 @@ def test_ordinary_records_take_the_fast_path(registry: TenantRegistry) -> None:
     routed = parse_values([orjson.dumps(web), orjson.dumps(billing), b"{"], registry, MAX_BYTES)
     assert routed.slow_records == 1
     assert routed.event_time_ms == [1_767_225_600_000, 5, None]
-    assert routed.metric_values_json[:2] == ["[0.0,2.0]", "[1.5,1.5,1.5]"]
+    assert [unpacked_metric_values(values) for values in routed.metric_values[:2]] == [  # type: ignore[arg-type]
+        [0.0, 2.0],
+        [1.5, 1.5, 1.5],
+    ]
     assert routed.reason == [None, None, "malformed_json"]

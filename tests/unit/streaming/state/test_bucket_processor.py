@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+import pytest
 
+from streaming.records.parsing import Accepted, parse_value
 from streaming.records.routing import route_frame
 from streaming.state.bucket_processor import _process_bucket, sorted_batch, wake_up_after_ms
 from streaming.state.bucket_state import BucketState
@@ -109,6 +111,51 @@ def test_many_keys_in_one_bucket_match_each_key_processed_alone(tmp_path: Path) 
         assert keys.get((tenant, "web")).key_state == alone
     quarantined = pd.concat(outputs)
     assert (quarantined["kind"] == "quarantine").sum() == 2
+
+
+def test_a_windows_metrics_are_those_of_its_records_fields_as_routed(tmp_path: Path) -> None:
+    """Metric inputs cross from routing to the bucket packed; the panes' metrics are what the
+    reference computes from the same records' parsed inputs, missing fields included."""
+    registry = registry_with(tmp_path, ["acme", "globex"])
+    rng = random.Random(11)
+    values, rows = [], []
+    for offset in range(400):
+        tenant = rng.choice(["acme", "globex"])
+        record: dict[str, object] = {
+            "tenant": tenant,
+            "source": "web",
+            "ts": f"2026-01-01T00:{rng.randrange(3):02d}:{rng.randrange(60):02d}Z",
+            "level": rng.choice(["ERROR", "INFO"]),
+        }
+        if rng.random() < 0.8:
+            record["amount"] = rng.choice([rng.uniform(-1e6, 1e6), rng.randrange(1_000)])
+        values.append(json.dumps(record).encode())
+        rows.append((tenant, 0, offset, 0))
+    routed = route_frame(
+        routed_records(rows).assign(value=values), registry, max_record_bytes=10_000
+    )
+    now_ms = T0_MS + 10 * 60_000
+    out = _run_bucket(routed, BucketState(), registry, now_ms)
+
+    for tenant in ["acme", "globex"]:
+        resolved = registry.resolve(tenant, "web")
+        assert resolved is not None
+        inputs = []
+        for value in values:
+            accepted = parse_value(value, registry, 10_000)
+            if isinstance(accepted, Accepted) and accepted.tenant == tenant:
+                inputs.append(RecordInput(accepted.event_time_ms, accepted.metric_inputs))
+        expected = advance(KeyState(), inputs, resolved.rules, now_ms).panes
+        panes = out[(out["kind"] == "windows") & (out["tenant"] == tenant)]
+        got = {
+            (window_id, pane_index): dict(metrics)
+            for window_id, pane_index, metrics in zip(
+                panes["window_id"], panes["pane_index"], panes["metrics"], strict=True
+            )
+        }
+        assert expected and got == {
+            (pane.window_id, pane.pane_index): pytest.approx(pane.metrics) for pane in expected
+        }
 
 
 def test_an_unknown_key_is_quarantined_and_keeps_no_state(tmp_path: Path) -> None:
