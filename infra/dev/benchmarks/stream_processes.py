@@ -13,7 +13,9 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +28,8 @@ from infra.dev.local_process import (
 )
 
 JCMD_TIMEOUT_S = 30
+UNCOMMIT_POLL_S = 0.1
+UNCOMMIT_LIMIT_S = 5.0
 _HEAP_USED = re.compile(r"garbage-first heap\s+total (\d+)K, used (\d+)K")
 
 
@@ -146,12 +150,18 @@ def jvm_pid(root: int) -> int | None:
 
 
 def jvm_heap_after_gc_mib(pid: int) -> tuple[float, float] | None:
-    """(used, committed) MiB of the JVM's heap right after a full collection it was asked for
-    (`jcmd GC.run`); None if the JVM did not answer."""
+    """(used, committed) MiB of the JVM's heap after a full collection it was asked for
+    (`jcmd GC.run`), once the heap it shrank is given back; None if the JVM did not answer.
+
+    Java 17's G1 returns the pages a shrinking collection freed in a background thread, after
+    `GC.run` has returned: a JVM whose heap had grown to 560 MiB still held them for 0.1-0.3 s,
+    and an hour's run sampled two minutes in that window and read them as 160 MiB more memory.
+    """
     try:
         subprocess.run(
             ["jcmd", str(pid), "GC.run"], capture_output=True, timeout=JCMD_TIMEOUT_S, check=True
         )
+        settled(lambda: pss_mib(pid))
         info = subprocess.run(
             ["jcmd", str(pid), "GC.heap_info"],
             capture_output=True,
@@ -166,6 +176,25 @@ def jvm_heap_after_gc_mib(pid: int) -> tuple[float, float] | None:
         return None
     committed_kib, used_kib = (int(value) for value in found.groups())
     return round(used_kib / 1024, 1), round(committed_kib / 1024, 1)
+
+
+def settled(
+    read: Callable[[], float],
+    tolerance: float = 1.0,
+    poll_s: float = UNCOMMIT_POLL_S,
+    limit_s: float = UNCOMMIT_LIMIT_S,
+) -> float:
+    """`read()` once two readings `poll_s` apart differ by at most `tolerance`, or the last
+    reading after `limit_s`."""
+    deadline = time.monotonic() + limit_s
+    previous = read()
+    while time.monotonic() < deadline:
+        time.sleep(poll_s)
+        current = read()
+        if abs(current - previous) <= tolerance:
+            return current
+        previous = current
+    return previous
 
 
 def folder_files(path: Path) -> tuple[int, int]:

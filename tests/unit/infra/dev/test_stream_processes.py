@@ -19,6 +19,7 @@ from infra.dev.benchmarks.stream_processes import (
     folder_files,
     kind_of,
     pss_mib_by_kind,
+    settled,
 )
 from infra.dev.local_process import descendants
 
@@ -119,3 +120,14 @@ def test_folder_files_leaves_out_a_folder_removed_while_it_counts(
 
     monkeypatch.setattr(os, "scandir", removed_before_listed)
     assert folder_files(tmp_path) == (1, 5)
+
+
+def test_memory_after_a_collection_is_read_once_the_jvm_stops_giving_pages_back() -> None:
+    readings = iter([851.0, 597.0, 483.4, 483.0, 300.0])
+    assert settled(lambda: next(readings), poll_s=0.0) == 483.0
+
+
+def test_a_reading_that_never_settles_is_taken_at_the_limit() -> None:
+    values = iter(range(0, 10_000, 10))
+    last = settled(lambda: float(next(values)), poll_s=0.01, limit_s=0.05)
+    assert 10.0 <= last < 1_000.0
