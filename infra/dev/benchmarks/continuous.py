@@ -17,8 +17,9 @@ whole run; this process reads each file `events` commits add, once, and notes wh
 3. **keeping up:** how long after it was sent the last of those records was readable, and each
    minute: the memory of the stream's processes (`run`, its JVM and Python workers) as PSS,
    by kind of process (forked workers share their daemon's pages, which RSS would count once
-   per worker), the JVM's heap right after a full collection it is asked for (`jcmd`), the
-   state store's files and bytes, the checkpoint's and the lake's file counts;
+   per worker), again after a full collection the JVM is asked for (`jcmd`), once it has given
+   the heap back, then also each process's, and the JVM's heap; the state store's files and
+   bytes, the checkpoint's and the lake's file counts;
 4. **restarts:** `--restarts` times, SIGKILL every process of the stream (by PID) and start it
    again at once; the time to its first committed batch, split as in 1. Records keep coming.
    With `--standby`, a `run --standby` instance is started and ready first instead: the time
@@ -71,6 +72,7 @@ from infra.dev.benchmarks.stream_processes import (
     jvm_heap_after_gc_mib,
     jvm_pid,
     pss_mib_by_kind,
+    pss_mib_by_process,
 )
 from infra.dev.benchmarks.table_watch import added_files
 from infra.dev.load_generator import set_event_time
@@ -202,7 +204,8 @@ class StreamProcess(LocalProcess):
         heap = None if jvm is None else jvm_heap_after_gc_mib(jvm)
         # Sampled again right after the collection: the heap's pages the JVM keeps between two
         # collections come and go with when the sample falls; what stays after one is the drift.
-        after_gc = pss_mib_by_kind(self.pid)
+        each_after_gc = pss_mib_by_process(self.pid)
+        after_gc = {kind: round(sum(each), 1) for kind, each in each_after_gc.items()}
         state_files, state_bytes = folder_files(checkpoint / "state")
         checkpoint_files, _ = folder_files(checkpoint)
         lake_files, _ = folder_files(lake_root)
@@ -211,6 +214,7 @@ class StreamProcess(LocalProcess):
             "pss_mib_by_kind": by_kind,
             "pss_mib_after_gc": round(sum(after_gc.values())),
             "pss_mib_by_kind_after_gc": after_gc,
+            "pss_mib_by_process_after_gc": each_after_gc,
             "heap_after_gc_mib": None if heap is None else heap[0],
             "heap_committed_mib": None if heap is None else heap[1],
             "state_files": state_files,

@@ -135,14 +135,20 @@ def _thread_kind(name: str) -> str:
 
 
 def pss_mib_by_kind(root: int) -> dict[str, float]:
-    """The tree's memory (PSS) by kind of process, MiB; a JVM's child before its `exec` is the
-    JVM's own memory (`SPAWNING`), so it is left out."""
-    totals: dict[str, float] = defaultdict(float)
+    """The tree's memory (PSS) by kind of process, MiB (`pss_mib_by_process`, summed)."""
+    return {kind: round(sum(each), 1) for kind, each in pss_mib_by_process(root).items()}
+
+
+def pss_mib_by_process(root: int) -> dict[str, list[float]]:
+    """Each process's memory (PSS) by kind, MiB, largest first: how many workers a kind has,
+    and which of them grows; a JVM's child before its `exec` is the JVM's own memory
+    (`SPAWNING`), so it is left out."""
+    each: dict[str, list[float]] = defaultdict(list)
     for pid in [root, *descendants(root)]:
         kind = kind_of(pid, root)
         if kind not in ("gone", SPAWNING):
-            totals[kind] += pss_mib(pid)
-    return {kind: round(mib, 1) for kind, mib in sorted(totals.items())}
+            each[kind].append(round(pss_mib(pid), 1))
+    return {kind: sorted(values, reverse=True) for kind, values in sorted(each.items())}
 
 
 def jvm_pid(root: int) -> int | None:

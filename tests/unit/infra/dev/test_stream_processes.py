@@ -19,6 +19,7 @@ from infra.dev.benchmarks.stream_processes import (
     folder_files,
     kind_of,
     pss_mib_by_kind,
+    pss_mib_by_process,
     settled,
 )
 from infra.dev.local_process import descendants
@@ -83,6 +84,7 @@ def test_a_jvm_s_child_before_its_exec_is_not_counted_as_a_second_jvm(tmp_path: 
         assert kind_of(jvm.pid, root.pid) == "jvm"
         assert kind_of(child, root.pid) == SPAWNING
         assert set(pss_mib_by_kind(jvm.pid)) == {"driver"}  # the child is left out
+        assert [len(each) for each in pss_mib_by_process(jvm.pid).values()] == [1]
         # The peak-memory sampler's JVM group leaves it out too.
         assert driver_jvm([root.pid, jvm.pid, child]) == [jvm.pid]
     finally:
@@ -131,3 +133,32 @@ def test_a_reading_that_never_settles_is_taken_at_the_limit() -> None:
     values = iter(range(0, 10_000, 10))
     last = settled(lambda: float(next(values)), poll_s=0.01, limit_s=0.05)
     assert 10.0 <= last < 1_000.0
+
+
+# A parent with two Python workers of one kind, as Spark's daemon forks them.
+TWO_WORKERS = """
+import subprocess, sys, time
+sleeper = [sys.executable, "-c", "import time; time.sleep(30)", "worker"]
+workers = [subprocess.Popen(sleeper) for _ in range(2)]
+print("started", flush=True)
+time.sleep(30)
+"""
+
+
+def test_each_worker_s_memory_is_listed_and_the_kind_s_total_is_their_sum() -> None:
+    parent = subprocess.Popen([sys.executable, "-c", TWO_WORKERS], stdout=subprocess.PIPE)
+    try:
+        assert parent.stdout is not None
+        assert parent.stdout.readline() == b"started\n"
+        by_process = pss_mib_by_process(parent.pid)
+        assert set(by_process) == {"driver", "worker"}
+        assert len(by_process["worker"]) == 2
+        assert by_process["worker"] == sorted(by_process["worker"], reverse=True)
+        assert all(mib > 0 for mib in by_process["worker"])
+        total = pss_mib_by_kind(parent.pid)["worker"]
+        assert abs(total - sum(by_process["worker"])) < 5  # read again, a moment later
+    finally:
+        for child in descendants(parent.pid):  # only what this test started
+            os.kill(child, signal.SIGKILL)
+        parent.kill()
+        parent.wait()
