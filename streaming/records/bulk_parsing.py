@@ -89,7 +89,7 @@ def packed_metric_values(values: Sequence[float | None]) -> bytes | None:
     if not values:
         return None
     return struct.pack(
-        f"<{len(values)}d", *[math.nan if value is None else value for value in values]
+        _metric_format(len(values)), *[math.nan if value is None else value for value in values]
     )
 
 
@@ -97,8 +97,15 @@ def unpacked_metric_values(packed: bytes) -> list[float | None]:
     """`packed_metric_values` read back: None where a metric has no value."""
     return [
         None if math.isnan(value) else value
-        for value in struct.unpack(f"<{len(packed) // 8}d", packed)
+        for value in struct.unpack(
+            _metric_format(len(packed) // METRIC_VALUE_DTYPE.itemsize), packed
+        )
     ]
+
+
+def _metric_format(metrics: int) -> str:
+    """`struct`'s format of `metrics` values of `METRIC_VALUE_DTYPE`, one after the other."""
+    return f"<{metrics}d"
 
 
 def parse_values(
@@ -225,7 +232,7 @@ def _metric_values(
         [math.nan if value is None else value for value in column] if None in column else column
         for column in per_metric
     ]
-    pack = struct.Struct(f"<{len(columns)}d").pack
+    pack = struct.Struct(_metric_format(len(columns))).pack
     return [pack(*row) for row in zip(*columns, strict=True)]
 
 

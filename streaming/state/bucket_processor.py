@@ -418,7 +418,7 @@ class _Records:
             return np.zeros((len(rows), len(names)), np.float64)
         # The rows' values side by side are the matrix's bytes: nothing to parse.
         packed = b"".join(self._packed(rows, len(names)))
-        values = np.frombuffer(packed, METRIC_VALUE_DTYPE).astype(np.float64)
+        values = np.frombuffer(packed, METRIC_VALUE_DTYPE)
         stored_order = [names.index(name) for name in metric_names(rules)]
         return values.reshape(len(rows), len(names))[:, stored_order]
 

@@ -73,6 +73,7 @@ from infra.dev.benchmarks.stream_processes import (
     jvm_pid,
     pss_mib_by_kind,
     pss_mib_by_process,
+    summed_by_kind,
 )
 from infra.dev.benchmarks.table_watch import added_files
 from infra.dev.load_generator import set_event_time
@@ -205,7 +206,7 @@ class StreamProcess(LocalProcess):
         # Sampled again right after the collection: the heap's pages the JVM keeps between two
         # collections come and go with when the sample falls; what stays after one is the drift.
         each_after_gc = pss_mib_by_process(self.pid)
-        after_gc = {kind: round(sum(each), 1) for kind, each in each_after_gc.items()}
+        after_gc = summed_by_kind(each_after_gc)
         state_files, state_bytes = folder_files(checkpoint / "state")
         checkpoint_files, _ = folder_files(checkpoint)
         lake_files, _ = folder_files(lake_root)

@@ -135,8 +135,13 @@ def _thread_kind(name: str) -> str:
 
 
 def pss_mib_by_kind(root: int) -> dict[str, float]:
-    """The tree's memory (PSS) by kind of process, MiB (`pss_mib_by_process`, summed)."""
-    return {kind: round(sum(each), 1) for kind, each in pss_mib_by_process(root).items()}
+    """The tree's memory (PSS) by kind of process, MiB."""
+    return summed_by_kind(pss_mib_by_process(root))
+
+
+def summed_by_kind(by_process: dict[str, list[float]]) -> dict[str, float]:
+    """`pss_mib_by_process`'s lists as each kind's total."""
+    return {kind: round(sum(each), 1) for kind, each in by_process.items()}
 
 
 def pss_mib_by_process(root: int) -> dict[str, list[float]]:
