@@ -28,8 +28,14 @@ from storage.upkeep.worker_memory import return_large_buffers
 PRELOADED = (
     "confluent_kafka",
     "pandas",
+    # What pyarrow imports on first use: frames in and out of pandas (every batch), datasets
+    # and Acero (a compaction's group-bys). Imported by a worker, each was that worker's alone.
+    "pyarrow.acero",
+    "pyarrow.dataset",
+    "pyarrow.pandas_compat",
     "pyspark.worker",
     "storage.lake.file_writer",
+    "storage.upkeep.compaction_manifests",
     "storage.upkeep.compaction_tasks",
     # The source imports its reader where it reads (`streaming.kafka.source` says why).
     "streaming.kafka.reader",
@@ -37,8 +43,8 @@ PRELOADED = (
     "streaming.records.routing",
     "streaming.state.bucket_processor",
 )
-"""What a worker of the stream's query imports: the Kafka reader, the router, the state function
-and the file writer, and their pandas and pyarrow."""
+"""What a worker of the stream's query imports: the Kafka reader, the router, the state function,
+the file writer and the compaction's tasks, and their pandas and pyarrow."""
 
 log = logging.getLogger(__name__)
 
