@@ -34,7 +34,6 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from storage.lake.commits import FencedError
 from storage.lake.delta_lake import DeltaLake
-from storage.lake.file_names import StreamFiles
 from storage.lake.s3_options import LakeUnavailableError
 from storage.lake.writer_lease import StreamLeaseHeldError, WriterLease
 from storage.upkeep.compaction import Compaction
@@ -356,7 +355,6 @@ class StreamApp:
                 self.settings,
                 self.snapshots,
                 self.identity,
-                StreamFiles(self.lake.root, self.lake.storage_options, self.settings.stream.name),
                 self.fault_hook,
                 self.deferral,
                 None if self.metrics is None else self.metrics.track_keys(spark.sparkContext),

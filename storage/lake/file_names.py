@@ -13,41 +13,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import re
 import uuid
 from dataclasses import dataclass
 from urllib.parse import quote
-
-
-@dataclass(frozen=True)
-class StreamFiles:
-    """Where a stream's micro-batches write: what every batch's files share. Pickled to the
-    executors once, in the query's plan; each batch's own part comes with the batch
-    (`BatchFiles.batch_part`).
-
-    `storage_options` may hold S3 keys: they travel to the executors (which must reach the
-    lake) but are never printed.
-    """
-
-    root: str
-    storage_options: dict[str, str] | None
-    stream: str
-
-    def __repr__(self) -> str:
-        return f"StreamFiles({self.root!r}, stream {self.stream!r})"
-
-    def batch(self, batch_part: str) -> BatchFiles:
-        """The files of the batch `batch_part` (`BatchFiles.batch_part`) names."""
-        part = json.loads(batch_part)
-        return BatchFiles(
-            root=self.root,
-            storage_options=self.storage_options,
-            stream=self.stream,
-            writer_epoch=int(part["writer_epoch"]),
-            batch_id=int(part["batch_id"]),
-            table_names=tuple(str(name) for name in part["table_names"]),
-        )
 
 
 @dataclass(frozen=True)
@@ -67,17 +36,6 @@ class BatchFiles:
 
     def __repr__(self) -> str:
         return f"BatchFiles({self.root!r}, batch {self.batch_id}, {self.table_names})"
-
-    def batch_part(self) -> str:
-        """What this batch's files do not share with the stream's other batches
-        (`StreamFiles.batch`): text without secrets, for it travels where Spark shows it."""
-        return json.dumps(
-            {
-                "writer_epoch": self.writer_epoch,
-                "batch_id": self.batch_id,
-                "table_names": list(self.table_names),
-            }
-        )
 
     def file_name(self, task_partition: int, table_name: str, partition_values: str) -> str:
         # The partition's folder already tells the partition apart; the task partition tells

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs
 
-from storage.lake.file_names import BatchFiles, SettledFiles, StreamFiles, percent_encoded
+from storage.lake.file_names import BatchFiles, SettledFiles, percent_encoded
 from storage.lake.file_stats import (
     SETTLED_FILE_STATS,
     partitioned,
@@ -51,9 +51,6 @@ PLAIN_FILE_ROWS = 256
 statistics inside it, one page per column (`storage.lake.plain_parquet`). For so few rows those
 save nothing (readers skip files by the log's statistics), and a settle at many tenants writes
 a file of a few rows per key."""
-BATCH_FILES_PROPERTY = "tenant_windows.batch_files"
-"""The Spark local property by which the stream's sink names a batch's files to its write tasks
-(`write_stream_files`): `BatchFiles.batch_part`."""
 
 
 def spark_task_partition() -> int:
@@ -64,44 +61,6 @@ def spark_task_partition() -> int:
 
     context = TaskContext.get()
     return context.partitionId() if context is not None else 0
-
-
-def spark_local_property(name: str) -> str | None:
-    """The local property `name` of the job the calling executor task belongs to (None
-    outside a task, or where the job has none)."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    return context.getLocalProperty(name) if context is not None else None
-
-
-def _batch_part() -> str | None:
-    return spark_local_property(BATCH_FILES_PROPERTY)
-
-
-def write_stream_files(
-    stream: StreamFiles,
-    batch_part: Callable[[], str | None] = _batch_part,
-    task_partition: Callable[[], int] = spark_task_partition,
-) -> MapInArrow:
-    """`write_task_files` for every batch of a stream: built once, into the query's plan, and
-    told each batch's own part (`BatchFiles.batch_part`) by `batch_part`, which reads what the
-    sink set for the batch's job (`BATCH_FILES_PROPERTY`).
-
-    Built per batch instead, on a `foreachBatch` frame, the function cost the driver 30-70 ms
-    of every batch (pickled, sent and planned again), while every executor waited.
-    """
-
-    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        part = batch_part()
-        if part is None:
-            raise RuntimeError(
-                "the stream's rows were computed outside its sink, which names each batch's "
-                f"files ({BATCH_FILES_PROPERTY}): nothing was written"
-            )
-        yield from write_task_files(stream.batch(part), task_partition)(batches)
-
-    return write
 
 
 def write_task_files(

@@ -1,14 +1,13 @@
 """The `foreachBatch` target: one micro-batch's rows into every Delta table, exactly once.
 
-Executors write the batch's Parquet files, in the query's last step
-(`file_writer.write_stream_files`), under the names the sink gives the batch; the driver
-collects only one small row per file and commits each table's files in one Delta commit
-carrying the transaction id (stream, batch). A table that already holds this stream's commit
-for the batch id is skipped, so a retried or replayed batch never duplicates output; a crash
-between two tables' commits is completed by the replay. Spark's commit log entry comes after
-this returns, so a batch is replayed until all of its tables are committed. Every commit is
-fenced with this instance's writer epoch, so an instance that lost the stream to a newer one
-fails its batch instead of writing.
+Executors write the batch's Parquet files (`storage.lake.file_writer`); the driver collects only
+one small row per file and commits each table's files in one Delta commit carrying the transaction
+id (stream, batch). A table that already holds this stream's commit for the batch id is
+skipped, so a retried or replayed batch never duplicates output; a crash between two tables'
+commits is completed by the replay. Spark's commit log entry comes after this returns, so a
+batch is replayed until all of its tables are committed. Every commit is fenced with this
+instance's writer epoch, so an instance that lost the stream to a newer one fails its batch
+instead of writing.
 """
 
 from __future__ import annotations
@@ -22,10 +21,10 @@ from pyspark.sql import DataFrame
 
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.file_names import BatchFiles
-from storage.lake.file_writer import BATCH_FILES_PROPERTY
+from storage.lake.file_writer import write_task_files
 from storage.lake.log_head import LogHeads
 from storage.lake.tables import ALL_TABLES, QUARANTINE, TableSpec
-from storage.lake.written_files import WrittenFile
+from storage.lake.written_files import WRITTEN_FILE_DDL, WrittenFile
 from streaming.fault_points import NO_FAULTS, FaultHook, FaultPoint
 from streaming.observe.batch_progress import BatchOutcome
 from streaming.pipeline.compaction_schedule import CompactionSchedule
@@ -66,13 +65,12 @@ class MicroBatchSink:
         self._heads = LogHeads()
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
-        """Commit `batch_df`, the rows of the files `stream_plan.windowed_stream` writes."""
         self.fault_hook.reached(FaultPoint.BATCH_START, batch_id)
         pending = [spec for spec in ALL_TABLES if not self._holds(spec, batch_id)]
         if not pending:
             # The plan must still run: it commits this batch's state store version, and Spark
-            # fails the batch if it does not. It writes no file, and nothing is committed.
-            self._write(batch_df, self._target(batch_id, []))
+            # fails the batch if it does not. Only the Delta commits are skipped.
+            batch_df.write.format("noop").mode("overwrite").save()
             log.info("batch %d already committed to every table; skipped", batch_id)
             outcome = BatchOutcome(batch_id=batch_id, rows={}, already_committed=True)
         else:
@@ -87,8 +85,19 @@ class MicroBatchSink:
     def _commit(self, batch_df: DataFrame, batch_id: int, pending: list[TableSpec]) -> BatchOutcome:
         """Write and commit the batch to the `pending` tables; what was committed."""
         started = time.monotonic()
-        target = self._target(batch_id, pending)
-        written = self._write(batch_df, target)
+        target = BatchFiles(
+            root=self.lake.root,
+            storage_options=self.lake.storage_options,
+            stream=self.app_id,
+            writer_epoch=self.writer_epoch,
+            batch_id=batch_id,
+            table_names=tuple(spec.name for spec in pending),
+        )
+        # Only the file list reaches the driver, never the rows.
+        written = [
+            WrittenFile.from_row(row.asDict())
+            for row in batch_df.mapInArrow(write_task_files(target), WRITTEN_FILE_DDL).collect()
+        ]
         if self.driver_files is not None:
             written += self.driver_files(target, written)
         rows: dict[str, int] = {}
@@ -126,28 +135,6 @@ class MicroBatchSink:
         return BatchOutcome(
             batch_id=batch_id, rows=rows, value_counts=value_counts, quarantined=quarantined
         )
-
-    def _target(self, batch_id: int, tables: list[TableSpec]) -> BatchFiles:
-        return BatchFiles(
-            root=self.lake.root,
-            storage_options=self.lake.storage_options,
-            stream=self.app_id,
-            writer_epoch=self.writer_epoch,
-            batch_id=batch_id,
-            table_names=tuple(spec.name for spec in tables),
-        )
-
-    def _write(self, batch_df: DataFrame, target: BatchFiles) -> list[WrittenFile]:
-        """Run the batch, its tasks writing the files of `target` (and of no other table):
-        what they wrote. Only the file list reaches the driver, never the rows."""
-        # The job runs on this thread, which Spark's batch runs on: its tasks see the property.
-        context = batch_df.sparkSession.sparkContext
-        context.setLocalProperty(BATCH_FILES_PROPERTY, target.batch_part())
-        try:
-            return [WrittenFile.from_row(row.asDict()) for row in batch_df.collect()]
-        finally:
-            # Unset, so that no later job on this thread (a compaction's) carries it.
-            context.setLocalProperty(BATCH_FILES_PROPERTY, None)  # type: ignore[arg-type]
 
     def _holds(self, spec: TableSpec, batch_id: int) -> bool:
         # Batches commit in order, so a table whose newest commit of this stream is at or past

@@ -1,5 +1,4 @@
-"""The streaming query: Kafka -> route -> per-key windows (applyInPandasWithState) -> Parquet
-files -> sink.
+"""The streaming query: Kafka -> route -> per-key windows (applyInPandasWithState) -> sink.
 
 Spark is the thin shell here; the semantics live in `records.parsing` and `windowing`, the wiring in
 `app`.
@@ -11,9 +10,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
-from storage.lake.file_names import StreamFiles
-from storage.lake.file_writer import write_stream_files
-from storage.lake.written_files import WRITTEN_FILE_DDL
 from streaming.checkpoint.checkpoint_identity import StreamIdentity
 from streaming.fault_points import NO_FAULTS, FaultHook
 from streaming.kafka.client import KafkaSecurity
@@ -95,18 +91,14 @@ def windowed_stream(
     settings: AppSettings,
     snapshots: ConfigSnapshots,
     identity: StreamIdentity,
-    files: StreamFiles,
     fault_hook: FaultHook = NO_FAULTS,
     deferral: Deferral | None = None,
     key_summaries: KeySummaries | None = None,
 ) -> DataFrame:
-    """The query's plan, not started: each batch's union rows written to Parquet `files`, one
-    row per file (`storage.lake.written_files`), which the sink commits. Building it registers
-    the Kafka Data Source and has Spark create it in Python, which a standby does while it
-    waits."""
+    """The query's plan, not started: building it registers the Kafka Data Source and has Spark
+    create it in Python, which a standby does while it waits."""
     records = read_kafka(spark, settings, fault_hook, deferral)
-    rows = windowed_rows(records, snapshots, settings, identity, fault_hook, key_summaries)
-    return rows.mapInArrow(write_stream_files(files), WRITTEN_FILE_DDL)
+    return windowed_rows(records, snapshots, settings, identity, fault_hook, key_summaries)
 
 
 def start_query(

@@ -13,12 +13,9 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from infra.dev.load_generator import LoadSpec
 from storage.lake.delta_lake import DeltaLake
-from storage.lake.file_names import StreamFiles
-from storage.lake.file_writer import write_stream_files
 from storage.lake.packed_rows import packed_table
 from storage.lake.tables import ALL_TABLES
 from storage.lake.writer_lease import WriterLease
-from storage.lake.written_files import WRITTEN_FILE_DDL
 from streaming.kafka.source import register as register_kafka_source
 from streaming.pipeline.batch_sink import MicroBatchSink
 from streaming.state.union_rows import PACKED_OUTPUT_SCHEMA, union_table
@@ -170,7 +167,7 @@ def test_the_sink_called_twice_for_one_batch_id_writes_once(spark: Any, tmp_path
             )
         ).to_pandas(),
         PACKED_OUTPUT_SCHEMA,
-    ).mapInArrow(write_stream_files(StreamFiles(lake.root, None, "replay-test")), WRITTEN_FILE_DDL)
+    )
     epoch = WriterLease.for_stream(lake, StreamSettings(name="replay-test")).acquire()
     sink = MicroBatchSink(lake, app_id="replay-test", writer_epoch=epoch)
 

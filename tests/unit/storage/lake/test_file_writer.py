@@ -28,7 +28,6 @@ from storage.lake.file_names import (
     BatchFiles,
     MergeFiles,
     SettledFiles,
-    StreamFiles,
     run_inputs_digest,
     run_oldest_ms,
     stream_of_staged_file,
@@ -148,39 +147,6 @@ def test_a_task_writes_one_staged_file_per_table_whatever_the_tenant_count(tmp_p
     }
     assert files[0].path.endswith("-b0000000007-t00003-" + files[0].path[-20:])
     _assert_stats_describe_their_file(tmp_path, files)
-
-
-def test_a_streams_writer_writes_the_files_of_the_batch_its_sink_names(tmp_path: Path) -> None:
-    stream = StreamFiles(str(tmp_path), None, "s")
-    packed = packed_table(_pane_rows(500, seed=3))
-
-    def written_by(batch: BatchFiles | None) -> list[WrittenFile]:
-        part = None if batch is None else batch.batch_part()
-        write = file_writer.write_stream_files(stream, lambda: part, task_partition=lambda: 2)
-        return [
-            WrittenFile.from_row(row)
-            for written in write(iter(packed.to_batches()))
-            for row in written.to_pylist()
-        ]
-
-    [file] = written_by(BatchFiles(str(tmp_path), None, "s", 4, 12, (WINDOWS.name,)))
-    assert file.table_name == WINDOWS.name
-    assert "-s-e4-b0000000012-t00002-" in file.path
-    # A replayed batch every table already holds names none: its tasks write nothing.
-    assert written_by(BatchFiles(str(tmp_path), None, "s", 5, 12, ())) == []
-    # Run by anything but the sink, the plan fails rather than write under made-up names.
-    with pytest.raises(RuntimeError, match="outside its sink"):
-        written_by(None)
-    assert [path.name for path in tmp_path.rglob("*.parquet")] == [file.path.rsplit("/", 1)[1]]
-
-
-def test_a_batchs_own_part_travels_without_the_lakes_keys() -> None:
-    keys = {"aws_secret_access_key": "hunter2"}
-    batch = BatchFiles("s3://lake", keys, "orders", 4, 12, (EVENTS.name, WINDOWS.name))
-    stream = StreamFiles("s3://lake", keys, "orders")
-
-    assert "hunter2" not in batch.batch_part() + repr(stream) + repr(batch)
-    assert stream.batch(batch.batch_part()) == batch
 
 
 def test_settled_files_hold_one_partition_each_with_their_own_statistics(tmp_path: Path) -> None:
