@@ -24,27 +24,23 @@ def private_dirty_mib(pid):
             if line.startswith("Private_Dirty:"):
                 return int(line.split()[1]) / 1024
 
-if sys.argv[1] == "prepared":
-    prepare_to_fork()
-else:
-    from streaming.pipeline.worker_daemon import PRELOADED
-    import importlib
-    for module in PRELOADED:
-        importlib.import_module(module)
-go, ready = os.pipe()
-done, finished = os.pipe()
+prepare_to_fork()
+if sys.argv[1] == "unfrozen":
+    gc.unfreeze()  # the same daemon, its objects tracked again
+child_reads, parent_writes = os.pipe()
+parent_reads, child_writes = os.pipe()
 child = os.fork()
 if child == 0:
-    os.read(go, 1)
+    os.read(child_reads, 1)
     gc.collect()
-    os.write(finished, b"x")
-    os.read(go, 1)
+    os.write(child_writes, b"x")
+    os.read(child_reads, 1)
     os._exit(0)
 before = private_dirty_mib(child)
-os.write(ready, b"x")
-os.read(done, 1)
+os.write(parent_writes, b"x")
+os.read(parent_reads, 1)
 after = private_dirty_mib(child)
-os.write(ready, b"x")
+os.write(parent_writes, b"x")
 os.waitpid(child, 0)
 print(json.dumps({"grown_mib": after - before}))
 """
@@ -117,16 +113,22 @@ print(json.dumps(sorted(set(sys.modules) - before)))
 _OURS = ("numpy", "pandas", "pyarrow", "storage", "streaming", "tenants")
 
 
-def test_a_workers_tasks_import_nothing_the_daemon_did_not() -> None:
+def _printed(script: str, *arguments: str) -> object:
+    """What `script`, run in a Python of its own from the project's root, printed last (JSON)."""
     completed = subprocess.run(
-        [sys.executable, "-c", _RUN_TASKS],
+        [sys.executable, "-c", script, *arguments],
         capture_output=True,
         text=True,
         check=True,
         cwd=Path(__file__).parents[4],
         timeout=120,
     )
-    imported = json.loads(completed.stdout.splitlines()[-1])
+    return json.loads(completed.stdout.splitlines()[-1])
+
+
+def test_a_workers_tasks_import_nothing_the_daemon_did_not() -> None:
+    imported = _printed(_RUN_TASKS)
+    assert isinstance(imported, list)
 
     # Imported by a worker, a module is that worker's alone: 7 MiB of pyarrow's dataset
     # modules, in each worker that ever ran a compaction's task.
@@ -134,21 +136,15 @@ def test_a_workers_tasks_import_nothing_the_daemon_did_not() -> None:
 
 
 def _grown_mib(preparation: str) -> float:
-    completed = subprocess.run(
-        [sys.executable, "-c", _FORK_THEN_COLLECT, preparation],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=Path(__file__).parents[4],
-        timeout=120,
-    )
-    return float(json.loads(completed.stdout.splitlines()[-1])["grown_mib"])
+    printed = _printed(_FORK_THEN_COLLECT, preparation)
+    assert isinstance(printed, dict)
+    return float(printed["grown_mib"])
 
 
 def test_a_workers_full_collection_keeps_the_daemons_modules_shared() -> None:
-    unprepared = _grown_mib("imported only")
+    unfrozen = _grown_mib("unfrozen")
     prepared = _grown_mib("prepared")
 
     # Without the freeze the collection writes to every module object's header (16 MiB here).
-    assert unprepared > 8
+    assert unfrozen > 8
     assert prepared < 2
