@@ -145,6 +145,6 @@ def test_a_workers_full_collection_keeps_the_daemons_modules_shared() -> None:
     unfrozen = _grown_mib("unfrozen")
     prepared = _grown_mib("prepared")
 
-    # Without the freeze the collection writes to every module object's header (16 MiB here).
+    # Without the freeze the collection writes to every module object's header (29 MiB here).
     assert unfrozen > 8
     assert prepared < 2
