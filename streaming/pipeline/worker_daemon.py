@@ -33,6 +33,9 @@ PRELOADED = (
     "pyarrow.acero",
     "pyarrow.dataset",
     "pyarrow.pandas_compat",
+    # `GroupState.update` imports it, and `unittest`, in the call that saves a worker's first
+    # state: in every fresh worker at once, in the first batch's stateful stage.
+    "pyspark.testing.utils",
     "pyspark.worker",
     "storage.lake.file_writer",
     "storage.upkeep.compaction_manifests",

@@ -47,8 +47,9 @@ print(json.dumps({"grown_mib": after - before}))
 
 
 # The daemon's preparation, then a worker's tasks: a batch's write task, a compaction's task over
-# its files (listed in a manifest, as the stream runs it) and pandas frames in and out of Arrow,
-# as Spark's state function's serializer does. Prints the modules they imported.
+# its files (listed in a manifest, as the stream runs it), pandas frames in and out of Arrow, as
+# Spark's state function's serializer does, and a key's state saved, as the state function does.
+# Prints the modules they imported.
 _RUN_TASKS = """
 import json
 import sys
@@ -61,6 +62,7 @@ prepare_to_fork()
 before = set(sys.modules)
 
 import pyarrow as pa
+from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from storage.lake.file_names import BatchFiles, SettledFiles
 from storage.lake.file_writer import write_task_files
@@ -68,6 +70,7 @@ from storage.lake.packed_rows import packed_table
 from storage.lake.tables import WINDOWS
 from storage.upkeep.compaction_manifests import Manifests
 from storage.upkeep.compaction_tasks import compact_write_tasks, write_settled_files
+from streaming.state.bucket_processor import STATE_SCHEMA
 from streaming.state.union_rows import union_table
 
 root = tempfile.mkdtemp()
@@ -107,10 +110,15 @@ listing = Manifests(root, None, "_manifests/settled").listing(tasks, task_partit
 assert list(listing(iter([pa.record_batch({"id": [0]})])))
 frame = pa.table({"tenant": ["t0", "t1"], "count": [1, 2]}).to_pandas()
 pa.Table.from_pandas(frame, preserve_index=False)
+state = GroupState(
+    None, 0, 0, GroupStateTimeout.ProcessingTimeTimeout, False, False, False, False, False, -1,
+    b"", STATE_SCHEMA,
+)
+state.update((1, b"state"))
 print(json.dumps(sorted(set(sys.modules) - before)))
 """
 
-_OURS = ("numpy", "pandas", "pyarrow", "storage", "streaming", "tenants")
+_OURS = ("numpy", "pandas", "pyarrow", "pyspark", "storage", "streaming", "tenants", "unittest")
 
 
 def _printed(script: str, *arguments: str) -> object:
