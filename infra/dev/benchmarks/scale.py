@@ -19,11 +19,14 @@ the faster is the stage's figures). It has no batches: its records are timed in 
 `--max-offsets`, and its steady rate leaves out the first chunk as the other stages leave out
 their first batch.
 
-Two more stages (`--stages read,route,state_empty,windowed,builtin,product`) cut the product's
-plan short, each into `noop`, to show where a batch's time goes: `route` is reading and routing;
-`state_empty` adds the shuffle and `applyInPandasWithState` with a state function that reads
-its input and returns nothing (Spark's own cost of the stateful stage); `windowed` is the
-product's plan without its Delta sink.
+More stages (`--stages read,route,state_empty,state_parquet,windowed,builtin,product`) cut the
+product's plan short to show where a batch's time goes, each into `noop` but one: `route` is
+reading and routing; `state_empty` adds the shuffle and `applyInPandasWithState` with a state
+function that reads its input and returns nothing (Spark's own cost of the stateful stage);
+`state_parquet` is `state_empty` whose state function returns its input, every record written
+by Spark's own Parquet file sink (what keeping every record after the stateful stage costs by
+Spark's own means, with no window computed); `windowed` is the product's plan without its
+Delta sink.
 
 It prints a table and writes the figures as JSON: records/s (overall from the query's start,
 and steady state, i.e. batches after the first), the ratios the scale issue asks for, batch
@@ -583,30 +586,37 @@ def _plan_stage(stage: str) -> Callable[[SparkSession, _Dataset], StageFigures]:
             frame = kafka.selectExpr(*KAFKA_COLUMNS_SQL).mapInArrow(
                 make_router(app.snapshots, settings.stream.max_record_bytes), ROUTED_SCHEMA
             )
-        if stage == "state_empty":
+        if stage in ("state_empty", "state_parquet"):
+            function, schema = (
+                (_nothing, PACKED_OUTPUT_SCHEMA)
+                if stage == "state_empty"
+                else (_records, ROUTED_SCHEMA)
+            )
             frame = (
                 frame.selectExpr(
                     "*", bucket_expression(identity.state_buckets, identity.balanced_for_tasks)
                 )
                 .groupBy(BUCKET_COLUMN)
                 .applyInPandasWithState(
-                    _nothing,
-                    PACKED_OUTPUT_SCHEMA,
-                    STATE_SCHEMA,
-                    "append",
-                    GroupStateTimeout.NoTimeout,
+                    function, schema, STATE_SCHEMA, "append", GroupStateTimeout.NoTimeout
                 )
             )
-        return _measure(
+        checkpoint = str(dataset.workdir / f"cp-{stage}")
+        output = dataset.workdir / stage
+        figures = _measure(
             stage,
             dataset,
             lambda: (
-                frame.writeStream.format("noop")
-                .option("checkpointLocation", str(dataset.workdir / f"cp-{stage}"))
+                frame.writeStream.format("parquet" if stage == "state_parquet" else "noop")
+                .option("checkpointLocation", checkpoint)
+                .option("path", str(output))
                 .trigger(availableNow=True)
                 .start()
             ),
         )
+        if stage == "state_parquet":
+            figures.extra["records_written"] = spark.read.parquet(str(output)).count()
+        return figures
 
     return measure
 
@@ -617,10 +627,16 @@ def _nothing(_bucket: Any, frames: Iterator[pd.DataFrame], _state: Any) -> Itera
     yield pd.DataFrame({name: [] for name in PACKED_OUTPUT_SCHEMA.fieldNames()})
 
 
+def _records(_bucket: Any, frames: Iterator[pd.DataFrame], _state: Any) -> Iterator[pd.DataFrame]:
+    for frame in frames:
+        yield frame[ROUTED_SCHEMA.fieldNames()]
+
+
 _STAGES: dict[str, Callable[[SparkSession, _Dataset], StageFigures]] = {
     "read": _read_stage,
     "route": _plan_stage("route"),
     "state_empty": _plan_stage("state_empty"),
+    "state_parquet": _plan_stage("state_parquet"),
     "windowed": _plan_stage("windowed"),
     "builtin": _builtin_stage,
     "product": _product_stage,

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 def test_every_stage_reads_every_record_and_reports_its_figures(
     kafka: Any, spark: Any, tmp_path: Path
 ) -> None:
-    stages = ("read", "builtin", "product", "peer")
+    stages = ("read", "state_parquet", "builtin", "product", "peer")
     args = parse_args(
         [
             "--tenants",
@@ -48,6 +48,8 @@ def test_every_stage_reads_every_record_and_reports_its_figures(
         # stage's may round to none).
         assert figures.extra["broker_cpu_s"] >= 0, figures
     assert all("product/peer" in ratios for ratios in steady_ratios(results).values())
+    # Spark's own Parquet sink after the stateful stage kept every record it was given.
+    assert [r.extra["records_written"] for r in results if r.stage == "state_parquet"] == [400, 400]
     product = results[-2]
     assert product.stage == "product"
     assert product.extra["keys"] == 80
