@@ -331,6 +331,7 @@ def serve(
     )
     if settings.query.metrics_port is not None:
         metrics.serve(settings.query.metrics_host, settings.query.metrics_port)
+    log.info("query engine warmed in %.1f s", service.warm())
     door = PgDoor(service, keys, metrics, limits, pg_door).start() if pg_door else None
     log.info("query service on http://%s:%d (OpenAPI at /openapi.json)", host, port)
     try:

@@ -27,6 +27,7 @@ from infra.dev.local_stack import find_free_loopback_port
 from infra.service.query_api import create_app
 from infra.service.query_metrics import OUTCOMES, QueryMetrics
 from infra.service.tenant_access import KeyCheck, TenantLimits, resolved_operator_key
+from storage.lake.delta_lake import DeltaLake
 from storage.query.local_sql import LocalSql
 from storage.query.portable_sql import local_statement
 from storage.query.query_service import QueryService
@@ -127,6 +128,17 @@ def rows(response: requests.Response) -> list[dict[str, Any]]:
     body = response.json()
     names = [column["name"] for column in body["columns"]]
     return [dict(zip(names, row, strict=True)) for row in body["rows"]]
+
+
+def test_the_engine_warms_on_the_lake_and_starts_on_one_not_written_yet(
+    spark: Any, pipeline: Pipeline, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    limits = QueryLimits()
+    for lake, warmed in ((pipeline.lake, True), (DeltaLake(str(tmp_path / "lake")), False)):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="storage.query.query_service"):
+            QueryService(spark, lake, lambda _scope: limits).warm()
+        assert ("the query engine was not warmed: " not in caplog.text) is warmed, caplog.text
 
 
 def test_health_needs_no_key_and_the_api_is_described(server: str) -> None:
