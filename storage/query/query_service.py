@@ -44,6 +44,7 @@ from sqlglot import exp
 
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.newest_tables import NewestTables
+from storage.lake.s3_options import LakeUnavailableError
 from storage.lake.table_files import TableFiles
 from storage.lake.tables import ALL_TABLES, LAKE_TABLES
 from storage.query.local_sql import LocalSql, StatementTimeout
@@ -191,12 +192,16 @@ class QueryService:
         """Seconds spent running one statement on Spark that reads no file, before any tenant's:
         the session's first job loads and compiles what every later one reuses (the Delta log's
         reader, the planner's rules, generated code), and no tenant's statement timeout should
-        pay for it. A lake not written yet leaves nothing to warm."""
+        pay for it. A lake not written yet leaves nothing to warm, and one out of reach fails
+        the warm-up, not the start: statements then say so, each in turn, as they did before
+        the warm-up existed."""
         started = time.monotonic()
         try:
             self.run(OPERATOR, _WARM_UP_STATEMENT)
         except QueryError as error:
             log.info("the query engine was not warmed: %s", error.message)
+        except LakeUnavailableError as outage:
+            log.warning("the query engine was not warmed: %s", outage)
         return time.monotonic() - started
 
     def follow_tables(self, interval_s: float) -> None:

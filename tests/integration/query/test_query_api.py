@@ -38,7 +38,7 @@ from tenants.api_keys import issue_key, revoke_key
 from tenants.conf_reader import ConfReader
 from tenants.models import QueryLimits
 from tenants.registry import ConfigError
-from tenants.settings import load_settings
+from tenants.settings import LakeSettings, S3Settings, load_settings
 from tests.support.metrics_scrape import by_outcome, scrape
 from tests.support.paths import ROOT
 from tests.support.pipeline_harness import Pipeline
@@ -130,15 +130,37 @@ def rows(response: requests.Response) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in body["rows"]]
 
 
-def test_the_engine_warms_on_the_lake_and_starts_on_one_not_written_yet(
+def test_the_engine_warms_on_the_lake_and_starts_on_one_not_written_yet_or_out_of_reach(
     spark: Any, pipeline: Pipeline, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     limits = QueryLimits()
-    for lake, warmed in ((pipeline.lake, True), (DeltaLake(str(tmp_path / "lake")), False)):
+    # An S3 endpoint on a loopback port nobody listens on.
+    out_of_reach = LakeSettings(
+        root="s3://lake/none",
+        s3=S3Settings.model_validate(
+            {
+                "endpoint_url": f"http://127.0.0.1:{find_free_loopback_port()}",
+                "allow_http": True,
+                "access_key_id": "key",
+                "secret_access_key": "secret",
+                "timeout": "500ms",
+            }
+        ),
+    )
+    for lake, declined_at in (
+        (pipeline.lake, []),
+        (DeltaLake(str(tmp_path / "lake")), ["INFO"]),
+        (DeltaLake.from_settings(out_of_reach), ["WARNING"]),
+    ):
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="storage.query.query_service"):
             QueryService(spark, lake, lambda _scope: limits).warm()
-        assert ("the query engine was not warmed: " not in caplog.text) is warmed, caplog.text
+        declined = [
+            record.levelname
+            for record in caplog.records
+            if record.getMessage().startswith("the query engine was not warmed: ")
+        ]
+        assert declined == declined_at, caplog.text
 
 
 def test_health_needs_no_key_and_the_api_is_described(server: str) -> None:
