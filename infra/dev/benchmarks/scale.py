@@ -73,6 +73,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.listener import StreamingQueryProgress
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
+from pyspark.sql.types import StructType
 
 from infra.dev.benchmarks import quix_peer
 from infra.dev.benchmarks.peak_memory import (
@@ -570,7 +571,8 @@ def _peer_stage(_spark: SparkSession, dataset: _Dataset) -> StageFigures:
 
 
 def _plan_stage(stage: str) -> Callable[[SparkSession, _Dataset], StageFigures]:
-    """A prefix of the product's plan into `noop` (see the module's docstring)."""
+    """A prefix of the product's plan into `noop`, or for `state_parquet` into Spark's Parquet
+    file sink (see the module's docstring)."""
 
     def measure(spark: SparkSession, dataset: _Dataset) -> StageFigures:
         app = StreamApp(dataset.settings)
@@ -586,12 +588,9 @@ def _plan_stage(stage: str) -> Callable[[SparkSession, _Dataset], StageFigures]:
             frame = kafka.selectExpr(*KAFKA_COLUMNS_SQL).mapInArrow(
                 make_router(app.snapshots, settings.stream.max_record_bytes), ROUTED_SCHEMA
             )
-        if stage in ("state_empty", "state_parquet"):
-            function, schema = (
-                (_nothing, PACKED_OUTPUT_SCHEMA)
-                if stage == "state_empty"
-                else (_records, ROUTED_SCHEMA)
-            )
+        stateful = _STATE_FUNCTIONS.get(stage)
+        if stateful is not None:
+            function, schema = stateful
             frame = (
                 frame.selectExpr(
                     "*", bucket_expression(identity.state_buckets, identity.balanced_for_tasks)
@@ -601,21 +600,18 @@ def _plan_stage(stage: str) -> Callable[[SparkSession, _Dataset], StageFigures]:
                     function, schema, STATE_SCHEMA, "append", GroupStateTimeout.NoTimeout
                 )
             )
-        checkpoint = str(dataset.workdir / f"cp-{stage}")
-        output = dataset.workdir / stage
-        figures = _measure(
-            stage,
-            dataset,
-            lambda: (
-                frame.writeStream.format("parquet" if stage == "state_parquet" else "noop")
-                .option("checkpointLocation", checkpoint)
-                .option("path", str(output))
-                .trigger(availableNow=True)
-                .start()
-            ),
-        )
-        if stage == "state_parquet":
-            figures.extra["records_written"] = spark.read.parquet(str(output)).count()
+        writer = frame.writeStream.option(
+            "checkpointLocation", str(dataset.workdir / f"cp-{stage}")
+        ).trigger(availableNow=True)
+        output = str(dataset.workdir / stage)
+        keeps_records = stage == "state_parquet"
+        if keeps_records:
+            writer = writer.format("parquet").option("path", output)
+        else:
+            writer = writer.format("noop")
+        figures = _measure(stage, dataset, writer.start)
+        if keeps_records:
+            figures.extra["records_written"] = spark.read.parquet(output).count()
         return figures
 
     return measure
@@ -631,6 +627,12 @@ def _records(_bucket: Any, frames: Iterator[pd.DataFrame], _state: Any) -> Itera
     for frame in frames:
         yield frame[ROUTED_SCHEMA.fieldNames()]
 
+
+_STATE_FUNCTIONS: dict[str, tuple[Callable[..., Iterator[pd.DataFrame]], StructType]] = {
+    "state_empty": (_nothing, PACKED_OUTPUT_SCHEMA),
+    "state_parquet": (_records, ROUTED_SCHEMA),
+}
+"""The stages that end in `applyInPandasWithState`: their state function and its output's schema."""
 
 _STAGES: dict[str, Callable[[SparkSession, _Dataset], StageFigures]] = {
     "read": _read_stage,
