@@ -153,6 +153,23 @@ def spark_environment(master: str | None) -> None:
         pa.set_memory_pool(pa.system_memory_pool())
 
 
+def session_cores(spark: SparkSession) -> int:
+    """The cores the session's tasks run on (`task_cores`). Asked when needed: a cluster's
+    executors may register after the session starts."""
+    context = spark.sparkContext
+    assert context.master is not None  # a running context has one
+    return task_cores(context.master, context.defaultParallelism)
+
+
+def task_cores(master: str, slots: int) -> int:
+    """The cores under a session's `slots` task slots. A local session runs
+    `LOCAL_SLOTS_PER_CORE` slots on each core this process may use, so its slots overstate its
+    cores; a cluster's executors run a task a core."""
+    if is_local_master(master):
+        return max(1, min(slots, _usable_cores()))
+    return slots
+
+
 def is_local_master(master: str) -> bool:
     """Whether executors run inside the driver's JVM, with the driver's Python at hand."""
     return master == "local" or master.startswith("local[")
