@@ -61,10 +61,10 @@ def beside_batches(compaction: Compaction, spark: SparkSession) -> Compaction:
     """`compaction` with at most half the session's cores in tasks (at least one), as it runs
     beside the batches. Spark never pre-empts a task, so a batch that needs a core held by a
     compaction task waits for it to end; with half the cores left, a batch always has some.
-    Cores, not task slots (`session_cores`): a local session runs two slots a core, so half its
-    slots were every core, and the minute of a 10-minute compaction at 2,000 records/s was the
-    one whose freshness passed 5 s. In four tasks on two cores, a compaction of 1.2 million rows
-    held one batch up for 14.6 s."""
+    Cores, not task slots (`session_cores`): the default local session runs two slots a core,
+    so half its slots were every core, and the minute of a 10-minute compaction at 2,000
+    records/s was the one whose freshness passed 5 s. In four tasks on two cores, a compaction
+    of 1.2 million rows held one batch up for 14.6 s."""
     half_the_cores = max(1, session_cores(spark) // 2)
     return replace(compaction, tasks=min(compaction.tasks, half_the_cores))
 

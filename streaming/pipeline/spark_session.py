@@ -162,9 +162,9 @@ def session_cores(spark: SparkSession) -> int:
 
 
 def task_cores(master: str, slots: int) -> int:
-    """The cores under a session's `slots` task slots. A local session runs
-    `LOCAL_SLOTS_PER_CORE` slots on each core this process may use, so its slots overstate its
-    cores; a cluster's executors run a task a core."""
+    """The cores under a session's `slots` task slots. A local session's slots run on the
+    cores this process may use, and may outnumber them (the default master runs
+    `LOCAL_SLOTS_PER_CORE` a core); a cluster's executors run a task a core."""
     if is_local_master(master):
         return max(1, min(slots, _usable_cores()))
     return slots
