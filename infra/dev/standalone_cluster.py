@@ -106,7 +106,10 @@ class _SparkDaemon(LocalProcess):
 
 class SparkMaster(_SparkDaemon):
     name = "spark master"
-    ready_deadline_s = 60.0
+    # A JVM's start: seconds on a quiet machine, but CI starts a cluster beside three other test
+    # workers' streams, where one worker took 30 s to reach the master and had not registered
+    # 30 s later. A daemon that dies still fails at once (its exit code is checked each probe).
+    ready_deadline_s = 180.0
     probe_interval_s = 0.5
 
     def __init__(self, workdir: Path, env_dir: Path) -> None:
@@ -144,7 +147,7 @@ class SparkMaster(_SparkDaemon):
 
 class SparkWorker(_SparkDaemon):
     name = "spark worker"
-    ready_deadline_s = 60.0
+    ready_deadline_s = SparkMaster.ready_deadline_s
     probe_interval_s = 0.5
 
     def __init__(
