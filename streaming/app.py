@@ -54,6 +54,7 @@ from streaming.observe.stream_metrics import StreamMetrics
 from streaming.pipeline import worker_daemon
 from streaming.pipeline.batch_sink import MicroBatchSink
 from streaming.pipeline.compaction_schedule import CompactionSchedule
+from streaming.pipeline.rehearsal import REHEARSAL_STOP_GRACE_S, Rehearsal
 from streaming.pipeline.stream_plan import start_query, windowed_stream
 from streaming.pipeline.stream_session import StartingSession
 from streaming.process import (
@@ -87,9 +88,12 @@ class StreamApp:
         lake: DeltaLake | None = None,
         fault_hook: FaultHook = NO_FAULTS,
         on_batch: Callable[[BatchProgress], None] | None = None,
+        notify: bool = True,
     ) -> None:
-        """`on_batch` is told about each finished micro-batch (e.g. to draw a progress bar)."""
+        """`on_batch` is told about each finished micro-batch (e.g. to draw a progress bar);
+        without `notify`, no pane's webhook is delivered (a standby's rehearsal)."""
         self.settings = settings
+        self._notify = notify
         self.lake = lake or DeltaLake.from_settings(settings.lake)
         self.fault_hook = fault_hook
         self.identity = StreamIdentity(
@@ -182,6 +186,10 @@ class StreamApp:
         instance holds it, False if `stop` was set first. Waits while a live instance holds it
         and while the lake cannot be reached; bounded by `stop` only, as a standby runs until
         needed."""
+        if self.settings.stream.standby_rehearsal:
+            self._rehearse(spark, stop)
+        # After the rehearsal: building the plan registers the Kafka source with this stream's
+        # deferral, where the rehearsal's registered its own.
         self._plan(spark)
         worker_daemon.start_workers(spark)
         name = self.settings.stream.name
@@ -201,6 +209,33 @@ class StreamApp:
                 last_outage = str(outage)
                 stop.wait(interval_s)
         return False
+
+    def _rehearse(self, spark: SparkSession, stop: threading.Event) -> None:
+        """Run the stream once on scratch locations (`streaming.pipeline.rehearsal`), so that a
+        takeover's first batch finds Spark and the workers warm."""
+        rehearsal = Rehearsal.of(self.settings)
+        rehearsal.remove()  # what a standby killed mid-rehearsal left
+        name = self.settings.stream.name
+        log.info("standing by for stream %r: rehearsing on scratch locations", name)
+        started = time.monotonic()
+        scratch = StreamApp(rehearsal.settings, notify=False)
+        try:
+            scratch.start(spark)
+            with_records = rehearsal.wait_for_records(scratch.query, stop)
+            # A batch cut short would log the interrupted state store's trace.
+            scratch.wait_between_batches(REHEARSAL_STOP_GRACE_S, stop)
+        except Exception as error:  # the rehearsal only saves time: never a reason not to wait
+            log.warning("standing by for stream %r without a rehearsal: it failed: %s", name, error)
+            return
+        finally:
+            scratch.stop()
+            rehearsal.remove()
+        log.info(
+            "standing by for stream %r: rehearsed in %.1fs (%s)",
+            name,
+            time.monotonic() - started,
+            "a batch with records" if with_records else "no records came",
+        )
 
     def start(self, spark: SparkSession, available_now: bool = False) -> StreamApp:
         """Claim the stream (if not yet) and start its query; `conf/` must be valid now, and is
@@ -343,8 +378,9 @@ class StreamApp:
         self._threads.append(
             self.watcher.watch(self._stopping, interval_s=CONFIG_POLL_INTERVAL_S, clock_ms=_now_ms)
         )
-        # Off the batch path: a slow endpoint never delays a micro-batch.
-        self._threads.append(self.notifier.start(self._stopping))
+        if self._notify:
+            # Off the batch path: a slow endpoint never delays a micro-batch.
+            self._threads.append(self.notifier.start(self._stopping))
         return query
 
     def _plan(self, spark: SparkSession) -> DataFrame:

@@ -414,6 +414,15 @@ class StreamSettings(_Frozen):
             "watched by its process id in between, so its death is noticed within 20 ms."
         ),
     )
+    standby_rehearsal: bool = Field(
+        default=True,
+        description=(
+            "Before `run --standby` waits, it runs the stream once on scratch locations (a lake "
+            "under the lake root's `_rehearsal/`, a checkpoint beside the stream's, the topic's "
+            "newest records, no webhooks), until a batch with records commits or 30 s pass, then "
+            "removes them: a takeover's first batch then finds Spark and its workers warm."
+        ),
+    )
 
     default_quota: Quota | None = Field(
         default=None,

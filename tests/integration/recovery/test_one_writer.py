@@ -97,8 +97,9 @@ def _running_stream(
 
 
 def _wait_standing_by(standby: Popen[bytes]) -> None:
-    """Until a `run --standby` is ready and waits for the lease."""
-    _wait_while_alive("a standby", lambda: "ready, waiting" in _log(standby), standby, 180)
+    """Until a `run --standby` is ready and waits for the lease: a JVM's start and the standby's
+    rehearsal (a batch, then up to 30 s for records), each a minute in a busy CI."""
+    _wait_while_alive("a standby", lambda: "ready, waiting" in _log(standby), standby, 400)
 
 
 def _claimed_by(tmp_path: Path) -> list[int]:
