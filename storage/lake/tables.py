@@ -237,6 +237,9 @@ DELIVERIES = TableSpec(
     ),
     (),
 )
+REHEARSALS_DIR = "_rehearsal"
+"""Under the lake root: `<stream>/`, a standby's scratch lake while it rehearses
+(`streaming.pipeline.rehearsal`), removed after it."""
 REPROCESS_PLANS_DIR = "_reprocess"
 """Under the lake root: `<stream>/<tenant>/run-<N>.json`, each `tenants reprocess` run's plan
 (`streaming.repair.reprocess`)."""

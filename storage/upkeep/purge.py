@@ -32,7 +32,14 @@ from pyarrow import fs
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.lake_filesystem import filesystem_of
 from storage.lake.snapshot_reader import current_paths
-from storage.lake.tables import LAKE_TABLES, LAYOUT_PREFIX, REPROCESS_PLANS_DIR, STAGED, TableSpec
+from storage.lake.tables import (
+    LAKE_TABLES,
+    LAYOUT_PREFIX,
+    REHEARSALS_DIR,
+    REPROCESS_PLANS_DIR,
+    STAGED,
+    TableSpec,
+)
 from tenants.models import ID_PATTERN
 
 log = logging.getLogger(__name__)
@@ -54,7 +61,29 @@ def purge_tenant(lake: DeltaLake, tenant: str, dry_run: bool) -> list[TablePurge
     if not re.fullmatch(ID_PATTERN, tenant):
         raise ValueError(f"not a tenant id: {tenant!r}")
     purged = [_purge_table(lake, spec, tenant, dry_run) for spec in LAKE_TABLES]
-    return [*purged, _purge_reprocess_plans(lake, tenant, dry_run)]
+    return [
+        *purged,
+        _purge_reprocess_plans(lake, tenant, dry_run),
+        _remove_rehearsals(lake, dry_run),
+    ]
+
+
+def _remove_rehearsals(lake: DeltaLake, dry_run: bool) -> TablePurge:
+    """Every standby's scratch lake (`REHEARSALS_DIR`), whole: a rehearsal removes its own when
+    it ends, but one killed mid-way leaves rows of any tenant there until the next. Scratch holds
+    nothing anyone reads; a rehearsal running now fails, and its standby stands by without."""
+    filesystem, root = filesystem_of(lake.root, lake.storage_options)
+    folder = f"{root}/{REHEARSALS_DIR}"
+    files = [
+        info.path.removeprefix(f"{folder}/")
+        for info in filesystem.get_file_info(
+            fs.FileSelector(folder, recursive=True, allow_not_found=True)
+        )
+        if info.type == fs.FileType.File
+    ]
+    if files and not dry_run:
+        filesystem.delete_dir(folder)
+    return TablePurge(REHEARSALS_DIR, 0, tuple(sorted(files)))
 
 
 def _purge_reprocess_plans(lake: DeltaLake, tenant: str, dry_run: bool) -> TablePurge:

@@ -30,6 +30,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from storage.lake.lake_filesystem import filesystem_of
 from storage.lake.s3_options import storage_options
+from storage.lake.tables import REHEARSALS_DIR
 from tenants.settings import AppSettings
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,6 @@ what arrived in one trigger; this keeps a burst from making the rehearsal long."
 REHEARSAL_STOP_GRACE_S = 10.0
 """How long its stop waits for a batch in progress to commit."""
 POLL_INTERVAL_S = 0.1
-SCRATCH_FOLDER = "_rehearsal"
 SUFFIX = "rehearsal"
 
 
@@ -73,7 +73,7 @@ class Rehearsal:
                         }
                     ),
                     "lake": lake.model_copy(
-                        update={"root": f"{lake.root.rstrip('/')}/{SCRATCH_FOLDER}/{stream.name}"}
+                        update={"root": f"{lake.root.rstrip('/')}/{REHEARSALS_DIR}/{stream.name}"}
                     ),
                 }
             )

@@ -98,9 +98,15 @@ def test_purge_leaves_no_trace_of_the_tenant_and_nobody_elses_rows_change(
         (plans / tenant).mkdir(parents=True)
         (plans / tenant / "run-000001.json").write_text("{}")
 
+    # A standby killed mid-rehearsal left its scratch lake, with rows of any tenant: it goes whole.
+    scratch = Path(pipeline.settings.lake.root) / "_rehearsal" / pipeline.settings.stream.name
+    (scratch / "events" / f"tenant={GONE}").mkdir(parents=True)
+    (scratch / "events" / f"tenant={GONE}" / "part-0.parquet").write_bytes(b"PAR1")
+
     assert main(["tenants", "purge", GONE, *lake_flags, "--dry-run"]) == 0
     dry = capsys.readouterr().out
     assert "events: would remove" in dry and "quarantine: would remove" in dry
+    assert "_rehearsal: would remove 0 rows" in dry and scratch.exists()
     assert {name: len(pipeline.table(name)) for name in counts_before} == counts_before
 
     assert main(["tenants", "purge", GONE, *lake_flags]) == 0
@@ -108,6 +114,7 @@ def test_purge_leaves_no_trace_of_the_tenant_and_nobody_elses_rows_change(
     assert "No table version and no data file holds a row" in said
     assert "_reprocess: removed 0 rows" in said and ", 1 files" in said
     assert not (plans / GONE).exists() and (plans / "acme" / "run-000001.json").exists()
+    assert not scratch.parent.exists()
 
     # Nobody else's rows changed, byte for byte.
     assert _rows_of_others(pipeline) == before
