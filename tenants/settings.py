@@ -419,7 +419,7 @@ class StreamSettings(_Frozen):
         description=(
             "Before `run --standby` waits, it runs the stream once on scratch locations (a lake "
             "under the lake root's `_rehearsal/`, a checkpoint beside the stream's, the topic's "
-            "newest records, no webhooks), until a batch with records commits or 30 s pass, then "
+            "newest records, no webhooks), until a batch with records commits or, after its first batch, 30 s pass, then "
             "removes them: a takeover's first batch then finds Spark and its workers warm."
         ),
     )

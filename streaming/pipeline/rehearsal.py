@@ -14,8 +14,8 @@ stream that shares nothing a user or the running instance can see:
 - no webhooks, metrics, offsets mirrored to the consumer group, or fault points;
 - a stream name of its own, so its log lines and its Spark query are told apart.
 
-It ends after its first batch with records, or after `REHEARSAL_LIMIT_S` if none come, and
-its scratch locations are removed. A rehearsal that fails costs the takeover nothing more
+It ends after its first batch with records, or `QUIET_LIMIT_S` after its first batch if none
+come, and its scratch locations are removed. A rehearsal that fails costs the takeover nothing more
 than none would: the standby logs why and stands by.
 """
 
@@ -35,8 +35,11 @@ from tenants.settings import AppSettings
 
 log = logging.getLogger(__name__)
 
-REHEARSAL_LIMIT_S = 30.0
-"""The longest a rehearsal waits for a batch with records: a quiet topic gives it none."""
+QUIET_LIMIT_S = 30.0
+"""How long after its first batch a rehearsal waits for one with records: a quiet topic gives
+it none."""
+REHEARSAL_LIMIT_S = 600.0
+"""Its longest run: a first batch on a cold JVM beside a busy stream has taken 40 s here."""
 REHEARSAL_MAX_RECORDS = 10_000
 """Its batches' bound (`maxOffsetsPerTrigger`): it reads from the topic's end, so a batch holds
 what arrived in one trigger; this keeps a burst from making the rehearsal long."""
@@ -81,12 +84,17 @@ class Rehearsal:
 
     def wait_for_records(self, query: StreamingQuery, stop: threading.Event) -> bool:
         """Wait until `query` committed a batch with records; False if `stop` was set, the
-        query ended or `REHEARSAL_LIMIT_S` passed first."""
+        query ended, no batch with records came within `QUIET_LIMIT_S` of its first batch, or
+        `REHEARSAL_LIMIT_S` passed first."""
         deadline = time.monotonic() + REHEARSAL_LIMIT_S
         while time.monotonic() < deadline and not stop.is_set() and query.isActive:
             # Spark reports a batch's progress once it is committed.
-            if any(progress["numInputRows"] > 0 for progress in query.recentProgress):
+            progress = query.recentProgress
+            if any(batch["numInputRows"] > 0 for batch in progress):
                 return True
+            if progress:
+                # The first batch is the cold one; the wait for records starts after it.
+                deadline = min(deadline, time.monotonic() + QUIET_LIMIT_S)
             stop.wait(POLL_INTERVAL_S)
         return False
 

@@ -102,6 +102,19 @@ def _wait_standing_by(standby: Popen[bytes]) -> None:
     _wait_while_alive("a standby", lambda: "ready, waiting" in _log(standby), standby, 400)
 
 
+def _produce_until_rehearsed(pipeline: Pipeline, standby: Popen[bytes]) -> int:
+    """Send a record of `acme` every 0.5 s until `standby` says its rehearsal ended (at most
+    400 s); how many were sent."""
+    for sent in range(800):
+        if "rehearsed in" in _log(standby):
+            return sent
+        if standby.poll() is not None:
+            raise AssertionError(f"the standby exited ({standby.returncode}): {_log(standby)}")
+        pipeline.produce([record("acme", "web", T0_MS + 20_000 + sent * 10)])
+        time.sleep(0.5)
+    raise AssertionError(f"the standby did not rehearse within 400 s: {_log(standby)[-3000:]}")
+
+
 def _claimed_by(tmp_path: Path) -> list[int]:
     """The PIDs that claimed the stream, by epoch."""
     claims = DeltaTable(str(tmp_path / "lake" / LEASE_TABLE)).to_pandas()
@@ -151,7 +164,15 @@ def test_a_standby_claims_nothing_until_the_running_instance_dies_then_carries_o
         assert _claimed_by(tmp_path) == [active.pid]
 
         with _instance(pipeline, available_now=False, flags=["--standby"]) as standby:
+            # Records that come while it rehearses: it windows them on scratch, the stream for
+            # real, and they land once.
+            during = _produce_until_rehearsed(pipeline, standby)
             _wait_standing_by(standby)
+            assert "(a batch with records)" in _log(standby), _log(standby)[-3000:]
+            lake_root = Path(pipeline.settings.lake.root)
+            scratch_lake = lake_root / "_rehearsal" / pipeline.settings.stream.name
+            assert not scratch_lake.exists()
+            assert not Path(f"{pipeline.settings.stream.checkpoint_dir}.rehearsal").exists()
             time.sleep(1.5)  # a few of its looks at the lease, while the holder lives
             assert _claimed_by(tmp_path) == [active.pid], "the standby claimed a live stream"
 
@@ -159,7 +180,7 @@ def test_a_standby_claims_nothing_until_the_running_instance_dies_then_carries_o
             active.wait(timeout=30)
             after = [record("acme", "web", T0_MS + 30_000 + i * 1_000) for i in range(10)]
             pipeline.produce(after)
-            _wait_for_events(pipeline, before + len(after), standby)
+            _wait_for_events(pipeline, before + during + len(after), standby)
             assert "taking over from dead" in _log(standby)
             assert _claimed_by(tmp_path) == [active.pid, standby.pid]
             standby.send_signal(signal.SIGTERM)

@@ -1,11 +1,17 @@
 """A standby's rehearsal shares nothing a user or the running instance sees: its own stream name,
 lake, checkpoint and lease, no metrics port and no offsets mirrored to the consumer group; and it
-removes what it wrote."""
+removes what it wrote. It ends at its first batch with records, and on a quiet topic a while after
+its first batch, however long that cold batch took."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
+import pytest
+
+from streaming.pipeline import rehearsal as rehearsal_module
 from streaming.pipeline.rehearsal import Rehearsal
 from tenants.settings import AppSettings, load_settings
 
@@ -70,3 +76,40 @@ def test_remove_deletes_the_scratch_lake_and_checkpoint_and_nothing_of_the_strea
     assert all(path.exists() for path in kept)
     assert not Path(rehearsal.settings.lake.root).exists()
     assert not Path(rehearsal.settings.stream.checkpoint_dir).exists()
+
+
+class QueryRunning:
+    """What the rehearsal reads of a running query: its committed batches' progress."""
+
+    def __init__(self, batches: list[dict[str, int]]) -> None:
+        self.recentProgress = batches
+        self.isActive = True
+
+
+def test_the_rehearsal_ends_at_the_first_committed_batch_with_records(tmp_path: Path) -> None:
+    query = QueryRunning([{"numInputRows": 0}, {"numInputRows": 3}])
+    rehearsal = Rehearsal.of(running_settings(tmp_path))
+    assert rehearsal.wait_for_records(query, threading.Event()) is True
+
+
+def test_on_a_quiet_topic_it_waits_the_quiet_limit_after_the_first_batch_not_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rehearsal_module, "QUIET_LIMIT_S", 0.5)
+    query = QueryRunning([])
+    rehearsal = Rehearsal.of(running_settings(tmp_path))
+    # The cold first batch takes longer than the quiet limit: the wait goes on through it.
+    threading.Timer(1.0, lambda: query.recentProgress.append({"numInputRows": 0})).start()
+    started = time.monotonic()
+    assert rehearsal.wait_for_records(query, threading.Event()) is False
+    assert 1.5 <= time.monotonic() - started < 5
+
+
+def test_a_stop_or_a_query_that_ended_ends_the_wait_at_once(tmp_path: Path) -> None:
+    rehearsal = Rehearsal.of(running_settings(tmp_path))
+    stopped = threading.Event()
+    stopped.set()
+    assert rehearsal.wait_for_records(QueryRunning([]), stopped) is False
+    ended = QueryRunning([])
+    ended.isActive = False
+    assert rehearsal.wait_for_records(ended, threading.Event()) is False
