@@ -419,8 +419,9 @@ class StreamSettings(_Frozen):
         description=(
             "Before `run --standby` waits, it runs the stream once on scratch locations (a lake "
             "under the lake root's `_rehearsal/`, a checkpoint beside the stream's, the topic's "
-            "newest records, no webhooks), until a batch with records commits or, after its first batch, 30 s pass, then "
-            "removes them: a takeover's first batch then finds Spark and its workers warm."
+            "newest records, no webhooks) until a batch with records commits, or for 30 s after "
+            "its first batch, then removes them: a takeover's first batch then finds Spark and "
+            "its workers warm."
         ),
     )
 

@@ -15,8 +15,9 @@ stream that shares nothing a user or the running instance can see:
 - a stream name of its own, so its log lines and its Spark query are told apart.
 
 It ends after its first batch with records, or `QUIET_LIMIT_S` after its first batch if none
-come, and its scratch locations are removed. A rehearsal that fails costs the takeover nothing more
-than none would: the standby logs why and stands by.
+come, and its scratch locations are removed. A rehearsal that fails leaves the standby as it was
+without one: it logs why and stands by. The running instance's death during a rehearsal is taken
+over once the rehearsal ends.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ QUIET_LIMIT_S = 30.0
 """How long after its first batch a rehearsal waits for one with records: a quiet topic gives
 it none."""
 REHEARSAL_LIMIT_S = 600.0
-"""Its longest run: a first batch on a cold JVM beside a busy stream has taken 40 s here."""
+"""Its longest run: a first batch on a cold JVM beside a busy stream took 38 s on two cores."""
 REHEARSAL_MAX_RECORDS = 10_000
 """Its batches' bound (`maxOffsetsPerTrigger`): it reads from the topic's end, so a batch holds
 what arrived in one trigger; this keeps a burst from making the rehearsal long."""
