@@ -13,7 +13,7 @@ import pytest
 
 from streaming.pipeline import rehearsal as rehearsal_module
 from streaming.pipeline.rehearsal import Rehearsal
-from tenants.settings import AppSettings, load_settings
+from tenants.settings import AppSettings, LakeSettings, load_settings
 
 
 def running_settings(tmp_path: Path) -> AppSettings:
@@ -113,3 +113,14 @@ def test_a_stop_or_a_query_that_ended_ends_the_wait_at_once(tmp_path: Path) -> N
     ended = QueryRunning([])
     ended.isActive = False
     assert rehearsal.wait_for_records(ended, threading.Event()) is False
+
+
+def test_an_object_store_lake_rehearses_under_its_own_root_where_every_executor_reaches_it(
+    tmp_path: Path,
+) -> None:
+    running = running_settings(tmp_path).model_copy(
+        update={"lake": LakeSettings(root="s3://bucket/lakes/prod/")}
+    )
+    scratch = Rehearsal.of(running).settings
+    assert scratch.lake.root == "s3://bucket/lakes/prod/_rehearsal/orders"
+    assert scratch.lake.s3 == running.lake.s3
