@@ -13,7 +13,7 @@ import pytest
 
 from streaming.pipeline import rehearsal as rehearsal_module
 from streaming.pipeline.rehearsal import Rehearsal
-from tenants.settings import AppSettings, LakeSettings, load_settings
+from tenants.settings import AppSettings, LakeSettings, S3Settings, load_settings
 
 
 def running_settings(tmp_path: Path) -> AppSettings:
@@ -119,7 +119,12 @@ def test_an_object_store_lake_rehearses_under_its_own_root_where_every_executor_
     tmp_path: Path,
 ) -> None:
     running = running_settings(tmp_path).model_copy(
-        update={"lake": LakeSettings(root="s3://bucket/lakes/prod/")}
+        update={
+            "lake": LakeSettings(
+                root="s3://bucket/lakes/prod/",
+                s3=S3Settings(endpoint_url="http://127.0.0.1:9000", allow_http=True),
+            )
+        }
     )
     scratch = Rehearsal.of(running).settings
     assert scratch.lake.root == "s3://bucket/lakes/prod/_rehearsal/orders"
