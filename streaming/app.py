@@ -346,6 +346,7 @@ class StreamApp:
                 tasks=settings.stream.shuffle_partitions,
                 log_checkpoint_files=settings.stream.log_checkpoint_files,
                 slice_files=settings.stream.settle_slice_files,
+                yields_cpu=settings.stream.compaction_yields_cpu,
                 policy=SettlePolicy.of(
                     settings.stream.compact_interval_ms,
                     settings.stream.merge_interval_ms,

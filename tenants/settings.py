@@ -376,6 +376,15 @@ class StreamSettings(_Frozen):
             "visible exactly once."
         ),
     )
+    compaction_yields_cpu: bool = Field(
+        default=True,
+        description=(
+            "Compaction's tasks run at the lowest CPU priority of their executor (nice 19, on "
+            "Linux): they take only the CPU the micro-batches beside them leave, so a "
+            "compaction takes longer on a busy host and the batches do not wait for it. `false`: "
+            "they compete with the batches as equals."
+        ),
+    )
     log_checkpoint_files: int = Field(
         default=5_000,
         gt=0,

@@ -7,6 +7,7 @@ readers load no writer.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 
@@ -58,6 +59,12 @@ def make_folder(filesystem: fs.FileSystem, folder: str) -> None:
     a settled file, and a settle writes one per key."""
     if not isinstance(filesystem, fs.S3FileSystem):
         filesystem.create_dir(folder, recursive=True)
+
+
+def remove_folder(filesystem: fs.FileSystem, folder: str) -> None:
+    """Remove `folder` and everything in it; one already gone is no error."""
+    with contextlib.suppress(FileNotFoundError):
+        filesystem.delete_dir(folder)
 
 
 def write_file(filesystem: fs.FileSystem, path: str, content: bytes | pa.Buffer) -> None:

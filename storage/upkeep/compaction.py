@@ -106,6 +106,7 @@ from storage.upkeep.settle_slices import (
     slice_of_buckets,
 )
 from storage.upkeep.work_thread import WorkThread
+from storage.upkeep.worker_priority import at_lowest_priority
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,8 @@ class Compaction:
     slice_files: int = SLICE_FILES
     """A table's settle that adds more files than this commits in slices of tenants, each adding
     about this many at most (`storage.upkeep.settle_slices`)."""
+    yields_cpu: bool = False
+    """Its tasks run at the lowest CPU priority (`storage.upkeep.worker_priority`)."""
 
     def owed(self, now_ms: int) -> bool:
         """Whether this stream owes a compaction at `now_ms` (`SettlePolicy.owes`)."""
@@ -336,7 +339,7 @@ class Compaction:
         by_task = staged_by_write_task(staged)
         if by_task is None:
             files = self._shuffled(
-                spark, spec, staged, returning_memory(manifests.listing(in_spark_task(writer)))
+                spark, spec, staged, self._task(manifests.listing(in_spark_task(writer)))
             )
         else:
             tasks = min(len(by_task), self.tasks)
@@ -344,11 +347,16 @@ class Compaction:
                 self.lake.root, self.lake.storage_options, spec.name, by_task, tasks, writer
             )
             files = spark.range(tasks, numPartitions=tasks).mapInArrow(
-                returning_memory(manifests.listing(compact)), MANIFEST_DDL
+                self._task(manifests.listing(compact)), MANIFEST_DDL
             )
         # The file list reaches the driver through one manifest per task, never through the JVM
         # (`Manifests`).
         return [row.manifest for row in files.collect()]
+
+    def _task(self, writer: MapInArrow) -> MapInArrow:
+        """A task that writes compacted files, as the executors run it."""
+        task = returning_memory(writer)
+        return at_lowest_priority(task) if self.yields_cpu else task
 
     def _shuffled(
         self, spark: SparkSession, spec: TableSpec, staged: list[LakeFile], write: MapInArrow

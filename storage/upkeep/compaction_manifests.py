@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from pyarrow import fs
 
 from storage.lake.file_writer import MapInArrow, spark_task_partition
-from storage.lake.lake_filesystem import filesystem_of, make_folder
+from storage.lake.lake_filesystem import filesystem_of, make_folder, remove_folder
 from storage.lake.written_files import WRITTEN_FILE_SCHEMA
 from storage.upkeep.settle_slices import SLICE_BUCKETS, tenant_bucket
 
@@ -104,9 +104,7 @@ class Manifests:
         """Best effort: a manifest left behind is read by nothing."""
         filesystem, base = filesystem_of(self.root, self.storage_options)
         try:
-            filesystem.delete_dir(f"{base}/{self.folder}")
-        except FileNotFoundError:
-            pass
+            remove_folder(filesystem, f"{base}/{self.folder}")
         except OSError as error:
             log.warning("could not remove the manifests in %s: %s", self.folder, error)
 

@@ -71,7 +71,11 @@ class MicroBatchSink:
             # The plan must still run: it commits this batch's state store version, and Spark
             # fails the batch if it does not. Only the Delta commits are skipped.
             batch_df.write.format("noop").mode("overwrite").save()
-            log.info("batch %d already committed to every table; skipped", batch_id)
+            log.info(
+                "stream %r, batch %d already committed to every table; skipped",
+                self.app_id,
+                batch_id,
+            )
             outcome = BatchOutcome(batch_id=batch_id, rows={}, already_committed=True)
         else:
             outcome = self._commit(batch_df, batch_id, pending)
@@ -125,7 +129,8 @@ class MicroBatchSink:
                 quarantined = quarantined_by_reason(files)
         self.fault_hook.reached(FaultPoint.AFTER_DELTA_COMMITS, batch_id)
         log.info(
-            "batch %d: %d files in %.2fs %s",
+            "stream %r, batch %d: %d files in %.2fs %s",
+            self.app_id,
             batch_id,
             len(written),
             time.monotonic() - started,

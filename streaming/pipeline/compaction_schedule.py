@@ -6,7 +6,10 @@ batch) than the last compaction this instance started. An instance's first batch
 compaction is owed (`Compaction.owed`): one that an instance which died had not committed.
 
 It runs beside the batches that follow, in a thread of its own and in Spark's `compaction`
-scheduler pool, which gets only the cores the batches leave (`stream_session.scheduler_conf`).
+scheduler pool, which gets only the task slots the batches leave
+(`stream_session.scheduler_conf`), and its tasks run at the lowest CPU priority
+(`storage.upkeep.worker_priority`, `stream.compaction_yields_cpu`), so they get only the CPU the
+batches leave too.
 Run between batches instead, the compaction of a 10-minute interval at 2,000 records/s held the
 stream up for 15-20 s. At most one runs at a time: a batch that finds one still running leaves
 the next to a later batch. A compaction's crash safety is its commits'

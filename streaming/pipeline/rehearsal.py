@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from pyspark.sql.streaming.query import StreamingQuery
 
-from storage.lake.lake_filesystem import filesystem_of
+from storage.lake.lake_filesystem import filesystem_of, remove_folder
 from storage.lake.s3_options import storage_options
 from storage.lake.tables import REHEARSALS_DIR
 from tenants.settings import AppSettings
@@ -106,10 +106,7 @@ class Rehearsal:
             (self.settings.lake.root, storage_options(self.settings.lake)),
             (self.settings.stream.checkpoint_dir, None),
         ):
-            filesystem, path = filesystem_of(root, options)
             try:
-                filesystem.delete_dir(path)
-            except FileNotFoundError:
-                pass
+                remove_folder(*filesystem_of(root, options))
             except OSError as error:
                 log.warning("could not remove the rehearsal's %s: %s", root, error)
