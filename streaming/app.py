@@ -346,7 +346,6 @@ class StreamApp:
                 tasks=settings.stream.shuffle_partitions,
                 log_checkpoint_files=settings.stream.log_checkpoint_files,
                 slice_files=settings.stream.settle_slice_files,
-                yields_cpu=settings.stream.compaction_yields_cpu,
                 policy=SettlePolicy.of(
                     settings.stream.compact_interval_ms,
                     settings.stream.merge_interval_ms,
@@ -356,6 +355,7 @@ class StreamApp:
             self.checkpoint_log,
             self.fault_hook,
             between_batches=available_now,
+            yields_cpu=settings.stream.compaction_yields_cpu,
             vacuum=StreamVacuum(
                 self.lake,
                 retention_ms=settings.lake.vacuum_retention_ms,

@@ -379,10 +379,11 @@ class StreamSettings(_Frozen):
     compaction_yields_cpu: bool = Field(
         default=True,
         description=(
-            "Compaction's tasks run at the lowest CPU priority of their executor (nice 19, on "
-            "Linux): they take only the CPU the micro-batches beside them leave, so a "
-            "compaction takes longer on a busy host and the batches do not wait for it. `false`: "
-            "they compete with the batches as equals."
+            "Compaction's tasks beside the micro-batches run at the lowest CPU priority of their "
+            "executor (nice 19, on Linux): they take only the CPU the batches leave, so a "
+            "compaction takes longer on a busy host and the batches do not wait for it (between "
+            "the batches of an `--available-now` run it has the cores to itself). `false`: they "
+            "compete with the batches as equals."
         ),
     )
     log_checkpoint_files: int = Field(

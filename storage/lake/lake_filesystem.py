@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import threading
 from collections.abc import Mapping
 
 import pyarrow as pa
@@ -47,8 +49,22 @@ def filesystem_of(
         # a file smaller than a part is one PutObject. A failed open then shows at the write or
         # the close, where the writers catch it anyway.
         allow_delayed_open=True,
+        background_writes=_may_start_upload_threads(),
     )
     return s3, root.removeprefix("s3://").rstrip("/")
+
+
+def _may_start_upload_threads() -> bool:
+    """Whether uploads may run on Arrow's IO threads, which Arrow starts on demand from the
+    thread that needs one and keeps for the life of the process: not from a thread running at a
+    lower CPU priority than its process (a compaction task's, `storage.upkeep.worker_priority`).
+    Threads inherit their creator's priority, so the batches Spark later runs in that worker
+    would upload through threads that get the CPU last. Such a thread uploads on its own
+    instead; a file smaller than a part (all but the largest) is one request either way."""
+    if not sys.platform.startswith("linux"):  # a priority per thread is Linux's
+        return True
+    this_thread = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    return this_thread <= os.getpriority(os.PRIO_PROCESS, os.getpid())
 
 
 def make_folder(filesystem: fs.FileSystem, folder: str) -> None:

@@ -85,6 +85,7 @@ from storage.lake.file_names import (
     write_task_of_staged_file,
 )
 from storage.lake.file_writer import MapInArrow
+from storage.lake.lake_filesystem import filesystem_of
 from storage.lake.tables import APPENDED_TABLES, STAGED_TABLES, TableSpec
 from storage.lake.written_files import WrittenFile
 from storage.upkeep.compaction_manifests import MANIFEST_DDL, Manifests
@@ -153,7 +154,8 @@ class Compaction:
     """A table's settle that adds more files than this commits in slices of tenants, each adding
     about this many at most (`storage.upkeep.settle_slices`)."""
     yields_cpu: bool = False
-    """Its tasks run at the lowest CPU priority (`storage.upkeep.worker_priority`)."""
+    """Its tasks run at the lowest CPU priority (`storage.upkeep.worker_priority`): beside the
+    batches (`streaming.pipeline.compaction_schedule.beside_batches`)."""
 
     def owed(self, now_ms: int) -> bool:
         """Whether this stream owes a compaction at `now_ms` (`SettlePolicy.owes`)."""
@@ -356,7 +358,10 @@ class Compaction:
     def _task(self, writer: MapInArrow) -> MapInArrow:
         """A task that writes compacted files, as the executors run it."""
         task = returning_memory(writer)
-        return at_lowest_priority(task) if self.yields_cpu else task
+        if not self.yields_cpu:
+            return task
+        lake = functools.partial(filesystem_of, self.lake.root, self.lake.storage_options)
+        return at_lowest_priority(task, warm=lake)
 
     def _shuffled(
         self, spark: SparkSession, spec: TableSpec, staged: list[LakeFile], write: MapInArrow

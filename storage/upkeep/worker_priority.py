@@ -2,11 +2,11 @@
 
 Spark never pre-empts a task, and the kernel shares a core evenly between the threads that want
 it: a compaction task running beside the batches (`streaming.pipeline.compaction_schedule`) took
-its full share of a core from the batches' tasks, the driver and, on a small host, the broker.
-At 2,000 records/s on two cores a compaction of 600,000 rows ran 8 s, and the batches beside it
-took up to 2.1 s against 1.3 s before. Its work is the least urgent on the host: it can wait
-for the cores the batches leave, and a compaction that takes longer delays nothing a reader sees,
-as staged rows are readable all along.
+its full share of a core from the batches' tasks, the driver and, on a small host, the broker:
+at 2,000 records/s on two cores, the batches beside a compaction took 28 % longer than the
+others, and 7 % at the lowest priority (the compaction itself up to 40 % longer). Its work is
+the least urgent on the host: a compaction that takes longer delays nothing a reader sees, as
+staged rows are readable all along.
 
 So a compaction task does its work in a thread of its own at the lowest scheduling priority
 (nice 19): under contention the kernel gives it about 1/70 of a normal thread's share, and all
@@ -15,8 +15,10 @@ thread id); elsewhere the task runs as it is.
 
 A priority cannot be raised again without privileges, so it is never lowered on the worker's
 own thread, which Spark reuses for every batch after the task: the thread ends with the task.
-Threads it starts inherit its priority; a compaction task reads and writes on its own thread
-(`use_threads=False`), so Arrow's CPU pool is not started from it.
+Threads started from it inherit its priority, and some a process keeps: a compaction task reads
+and writes on its own threads (`use_threads=False`), so Arrow's CPU pool is not started from
+it; on S3 it uploads on them too (`storage.lake.lake_filesystem`), not on Arrow's IO threads;
+and the S3 client is started before it (`warm`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
@@ -37,12 +39,15 @@ LOWEST_PRIORITY = 19
 """The highest nice value: the least CPU under contention."""
 
 
-def at_lowest_priority(task: MapInArrow) -> MapInArrow:
+def at_lowest_priority(task: MapInArrow, warm: Callable[[], object] = lambda: None) -> MapInArrow:
     """`task`, run in a thread of its own at the lowest CPU priority; its output batches are
     handed on once it has finished, so it must yield few (a compaction task yields one row per
-    manifest), and what it raises is raised here."""
+    manifest), and what it raises is raised here. `warm` runs first, on the worker's thread:
+    what it starts that the process keeps (an S3 client's event loop thread, which every later
+    request of the worker goes through) keeps the worker's priority."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        warm()
         output: list[pa.RecordBatch] = []
         failure: list[BaseException] = []
 

@@ -60,16 +60,19 @@ def vacuum_due(now_ms: int, last_ms: int, interval_ms: int) -> bool:
     return interval_ms > 0 and compaction_due(now_ms, last_ms, interval_ms)
 
 
-def beside_batches(compaction: Compaction, spark: SparkSession) -> Compaction:
+def beside_batches(compaction: Compaction, spark: SparkSession, yields_cpu: bool) -> Compaction:
     """`compaction` with at most half the session's cores in tasks (at least one), as it runs
     beside the batches. Spark never pre-empts a task, so a batch that needs a core held by a
     compaction task waits for it to end; with half the cores left, a batch always has some.
     Cores, not task slots (`session_cores`): the default local session runs two slots a core,
     so half its slots were every core, and the minute of a 10-minute compaction at 2,000
     records/s was the one whose freshness passed 5 s. In four tasks on two cores, a compaction
-    of 1.2 million rows held one batch up for 14.6 s."""
+    of 1.2 million rows held one batch up for 14.6 s.
+
+    With `yields_cpu`, its tasks also run at the lowest CPU priority
+    (`storage.upkeep.worker_priority`): the cores they hold are the batches' first."""
     half_the_cores = max(1, session_cores(spark) // 2)
-    return replace(compaction, tasks=min(compaction.tasks, half_the_cores))
+    return replace(compaction, tasks=min(compaction.tasks, half_the_cores), yields_cpu=yields_cpu)
 
 
 class CompactionStoppedError(RuntimeError):
@@ -91,6 +94,9 @@ class CompactionSchedule:
     fault_hook: FaultHook = NO_FAULTS
     between_batches: bool = False
     """Compact in `foreachBatch`, before the next batch starts (`--available-now`)."""
+    yields_cpu: bool = True
+    """Beside the batches, its tasks run at the lowest CPU priority (`beside_batches`); between
+    them, or settling at a run's end, they have the cores to themselves and run as they are."""
     vacuum: StreamVacuum | None = None
     """Run after a compaction, in its thread, when due (`vacuum_due`)."""
     _last_started_ms: int | None = field(default=None, init=False)
@@ -172,7 +178,8 @@ class CompactionSchedule:
         context = spark.sparkContext
         context.setLocalProperty("spark.scheduler.pool", COMPACTION_POOL)
         context.setJobGroup(self._job_group(batch_id), f"compaction after batch {batch_id}", True)
-        done = self._compact(beside_batches(self.compaction, spark), spark, batch_id, now_ms)
+        beside = beside_batches(self.compaction, spark, self.yields_cpu)
+        done = self._compact(beside, spark, batch_id, now_ms)
         self._vacuum_if_due(now_ms)
         return done
 

@@ -1,8 +1,13 @@
-"""When a stream starts a compaction (`compaction_due`) and its vacuum (`vacuum_due`)."""
+"""When a stream starts a compaction (`compaction_due`) and its vacuum (`vacuum_due`), and how
+one runs beside the batches (`beside_batches`)."""
 
 from __future__ import annotations
 
-from streaming.pipeline.compaction_schedule import compaction_due, vacuum_due
+from types import SimpleNamespace
+from typing import Any, cast
+
+from storage.upkeep.compaction import Compaction
+from streaming.pipeline.compaction_schedule import beside_batches, compaction_due, vacuum_due
 
 MINUTE_MS = 60_000
 NOW_MS = 1_795_000_200_000  # a whole ten minutes since the epoch
@@ -27,3 +32,15 @@ def test_a_vacuum_follows_the_first_compaction_of_each_interval_and_none_with_no
     assert not vacuum_due(hour_start_ms + hour_ms - 1, hour_start_ms, hour_ms)  # the same hour
     assert vacuum_due(hour_start_ms + hour_ms, hour_start_ms, hour_ms)
     assert not vacuum_due(hour_start_ms + 10 * hour_ms, hour_start_ms, 0)
+
+
+def test_beside_the_batches_a_compaction_takes_half_the_cores_and_yields_the_cpu() -> None:
+    spark = cast(
+        Any, SimpleNamespace(sparkContext=SimpleNamespace(master="local[2]", defaultParallelism=2))
+    )
+    compaction = Compaction(lake=cast(Any, None), stream="orders", writer_epoch=1, tasks=4)
+    assert not compaction.yields_cpu  # between batches, and a run's final settle
+
+    beside = beside_batches(compaction, spark, yields_cpu=True)
+    assert (beside.tasks, beside.yields_cpu) == (1, True)
+    assert not beside_batches(compaction, spark, yields_cpu=False).yields_cpu
