@@ -25,13 +25,13 @@ from pyspark.sql.streaming.listener import (
     QueryProgressEvent,
     QueryStartedEvent,
     QueryTerminatedEvent,
-    StreamingQueryListener,
 )
 
 from storage.lake.tables import EVENTS, LATE_EVENTS
 from streaming.checkpoint.checkpoint_log import checkpoint_filesystem
 from streaming.kafka.deferral import DeferralStore, batch_key
 from streaming.kafka.options import partition_offsets
+from streaming.observe.json_listener import JsonEventListener
 from streaming.state.key_summary import top_with_remainder
 from streaming.windowing.key_state import Timing
 
@@ -171,7 +171,7 @@ class LastBatchFile:
             return BatchProgress.model_validate_json(file.read())
 
 
-class ProgressListener(StreamingQueryListener):
+class ProgressListener(JsonEventListener):
     """Joins the sink's outcomes with the stream's progress events; one per running stream.
 
     The camelCase method names are Spark's API (hence the `noqa: N802`).
