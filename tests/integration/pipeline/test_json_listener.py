@@ -19,6 +19,7 @@ from pyspark.sql.streaming.listener import (
     StreamingQueryListener,
 )
 
+from streaming.observe.batch_progress import NO_OFFSETS
 from streaming.observe.json_listener import JsonEventListener
 
 pytestmark = pytest.mark.integration
@@ -57,9 +58,9 @@ class _ThroughJson(_Events, JsonEventListener):
 
 def _offset(text: str) -> object:
     # The same offsets in two spellings: PySpark's bridge writes a missing one as "None" and the
-    # JSON form as "null", and the JSON form's with spaces after separators
-    # (`batch_progress.offsets_per_partition` reads both).
-    return None if text in ("None", "null") else json.loads(text)
+    # JSON form as "null" (`NO_OFFSETS`, which the listener reads both ways), and the JSON
+    # form's with spaces after separators.
+    return None if text in NO_OFFSETS else json.loads(text)
 
 
 def _progress_fields(event: QueryProgressEvent) -> dict[str, Any]:
