@@ -10,13 +10,32 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import IO, Self
 
 _STOP_GRACE_S = 10.0
 _LOG_TAIL_CHARS = 4_000
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within it, SIGTERM to this process raises KeyboardInterrupt, as Ctrl-C does.
+
+    Python's default SIGTERM ends the process without running `finally` blocks, which would
+    leave the servers and streams a harness started running; this lets them stop theirs.
+    """
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def log_tail(path: Path) -> str:

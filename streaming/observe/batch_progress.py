@@ -6,7 +6,8 @@ here: the sink hands its `BatchOutcome` over, and `ProgressListener` joins it wi
 progress event, logs one JSON line on `tenant_windows.progress`, writes
 `<checkpoint>/progress/last_batch.json` for `tenant-windows status`, and tells an optional
 observer (a progress bar). Spark posts progress events from its listener bus, after the batch's
-commit log entry, so nothing here slows the batch itself.
+commit log entry, so the batch never waits for this; it still shares the driver's cores and GIL
+with the batches, which is why the events arrive as one JSON string each (`json_listener`).
 """
 
 from __future__ import annotations

@@ -47,6 +47,7 @@ import multiprocessing
 import os
 import queue
 import re
+import resource
 import shutil
 import statistics
 import sys
@@ -77,7 +78,7 @@ from infra.dev.benchmarks.stream_processes import (
 )
 from infra.dev.benchmarks.table_watch import added_files
 from infra.dev.load_generator import set_event_time
-from infra.dev.local_process import LocalProcess
+from infra.dev.local_process import LocalProcess, sigterm_as_interrupt
 from infra.dev.local_stack import LocalKafka
 from storage.lake.delta_lake import DeltaLake
 from storage.lake.file_names import written_by_a_batch
@@ -200,6 +201,7 @@ class StreamProcess(LocalProcess):
         versions (what compaction bounds; the rest waits for `vacuum`)."""
         if self.pid is None:
             return {}
+        started_s, started_cpu_s = time.monotonic(), _own_cpu_s()
         by_kind = pss_mib_by_kind(self.pid)
         jvm = jvm_pid(self.pid)
         heap = None if jvm is None else jvm_heap_after_gc_mib(jvm)
@@ -223,6 +225,9 @@ class StreamProcess(LocalProcess):
             "checkpoint_files": checkpoint_files,
             "lake_files": lake_files,
             "table_files": sum(lake.open(spec).get_add_actions().num_rows for spec in ALL_TABLES),
+            # What taking this sample cost the machine the stream runs on.
+            "sample_s": round(time.monotonic() - started_s, 2),
+            "sample_cpu_s": round(_own_cpu_s() - started_cpu_s, 2),
         }
 
     def _note_processes(self) -> None:
@@ -255,6 +260,14 @@ class StreamProcess(LocalProcess):
                     self._start.phases_s[phase] = seen_s
         if self._ready not in self._start.phases_s:
             raise RuntimeError(f"not yet: {self._ready}")
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds of this process and of the children it has waited for (`jcmd`)."""
+    own, children = (
+        resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -294,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="tw-continuous-"))
     try:
-        with LocalKafka(workdir / "kafka") as kafka:
+        # SIGTERM stops the broker and streams started here, as Ctrl-C does.
+        with sigterm_as_interrupt(), LocalKafka(workdir / "kafka") as kafka:
             kafka.create_topic(TOPIC, args.partitions)
             figures = run(kafka.bootstrap_servers, workdir, args)
     finally:

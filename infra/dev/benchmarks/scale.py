@@ -90,7 +90,7 @@ from infra.dev.benchmarks.sample_lake import (
 )
 from infra.dev.benchmarks.stream_processes import kind_of
 from infra.dev.load_generator import LoadSpec, generate, send
-from infra.dev.local_process import cpu_seconds
+from infra.dev.local_process import cpu_seconds, sigterm_as_interrupt
 from infra.dev.local_stack import LocalKafka
 from storage.lake.delta_lake import DeltaLake, compaction_app_id
 from storage.lake.delta_log import checkpoint_batches
@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="tw-scale-"))
     try:
-        with LocalKafka(workdir / "kafka") as kafka:
+        # SIGTERM stops the broker and streams started here, as Ctrl-C does.
+        with sigterm_as_interrupt(), LocalKafka(workdir / "kafka") as kafka:
             # The JIT the stream runs with (`run_stream`), so that its rates are the product's.
             spark = build_spark(
                 "tenant-windows-scale", args.master, shuffle_partitions=4, quick_jit=True

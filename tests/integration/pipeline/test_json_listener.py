@@ -32,7 +32,7 @@ class _Events:
         self.started: list[QueryStartedEvent] = []
         self.progress: list[QueryProgressEvent] = []
         self.terminated: list[QueryTerminatedEvent] = []
-        self.done = threading.Event()
+        self._changed = threading.Condition()
 
     def onQueryStarted(self, event: QueryStartedEvent) -> None:  # noqa: N802
         self.started.append(event)
@@ -44,8 +44,16 @@ class _Events:
         return None
 
     def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:  # noqa: N802
-        self.terminated.append(event)
-        self.done.set()
+        with self._changed:
+            self.terminated.append(event)
+            self._changed.notify_all()
+
+    def wait_terminated(self, query_id: str, timeout_s: float) -> bool:
+        """True once the query `query_id` has ended; another query's end on the session is not it."""
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: any(str(event.id) == query_id for event in self.terminated), timeout_s
+            )
 
 
 class _ThroughPySpark(_Events, StreamingQueryListener):
@@ -106,7 +114,8 @@ def test_a_json_listener_gets_each_event_as_pyspark_s_bridge_does(
             .start()
         )
         query.awaitTermination(60)
-        assert carried.done.wait(EVENTS_WAIT_S) and bridged.done.wait(EVENTS_WAIT_S)
+        assert carried.wait_terminated(query.id, EVENTS_WAIT_S)
+        assert bridged.wait_terminated(query.id, EVENTS_WAIT_S)
     finally:
         spark.streams.removeListener(bridged)
         spark.streams.removeListener(carried)
