@@ -229,10 +229,8 @@ def _process_bucket(
         _offboard_gone_keys(keys, registry, processing_time_ms, out)
     firsts, lengths = _key_runs(tenants, sources)
     routes = [
-        registry.resolve(tenant, source)
-        if (tenant := tenants[first]) and (source := sources[first])
-        else None
-        for first in firsts.tolist()
+        registry.resolve(tenant, source) if tenant and source else None
+        for tenant, source in zip(tenants[firsts].tolist(), sources[firsts].tolist(), strict=True)
     ]
     # Every record's fate in a few passes over the bucket, not a loop per key: a key of a
     # 100,000-tenant stream has one or two records a batch.
@@ -314,15 +312,13 @@ class _Work:
         routes: list[ResolvedSource | None],
         accepted: np.ndarray,
     ) -> _Work:
-        kept_keys: list[Key] = []
-        kept_routes: list[ResolvedSource] = []
-        routed = np.zeros(len(routes), bool)
-        for number, (first, route) in enumerate(zip(firsts.tolist(), routes, strict=True)):
-            tenant, source = tenants[first], sources[first]
-            if route is not None and tenant is not None and source is not None:
-                kept_keys.append((tenant, source))
-                kept_routes.append(route)
-                routed[number] = True
+        # A route is found only for a key with a tenant and a source (`_process_bucket`).
+        routed = np.array([route is not None for route in routes], bool)
+        kept = firsts[routed]
+        kept_keys: list[Key] = list(
+            zip(tenants[kept].tolist(), sources[kept].tolist(), strict=True)
+        )
+        kept_routes: list[ResolvedSource] = [route for route in routes if route is not None]
         number_of_run = np.full(len(routes), -1, np.int64)
         number_of_run[routed] = np.arange(len(kept_keys))
         accepted_rows = np.flatnonzero(accepted)

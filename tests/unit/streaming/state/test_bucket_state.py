@@ -185,3 +185,38 @@ def test_a_blob_of_arrows_per_buffer_compression_reads_back_and_is_rewritten_as_
     again = BucketState.from_bytes(rewritten)
     assert again.get(("a", "web")).key_state == _state_with_records(5_000)
     assert again.get(("b", "web")).key_state == _state_with_records(5_000, 70_000)
+
+
+def test_a_key_asked_for_twice_finds_its_stored_row_each_time() -> None:
+    bucket = BucketState()
+    for tenant in ("a", "b", "c"):
+        bucket.get((tenant, "web")).key_state = _state_with_records(5_000)
+    restored = BucketState.from_bytes(bucket.to_bytes())
+    rules = rules_id(RULES)
+
+    usable, positions = restored.column_keys(
+        [("b", "web"), ("new", "web"), ("b", "web")], [rules, rules, rules]
+    )
+
+    stored_b = read_blob(bucket.to_bytes())["tenant"].to_pylist().index("b")
+    assert positions.tolist() == [stored_b, -1, stored_b]
+    assert usable.tolist() == [True, True, True]
+
+
+def test_a_bucket_changed_in_every_batch_keeps_a_bounded_number_of_record_batches() -> None:
+    """The rows carried over and those put back are joined as they are, without sorting every
+    key: the blob must not gain a record batch per micro-batch for ever."""
+    blob = BucketState().to_bytes()
+    for batch in range(40):
+        bucket = BucketState.from_bytes(blob)
+        bucket.get((f"t{batch % 7}", "web")).key_state = _state_with_records(1_000 * batch)
+        bucket.get((f"n{batch}", "web")).quarantined_records = 1
+        blob = bucket.to_bytes()
+
+    stored = read_blob(blob)
+    assert stored["tenant"].num_chunks <= 10
+    assert sorted(stored["tenant"].to_pylist()) == sorted(
+        [f"t{n}" for n in range(7)] + [f"n{n}" for n in range(40)]
+    )
+    again = BucketState.from_bytes(blob)
+    assert again.get(("t4", "web")).key_state == _state_with_records(39_000)  # batch 39 its last
