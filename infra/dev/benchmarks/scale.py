@@ -341,6 +341,9 @@ def _builtin_stage(spark: SparkSession, dataset: _Dataset) -> StageFigures:
 def _product_stage(spark: SparkSession, dataset: _Dataset) -> StageFigures:
     app = StreamApp(dataset.settings)
     figures = _measure("product", dataset, lambda: app.start(spark, available_now=True).query)
+    # The batches' figures before the final settle, which may fail where the batches did not
+    # (a million keys' folders on a tmpfs ran out of inodes).
+    print("product, the batches:", _row(figures), flush=True)
     lake = DeltaLake.from_settings(dataset.settings.lake)
     try:
         streamed = _log_writes(lake, dataset.settings.stream.name)
