@@ -234,7 +234,8 @@ def _process_bucket(
     ]
     # Every record's fate in a few passes over the bucket, not a loop per key: a key of a
     # 100,000-tenant stream has one or two records a batch.
-    known = np.repeat(np.array([route is not None for route in routes], bool), lengths)
+    routed = np.array([route is not None for route in routes], bool)
+    known = np.repeat(routed, lengths)
     # One bad clock must not move the key's watermark and close its windows early.
     latest_ms = processing_time_ms + np.repeat(
         np.array([route.rules.max_future_skew_ms if route else 0 for route in routes], np.int64),
@@ -261,7 +262,7 @@ def _process_bucket(
         out.set_quarantine(reasons, errors)
     # Idle keys are found before any key is read out, as the stored rows say.
     idle = keys.idle_keys(processing_time_ms)
-    work = _Work.of_batch(tenants, sources, firsts, lengths, routes, accepted)
+    work = _Work.of_batch(tenants, sources, firsts, lengths, routes, routed, accepted)
     work.add_idle(idle, registry)
     records = _Records(event_times, metric_values)
     groups, by_object = _column_groups(work, keys)
@@ -310,10 +311,11 @@ class _Work:
         firsts: np.ndarray,
         lengths: np.ndarray,
         routes: list[ResolvedSource | None],
+        routed: np.ndarray,
         accepted: np.ndarray,
     ) -> _Work:
-        # A route is found only for a key with a tenant and a source (`_process_bucket`).
-        routed = np.array([route is not None for route in routes], bool)
+        """`routed`: which of `routes` is not None. A route is found only for a key with a
+        tenant and a source (`_process_bucket`)."""
         kept = firsts[routed]
         kept_keys: list[Key] = list(
             zip(tenants[kept].tolist(), sources[kept].tolist(), strict=True)
