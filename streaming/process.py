@@ -37,10 +37,13 @@ SPARK_FAILURE_LOGGERS = ("org.apache.spark.sql.execution.streaming.runtime.Micro
 # stops under it), and Hadoop's shell commands, which the checkpoint's local file system runs
 # (its "Interrupted while joining" when the query's stop interrupts a batch that just began),
 # and a killed task's completion listeners (the state store's abort of its version, cut short).
+# The RPC environment, as the session stops, may log a message it could no longer send as an
+# "Ignored failure" (`RejectedExecutionException` from its timeout scheduler, already shut down).
 STOPPING_LOGGERS = (
     "org.apache.spark.sql.execution.streaming.state",
     "org.apache.hadoop.util.Shell",
     "org.apache.spark.TaskContextImpl",
+    "org.apache.spark.rpc.netty.NettyRpcEnv",
 )
 # py4j's callback server logs every error `foreachBatch` raises, with its Java trace. A stop that
 # lands while a batch waits for a Spark job interrupts that wait (`InterruptedException`), which
