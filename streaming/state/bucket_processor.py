@@ -144,7 +144,7 @@ class BucketRun:
     """The bucket's new state; None: no key left."""
     next_idle_deadline_ms: int | None
     keys: pa.Table
-    """Every key's state in `blob`, a row each (`bucket_state`'s columns)."""
+    """Every key in `blob`, a row each: what the metrics sum up (`BucketState.summary_rows`)."""
 
 
 def run_bucket(
@@ -163,12 +163,12 @@ def _run_bucket(
     keys = BucketState.from_bytes(blob)
     out = UnionRows(batch)
     _process_bucket(batch, keys, registry, processing_time_ms, out)
-    rows = keys.rows()
+    summary_rows = keys.summary_rows()
     return BucketRun(
         out.table(),
-        keys.to_bytes(rows) if rows.num_rows else None,
+        keys.to_bytes() if summary_rows.num_rows else None,
         keys.next_idle_deadline_ms(),
-        rows,
+        summary_rows,
     )
 
 

@@ -70,9 +70,9 @@ class KeyGauges:
 def summarise_bucket(
     keys: pa.Table, processing_time_ms: int, top_tenants: int | None
 ) -> BucketSummary:
-    """A bucket's keys (columns `tenant`, `watermark_ms`, `max_event_time_ms`, `windows` as
-    `bucket_state` stores them) summed up; `top_tenants` None lists every tenant."""
-    open_windows = int(pc.sum(pc.list_value_length(keys["windows"])).as_py() or 0)
+    """A bucket's keys (columns `tenant`, `watermark_ms`, `max_event_time_ms`, `open_windows`:
+    `BucketState.summary_rows`) summed up; `top_tenants` None lists every tenant."""
+    open_windows = int(pc.sum(keys["open_windows"]).as_py() or 0)
     per_tenant = (
         pa.table(
             {

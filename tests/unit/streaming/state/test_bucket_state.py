@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, replace
+from random import Random
 
 import pyarrow as pa
 
@@ -220,3 +221,91 @@ def test_a_bucket_changed_in_every_batch_keeps_a_bounded_number_of_record_batche
     )
     again = BucketState.from_bytes(blob)
     assert again.get(("t4", "web")).key_state == _state_with_records(39_000)  # batch 39 its last
+
+
+def _counters(blob: bytes) -> dict[str, tuple[int, int]]:
+    """Each stored key's (on-time records, quarantined records), by tenant; a key stored twice
+    fails."""
+    rows = read_blob(blob).select(["tenant", "on_time_records", "quarantined_records"])
+    tenants = rows["tenant"].to_pylist()
+    assert len(set(tenants)) == len(tenants), "a key is stored twice"
+    on_time, quarantined = rows["on_time_records"], rows["quarantined_records"]
+    counts = zip(on_time.to_pylist(), quarantined.to_pylist(), strict=True)
+    return dict(zip(tenants, counts, strict=True))
+
+
+def test_a_large_bucket_changed_a_little_per_batch_keeps_its_base_and_every_keys_latest_state() -> (
+    None
+):
+    """A bucket of thousands of keys, a few changed in each batch (as columns and as objects),
+    some dropped, some new: its blob keeps the last whole blob's bytes and adds a frame of what
+    changed, until these are many and the bucket is written whole again; every key reads back
+    its latest state throughout."""
+    rules = rules_id(RULES)
+    bucket = BucketState()
+    expected: dict[str, tuple[int, int]] = {}
+    for number in range(2_000):
+        bucket.get((f"t{number}", "web")).key_state = _state_with_records(5_000)
+        expected[f"t{number}"] = (1, 0)
+    blob = bucket.to_bytes()
+    random = Random(7)
+    layered_on: list[bytes] = []
+    whole_again = False
+    for batch in range(1, 41):
+        bucket = BucketState.from_bytes(blob)
+        present = sorted(expected)
+        as_columns = [(tenant, "web") for tenant in random.sample(present, 60)]
+        usable, positions = bucket.column_keys(as_columns, [rules] * len(as_columns))
+        assert usable.all()
+        columns = bucket.take_columns(as_columns, positions, metrics=0)
+        columns.on_time_records += 1
+        bucket.put_columns(columns, rules, RULES.model_dump(mode="json"))
+        for tenant, _ in as_columns:
+            expected[tenant] = (expected[tenant][0] + 1, expected[tenant][1])
+        rest = sorted(set(present) - {tenant for tenant, _ in as_columns})
+        for tenant in random.sample(rest, 20):
+            bucket.get((tenant, "web")).quarantined_records = batch
+            expected[tenant] = (expected[tenant][0], batch)
+        for tenant in random.sample(rest, 3):
+            bucket.drop((tenant, "web"))
+            expected.pop(tenant, None)
+        bucket.get((f"new{batch}", "web")).quarantined_records = 1
+        expected[f"new{batch}"] = (0, 1)
+
+        written = bucket.to_bytes()
+        if written[:4] == b"TWL2":
+            layered_on.append(blob if blob[:4] != b"TWL2" else layered_on[-1])
+            assert layered_on[-1] in written  # the base's bytes, as they were
+        elif layered_on:
+            whole_again = True
+        assert _counters(written) == expected, f"batch {batch}"
+        assert len(BucketState.from_bytes(written)) == len(expected)
+        blob = written
+
+    assert layered_on and whole_again
+    restored = BucketState.from_bytes(blob)
+    assert restored.keys() == {(tenant, "web") for tenant in expected}
+    assert restored.get(("t5", "web")).key_state.watermark_ms is not None
+
+
+def test_a_layered_bucket_replayed_writes_the_same_bytes() -> None:
+    bucket = BucketState()
+    for number in range(1_500):
+        bucket.get((f"t{number}", "web")).key_state = _state_with_records(5_000)
+    base = bucket.to_bytes()
+
+    def batch() -> bytes:
+        state = BucketState.from_bytes(base)
+        state.get(("t3", "web")).quarantined_records = 4
+        state.drop(("t9", "web"))
+        state.get(("new", "web")).key_state = _state_with_records(7_000)
+        return state.to_bytes()
+
+    first = batch()
+    assert first[:4] == b"TWL2"
+    assert batch() == first
+    again = BucketState.from_bytes(first)
+    assert again.get(("t3", "web")).quarantined_records == 4
+    assert again.get(("new", "web")).key_state == _state_with_records(7_000)
+    kept = again.keys()
+    assert ("t9", "web") not in kept

@@ -42,14 +42,14 @@ def _bucket_keys(keys: list[Key]) -> pa.Table:
             "tenant": [key[0] for key in keys],
             "watermark_ms": [key[2] for key in keys],
             "max_event_time_ms": [None if key[2] is None else key[2] + key[3] for key in keys],
-            "windows": [list(range(key[4])) for key in keys],
+            "open_windows": [key[4] for key in keys],
         },
         schema=pa.schema(
             [
                 ("tenant", pa.string()),
                 ("watermark_ms", pa.int64()),
                 ("max_event_time_ms", pa.int64()),
-                ("windows", pa.list_(pa.int64())),
+                ("open_windows", pa.int32()),
             ]
         ),
     )
