@@ -205,9 +205,8 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="where the lakes and checkpoints go (default: TMPDIR, with the broker's data). A "
-        "million tenants write millions of files, more than a tmpfs has inodes for; the test "
-        "broker, which rewrites its log as records arrive, stalled for minutes with its data "
-        "on a disk: a disk's folder here and a tmpfs as TMPDIR",
+        "million tenants write millions of files, more than a tmpfs has inodes for: a disk's "
+        "folder here, and the broker's data on a tmpfs as TMPDIR",
     )
     parser.add_argument(
         "--keep-workdir",
