@@ -40,6 +40,7 @@ from storage.upkeep.compaction import Compaction
 from storage.upkeep.settle_policy import SettlePolicy
 from storage.upkeep.stream_vacuum import StreamVacuum
 from streaming.checkpoint.checkpoint_identity import (
+    NEW_CHECKPOINT_STATE_LAYOUT,
     StreamIdentity,
     check_checkpoint,
     claim_checkpoint,
@@ -65,7 +66,6 @@ from streaming.process import (
     stop_spark,
 )
 from streaming.records.quarantine_log import QuarantineLog
-from streaming.state.bucket_state import STATE_LAYOUT
 from streaming.state.configured_status import ConfiguredKeyRows
 from tenants.config_store import ConfigSnapshots, ConfigWatcher
 from tenants.settings import AppSettings
@@ -100,7 +100,7 @@ class StreamApp:
             stream_name=settings.stream.name,
             topic=settings.kafka.topic,
             lake_root=settings.lake.root,
-            state_layout=STATE_LAYOUT,
+            state_layout=NEW_CHECKPOINT_STATE_LAYOUT,
             state_buckets=settings.stream.state_buckets,
             balanced_for_tasks=settings.stream.shuffle_partitions,
         )

@@ -20,6 +20,13 @@ one call of the state function per batch, which costs its fixed ~7 ms of Python 
 it holds; 16 is 4 per default shuffle partition."""
 
 
+NEW_CHECKPOINT_STATE_LAYOUT = 3
+"""The state layout a new checkpoint is written in (`streaming.state.state_layouts`)."""
+READABLE_STATE_LAYOUTS = frozenset({2, 3})
+"""The state layouts a checkpoint may hold for this version to resume it in its own. Layout 1
+(a state row per key, before hash buckets) is not among them."""
+
+
 class CheckpointMismatchError(RuntimeError):
     """The checkpoint was written by another stream, or is damaged."""
 
@@ -31,7 +38,9 @@ class StreamIdentity(BaseModel):
     topic: str
     lake_root: str
     state_layout: int = 1
-    """How window state is kept; checkpoints written before this field existed are layout 1."""
+    """How window state is kept; checkpoints written before this field existed are layout 1.
+    Asked for: the layout of a new checkpoint; an existing one keeps its own if this version
+    reads it (`READABLE_STATE_LAYOUTS`)."""
     state_buckets: int | None = None
     """How many hash buckets of keys the state has (layout 2 on). Asked for: None takes the
     checkpoint's, or `NEW_CHECKPOINT_STATE_BUCKETS` for a new one."""
@@ -72,10 +81,11 @@ def check_checkpoint(checkpoint_dir: str, identity: StreamIdentity) -> StreamIde
             "reprocess or skip records. Use this stream's own --checkpoint-dir, or the settings "
             "it was written with."
         )
-    if recorded.state_layout != identity.state_layout:
+    if recorded.state_layout not in READABLE_STATE_LAYOUTS:
+        readable = " and ".join(map(str, sorted(READABLE_STATE_LAYOUTS)))
         raise CheckpointMismatchError(
             f"checkpoint {folder} keeps its window state in layout {recorded.state_layout}; this "
-            f"version reads layout {identity.state_layout} only and would misread it. Keep "
+            f"version reads layouts {readable} only and would misread it. Keep "
             "running the version that wrote it, or stop it and reprocess with this version into "
             "a new checkpoint and lake (docs/operations.md, 'Reprocess from an offset')."
         )

@@ -18,7 +18,8 @@ from streaming.kafka.source import register as register_tw_kafka
 from streaming.pipeline.batch_sink import MicroBatchSink
 from streaming.records.routing import KAFKA_COLUMNS_SQL, ROUTED_SCHEMA, make_router
 from streaming.state.bucket_placement import BUCKET_COLUMN, bucket_expression
-from streaming.state.bucket_processor import STATE_SCHEMA, KeySummaries, make_bucket_processor
+from streaming.state.bucket_processor import KeySummaries, make_bucket_processor
+from streaming.state.state_layouts import LAYOUTS
 from streaming.state.union_rows import PACKED_OUTPUT_SCHEMA
 from tenants.config_store import ConfigSnapshots
 from tenants.settings import AppSettings
@@ -73,12 +74,14 @@ def windowed_rows(
     bucketed = routed.selectExpr(
         "*", bucket_expression(identity.state_buckets, identity.balanced_for_tasks)
     )
+    # `check_checkpoint` refuses a layout this version does not read.
+    layout = LAYOUTS[identity.state_layout]
     return bucketed.groupBy(BUCKET_COLUMN).applyInPandasWithState(
         make_bucket_processor(
-            snapshots, settings.stream.config_recheck_interval_ms, fault_hook, key_summaries
+            layout, snapshots, settings.stream.config_recheck_interval_ms, fault_hook, key_summaries
         ),
         outputStructType=PACKED_OUTPUT_SCHEMA,
-        stateStructType=STATE_SCHEMA,
+        stateStructType=layout.schema,
         outputMode="append",
         # A bucket is called back when its first idle key's `idle_timeout` passes, or to look
         # for offboarded keys (`config_recheck_interval`).

@@ -37,19 +37,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql.streaming.state import GroupState
-from pyspark.sql.types import (
-    BinaryType,
-    IntegerType,
-    StructField,
-    StructType,
-)
 
 from storage.lake.packed_rows import PACKED_COLUMN, packed
 from streaming.fault_points import NO_FAULTS, FaultHook, FaultPoint
 from streaming.records.bulk_parsing import METRIC_VALUE_DTYPE, unpacked_metric_values
 from streaming.records.parsing import QuarantineReason
-from streaming.state.bucket_state import STATE_LAYOUT, BucketState, Key, StoredKey
+from streaming.state.bucket_state import BucketState, Key, StoredKey
 from streaming.state.key_summary import BucketSummary, summarise_bucket
+from streaming.state.state_layouts import StateLayout
 from streaming.state.union_rows import (
     Lifecycle,
     UnionRows,
@@ -66,12 +61,6 @@ from streaming.windowing.key_windows import advance
 from tenants.config_store import ConfigSnapshots
 from tenants.models import WindowRules
 from tenants.registry import ResolvedSource, TenantRegistry
-
-# pyspark 4.2 lower-cases nested state schemas on the worker: keep the state flat.
-STATE_SCHEMA = StructType(
-    [StructField("layout", IntegerType()), StructField("keys_arrow", BinaryType())]
-)
-
 
 _EMPTY_BATCH_COLUMNS = ["tenant", "source", "partition", "offset", "reason", "error"]
 
@@ -112,6 +101,7 @@ class KeySummaries:
 
 
 def make_bucket_processor(
+    layout: StateLayout,
     snapshots: ConfigSnapshots,
     config_recheck_interval_ms: int,
     fault_hook: FaultHook = NO_FAULTS,
@@ -127,8 +117,9 @@ def make_bucket_processor(
         if not batch.empty:
             offsets = batch["offset"]
             fault_hook.reached(FaultPoint.STATE_FUNCTION, int(offsets.min()), int(offsets.max()))
-        result = run_bucket(_stored_blob(state), batch, registry, processing_time_ms)
-        _save(state, result, processing_time_ms, config_recheck_interval_ms)
+        blob = layout.blob(state.get) if state.exists else None
+        result = run_bucket(blob, batch, registry, processing_time_ms)
+        _save(state, layout, result, processing_time_ms, config_recheck_interval_ms)
         if key_summaries is not None:
             key_summaries.report(int(bucket[0]), result.keys, processing_time_ms)
         yield pd.DataFrame({PACKED_COLUMN: packed(result.rows)}, dtype=object)
@@ -554,27 +545,18 @@ def _future_skew_error(event_time_ms: int, processing_time_ms: int, max_skew_ms:
     )
 
 
-def _stored_blob(state: GroupState) -> bytes | None:
-    if not state.exists:
-        return None
-    layout, blob = state.get
-    if layout != STATE_LAYOUT:
-        # `checkpoint_identity` refuses such checkpoints before the query starts.
-        raise RuntimeError(
-            f"state layout {layout} in the checkpoint; this code reads layout {STATE_LAYOUT}"
-        )
-    stored: bytes = blob
-    return stored
-
-
 def _save(
-    state: GroupState, result: BucketRun, processing_time_ms: int, config_recheck_interval_ms: int
+    state: GroupState,
+    layout: StateLayout,
+    result: BucketRun,
+    processing_time_ms: int,
+    config_recheck_interval_ms: int,
 ) -> None:
     if result.blob is None:
         if state.exists:
             state.remove()
         return
-    state.update((STATE_LAYOUT, result.blob))
+    state.update(layout.stored(result.blob))
     state.setTimeoutDuration(
         wake_up_after_ms(
             result.next_idle_deadline_ms, processing_time_ms, config_recheck_interval_ms

@@ -52,10 +52,6 @@ from streaming.windowing.columnar_windows import (
 )
 from streaming.windowing.key_state import Aggregates, KeyState, OpenWindow
 
-STATE_LAYOUT = 2
-"""Layout 1 kept one state row per key; layout 2 keeps one per bucket. See `checkpoint_identity`.
-The blob inside a layout-2 row describes itself: see `BucketState.from_bytes`."""
-
 Key = tuple[str, str]
 
 # Schema metadata, not columns: one value per bucket.

@@ -101,7 +101,7 @@ from streaming.pipeline.spark_session import build_spark, session_master
 from streaming.pipeline.stream_plan import read_kafka, windowed_rows
 from streaming.records.routing import KAFKA_COLUMNS_SQL, ROUTED_SCHEMA, make_router
 from streaming.state.bucket_placement import BUCKET_COLUMN, bucket_expression
-from streaming.state.bucket_processor import STATE_SCHEMA
+from streaming.state.state_layouts import LAYOUTS
 from streaming.state.union_rows import PACKED_OUTPUT_SCHEMA
 from tenants.api_keys import issue_key
 from tenants.conf_reader import load_registry
@@ -624,7 +624,11 @@ def _plan_stage(stage: str) -> Callable[[SparkSession, _Dataset], StageFigures]:
                 )
                 .groupBy(BUCKET_COLUMN)
                 .applyInPandasWithState(
-                    function, schema, STATE_SCHEMA, "append", GroupStateTimeout.NoTimeout
+                    function,
+                    schema,
+                    LAYOUTS[identity.state_layout].schema,
+                    "append",
+                    GroupStateTimeout.NoTimeout,
                 )
             )
         writer = frame.writeStream.option(

@@ -16,6 +16,11 @@ from storage.lake.delta_lake import DeltaLake
 from storage.lake.packed_rows import packed_table
 from storage.lake.tables import ALL_TABLES
 from storage.lake.writer_lease import WriterLease
+from streaming.checkpoint.checkpoint_identity import (
+    READABLE_STATE_LAYOUTS,
+    StreamIdentity,
+    claim_checkpoint,
+)
 from streaming.kafka.source import register as register_kafka_source
 from streaming.pipeline.batch_sink import MicroBatchSink
 from streaming.state.union_rows import PACKED_OUTPUT_SCHEMA, union_table
@@ -224,10 +229,22 @@ def _sorted(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values(keys).reset_index(drop=True)
 
 
+@pytest.mark.parametrize("state_layout", sorted(READABLE_STATE_LAYOUTS))
 def test_restart_from_checkpoint_neither_duplicates_nor_loses(
-    kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path
+    kafka: Any, spark: Any, conf_dir: Path, tmp_path: Path, state_layout: int
 ) -> None:
+    """In each state layout a checkpoint may hold: a new one's, and the binary one of
+    checkpoints written before it, which they keep for life."""
     pipeline = Pipeline.create(kafka, tmp_path, conf_dir, max_offsets_per_trigger=25)
+    identity = StreamIdentity(
+        stream_name=pipeline.settings.stream.name,
+        topic=pipeline.settings.kafka.topic,
+        lake_root=pipeline.settings.lake.root,
+        state_layout=state_layout,
+        state_buckets=pipeline.settings.stream.state_buckets,
+        balanced_for_tasks=pipeline.settings.stream.shuffle_partitions,
+    )
+    claim_checkpoint(pipeline.settings.stream.checkpoint_dir, identity)
     first = [record("acme", "web", T0_MS + i * 10_000, event_id=f"a{i}") for i in range(60)]
     pipeline.produce(first)
     pipeline.run_available_now(spark)
@@ -243,3 +260,7 @@ def test_restart_from_checkpoint_neither_duplicates_nor_loses(
     assert not windows.duplicated(["window_start", "pane_index"]).any()
     finals = windows[windows["is_final"]].set_index("window_start")["count"]
     assert (finals == 6).all()  # ten-second spacing: six records in every closed minute
+    # Spark's record of the state's schema, which it holds a checkpoint to for life.
+    schema = tmp_path / "checkpoint" / "state" / "0" / "0" / "_metadata" / "schema"
+    blob_type = "string" if state_layout == 3 else "binary"
+    assert f'"name":"keys_arrow","type":"{blob_type}"' in schema.read_text(errors="replace")

@@ -11,13 +11,18 @@ import pytest
 from streaming.checkpoint.checkpoint_identity import (
     IDENTITY_FILE,
     NEW_CHECKPOINT_STATE_BUCKETS,
+    NEW_CHECKPOINT_STATE_LAYOUT,
     CheckpointMismatchError,
     StreamIdentity,
     claim_checkpoint,
 )
-from streaming.state.bucket_state import STATE_LAYOUT
 
-IDENTITY = StreamIdentity(stream_name="orders", topic="events", lake_root="/lake")
+IDENTITY = StreamIdentity(
+    stream_name="orders",
+    topic="events",
+    lake_root="/lake",
+    state_layout=NEW_CHECKPOINT_STATE_LAYOUT,
+)
 
 
 def test_a_new_checkpoint_is_claimed_and_the_same_stream_resumes_it(tmp_path: Path) -> None:
@@ -50,7 +55,7 @@ def test_a_checkpoint_with_an_older_state_layout_is_refused_with_what_to_do(
     (tmp_path / IDENTITY_FILE).write_text(
         json.dumps({"stream_name": "orders", "topic": "events", "lake_root": "/lake"})
     )
-    current = IDENTITY.model_copy(update={"state_layout": STATE_LAYOUT, "state_buckets": 64})
+    current = IDENTITY.model_copy(update={"state_buckets": 64})
     with pytest.raises(CheckpointMismatchError, match="layout 1") as refused:
         claim_checkpoint(str(tmp_path), current)
     assert str(tmp_path) in str(refused.value)
@@ -58,7 +63,7 @@ def test_a_checkpoint_with_an_older_state_layout_is_refused_with_what_to_do(
 
 
 def test_a_checkpoint_with_another_bucket_count_is_refused(tmp_path: Path) -> None:
-    written = IDENTITY.model_copy(update={"state_layout": STATE_LAYOUT, "state_buckets": 64})
+    written = IDENTITY.model_copy(update={"state_buckets": 64})
     claim_checkpoint(str(tmp_path), written)
     with pytest.raises(CheckpointMismatchError, match=r"set stream\.state_buckets to 64"):
         claim_checkpoint(str(tmp_path), written.model_copy(update={"state_buckets": 8}))
@@ -77,7 +82,7 @@ def test_a_damaged_or_foreign_checkpoint_is_refused(tmp_path: Path) -> None:
 def test_unset_buckets_take_a_new_checkpoints_default_and_an_existing_checkpoints_own(
     tmp_path: Path,
 ) -> None:
-    unset = IDENTITY.model_copy(update={"state_layout": STATE_LAYOUT, "balanced_for_tasks": 4})
+    unset = IDENTITY.model_copy(update={"balanced_for_tasks": 4})
     in_force = claim_checkpoint(str(tmp_path / "new"), unset)
     assert in_force.state_buckets == NEW_CHECKPOINT_STATE_BUCKETS
     assert in_force.balanced_for_tasks == 4
@@ -92,10 +97,24 @@ def test_unset_buckets_take_a_new_checkpoints_default_and_an_existing_checkpoint
                 "stream_name": "orders",
                 "topic": "events",
                 "lake_root": "/lake",
-                "state_layout": STATE_LAYOUT,
+                "state_layout": 2,
                 "state_buckets": 64,
             }
         )
     )
     resumed = claim_checkpoint(str(tmp_path / "old"), unset)
     assert (resumed.state_buckets, resumed.balanced_for_tasks) == (64, None)
+
+
+def test_a_checkpoint_in_the_binary_state_layout_resumes_in_it_and_a_new_one_is_text(
+    tmp_path: Path,
+) -> None:
+    # What a checkpoint written before the text layout recorded: Spark keeps a checkpoint's
+    # state schema for its life, so it is resumed in its own layout.
+    (tmp_path / "binary").mkdir()
+    (tmp_path / "binary" / IDENTITY_FILE).write_text(
+        json.dumps({**IDENTITY.model_dump(), "state_layout": 2, "state_buckets": 16})
+    )
+    assert claim_checkpoint(str(tmp_path / "binary"), IDENTITY).state_layout == 2
+    assert claim_checkpoint(str(tmp_path / "new"), IDENTITY).state_layout == 3
+    assert json.loads((tmp_path / "new" / IDENTITY_FILE).read_text())["state_layout"] == 3

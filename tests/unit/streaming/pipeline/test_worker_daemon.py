@@ -70,7 +70,7 @@ from storage.lake.packed_rows import packed_table
 from storage.lake.tables import WINDOWS
 from storage.upkeep.compaction_manifests import Manifests
 from storage.upkeep.compaction_tasks import compact_write_tasks, write_settled_files
-from streaming.state.bucket_processor import STATE_SCHEMA
+from streaming.state.state_layouts import LAYOUTS, TEXT_LAYOUT
 from streaming.state.union_rows import union_table
 
 root = tempfile.mkdtemp()
@@ -112,9 +112,9 @@ frame = pa.table({"tenant": ["t0", "t1"], "count": [1, 2]}).to_pandas()
 pa.Table.from_pandas(frame, preserve_index=False)
 state = GroupState(
     None, 0, 0, GroupStateTimeout.ProcessingTimeTimeout, False, False, False, False, False, -1,
-    b"", STATE_SCHEMA,
+    b"", LAYOUTS[TEXT_LAYOUT].schema,
 )
-state.update((1, b"state"))
+state.update(LAYOUTS[TEXT_LAYOUT].stored(b"state"))
 print(json.dumps(sorted(set(sys.modules) - before)))
 """
 
