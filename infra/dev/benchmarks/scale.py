@@ -68,6 +68,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import requests
+import yaml
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.listener import StreamingQueryProgress
@@ -209,11 +210,28 @@ def _parser() -> argparse.ArgumentParser:
         "folder here, and the broker's data on a tmpfs as TMPDIR",
     )
     parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        type=_setting,
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a setting of every stage's stream by dotted name, its value read as YAML, e.g. "
+        "kafka.mirror_offsets=false (repeatable)",
+    )
+    parser.add_argument(
         "--keep-workdir",
         action="store_true",
         help="leave the lakes behind, to query them after the run (a million tenants: 10M files)",
     )
     return parser
+
+
+def _setting(text: str) -> tuple[str, Any]:
+    field_name, equals, value = text.partition("=")
+    if not equals or not field_name:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected FIELD=VALUE")
+    return field_name, yaml.safe_load(value)
 
 
 def run(
@@ -296,6 +314,7 @@ class _Dataset:
         overrides: dict[str, Any] = {"kafka.max_offsets_per_trigger": args.max_offsets}
         if args.state_buckets is not None:
             overrides["stream.state_buckets"] = args.state_buckets
+        overrides.update(args.settings)
         settings = bench_settings(
             conf, kafka.bootstrap_servers, topic, workdir, f"scale-{tenants}", overrides
         )
