@@ -136,10 +136,16 @@ def test_a_reading_that_never_settles_is_taken_at_the_limit() -> None:
 
 
 # A parent with two Python workers of one kind, as Spark's daemon forks them.
+# "started" once both workers say they are up: a worker still starting its interpreter grows
+# by megabytes between two reads of its memory.
 TWO_WORKERS = """
 import subprocess, sys, time
-sleeper = [sys.executable, "-c", "import time; time.sleep(30)", "worker"]
-workers = [subprocess.Popen(sleeper) for _ in range(2)]
+sleeper = [
+    sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)", "worker"
+]
+workers = [subprocess.Popen(sleeper, stdout=subprocess.PIPE) for _ in range(2)]
+for worker in workers:
+    worker.stdout.readline()
 print("started", flush=True)
 time.sleep(30)
 """
